@@ -1,0 +1,110 @@
+"""Array backend: the one place that chooses NumPy or CuPy.
+
+Every numerical module asks this module for ``xp``; nothing else imports CuPy.
+
+Shape glossary (used in ``# (...)`` comments throughout the package)::
+
+    T  time steps of one truncated-BPTT chunk
+    B  parallel streams (batch rows)
+    N  T * B, all positions of a chunk
+    E  embedding width (the one-hot input width V when ``embed == 0``)
+    H  hidden width
+    G  gates per cell: 4 for the LSTM (i, f, o, g), 1 for the tanh RNN
+    L  stacked layers
+    V  vocabulary size
+    P  total number of parameters (the flat buffer)
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # CuPy is optional: the gpu extra installs it.
+    import cupy as _cupy
+except Exception:  # ImportError, or a CUDA runtime that fails to load
+    _cupy = None
+
+
+def gpu_available() -> bool:
+    """Return True when CuPy imports and sees at least one CUDA device."""
+    if _cupy is None:
+        return False
+    try:
+        return _cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def get_xp(device: str = "cpu"):
+    """Return the array module for ``device``.
+
+    Parameters
+    ----------
+    device : {"cpu", "gpu", "auto"}
+        ``"auto"`` picks the GPU when one is usable, else NumPy.
+    """
+    if device == "cpu":
+        return np
+    if device == "auto":
+        return _cupy if gpu_available() else np
+    if device == "gpu":
+        if not gpu_available():
+            raise RuntimeError("device='gpu' but CuPy or a CUDA device is not available")
+        return _cupy
+    raise ValueError(f"unknown device {device!r}: expected cpu, gpu or auto")
+
+
+def use_gpu(index: int) -> None:
+    """Make CUDA device ``index`` current (what Spark's TaskContext assigned)."""
+    if _cupy is None:
+        raise RuntimeError("CuPy is not installed")
+    _cupy.cuda.Device(int(index)).use()
+
+
+def xp_of(a):
+    """The array module that owns ``a``."""
+    if _cupy is not None and isinstance(a, _cupy.ndarray):
+        return _cupy
+    return np
+
+
+def to_numpy(a) -> np.ndarray:
+    """Copy ``a`` to host memory (no copy for NumPy arrays)."""
+    if _cupy is not None and isinstance(a, _cupy.ndarray):
+        return _cupy.asnumpy(a)
+    return np.asarray(a)
+
+
+def rng_for(xp, seed: int, *keys: int):
+    """A generator of ``xp`` seeded by ``(seed, *keys)``.
+
+    One seed and a tuple of integer keys (round, partition, purpose...) name an
+    independent, reproducible stream, so a retried task draws the same numbers.
+    """
+    entropy = [int(seed)] + [int(k) for k in keys]
+    if xp is np:
+        return np.random.default_rng(np.random.SeedSequence(entropy))
+    ss = np.random.SeedSequence(entropy)
+    return xp.random.default_rng(int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+
+
+def scatter_add_rows(dst, idx, src) -> None:
+    """``dst[idx[n]] += src[n]`` for every row n, duplicates summed."""
+    xp = xp_of(dst)
+    if xp is np:
+        np.add.at(dst, idx, src)
+    else:
+        import cupyx
+        cupyx.scatter_add(dst, idx, src)
+
+
+def set_blas_threads(n: int) -> None:
+    """Cap BLAS threads (Spark executors follow ``spark.task.cpus``)."""
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n)
+    except ImportError:
+        pass

@@ -1,0 +1,240 @@
+"""Run configuration: frozen dataclasses loaded from TOML, overridable by ``--set``.
+
+Every key is typed; unknown sections or keys, and values of the wrong type, are
+errors (:class:`ConfigError`, one line). The whole configuration is saved as JSON
+inside every checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = ""
+    valid: str = ""
+    test: str = ""
+    level: str = "char"            # char | word
+    vocab_size: int = 0            # cap (0 = no cap)
+    min_count: int = 1
+    paragraphs: str = "blank_line"  # blank_line | line
+    strategy: str = "streams"      # streams | paragraphs | windows | sampled_windows | sampled_paragraphs
+    window_stride: int = 1
+    sample_fraction: float = 0.1
+    partitions: int = 2
+    encoding_errors: str = "replace"  # replace | strict
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    cell: str = "lstm"             # lstm | rnn
+    vocab_size: int = 0            # filled from the vocabulary when 0
+    embed: int = 0                 # 0 = one-hot input (first layer indexes its input weights)
+    hidden: int = 128
+    layers: int = 1
+    dropout: float = 0.0
+    forget_bias: float = 0.0
+    init: str = "uniform"          # uniform | normal
+    init_scale: float = 0.1
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "sgd"              # sgd | momentum | adagrad | adam
+    lr: float = 1.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip_norm: float = 5.0         # 0 = off
+    clip_value: float = 0.0        # 0 = off
+    schedule: str = "constant"     # constant | epoch_decay | plateau
+    decay: float = 0.5
+    decay_after: int = 4           # epoch_decay: epochs at the initial rate
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 1234
+    bptt: int = 20                 # T
+    batch: int = 20                # B streams per partition
+    grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
+    local_steps: int = 1
+    rounds: int = 0
+    epochs: float = 0.0
+    eval_every: int = 10
+    checkpoint_every: int = 0
+    device: str = "cpu"            # cpu | gpu | auto
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+_CHOICES = {
+    ("data", "level"): ("char", "word"),
+    ("data", "paragraphs"): ("blank_line", "line"),
+    ("data", "strategy"): ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs"),
+    ("data", "encoding_errors"): ("replace", "strict"),
+    ("model", "cell"): ("lstm", "rnn"),
+    ("model", "init"): ("uniform", "normal"),
+    ("model", "dtype"): ("float32", "float64"),
+    ("optim", "name"): ("sgd", "momentum", "adagrad", "adam"),
+    ("optim", "schedule"): ("constant", "epoch_decay", "plateau"),
+    ("train", "grad_norm"): ("batch", "token"),
+    ("train", "device"): ("cpu", "gpu", "auto"),
+}
+
+
+def _sections() -> dict:
+    return {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _section_class(name: str):
+    hints = typing.get_type_hints(Config)
+    if name not in hints:
+        raise ConfigError(f"unknown config section [{name}]; known: {', '.join(hints)}")
+    return hints[name]
+
+
+def _coerce(section: str, key: str, value, typ):
+    where = f"{section}.{key}"
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            choices = _CHOICES.get((section, key))
+            if choices and value not in choices:
+                raise ConfigError(f"{where} = {value!r}: expected one of {', '.join(choices)}")
+            return value
+    raise ConfigError(f"{where} = {value!r}: expected {typ.__name__}, got {type(value).__name__}")
+
+
+def _build_section(name: str, values: dict):
+    cls = _section_class(name)
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown config key {name}.{key}; known: {', '.join(hints)}")
+        kwargs[key] = _coerce(name, key, value, hints[key])
+    return cls(**kwargs)
+
+
+def from_dict(d: dict) -> Config:
+    """Build a :class:`Config` from nested dicts, checking every key and type."""
+    for name in d:
+        _section_class(name)
+    cfg = Config(**{name: _build_section(name, vals) for name, vals in d.items()})
+    validate(cfg)
+    return cfg
+
+
+def _parse_value(text: str, typ):
+    if typ is str:
+        return text
+    if typ is bool:
+        low = text.strip().lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # rejected with a typed message by _coerce
+
+
+def apply_overrides(d: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` strings to the nested dict ``d`` (copied)."""
+    out = {k: dict(v) for k, v in d.items()}
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        path, text = item.split("=", 1)
+        section, key = path.strip().split(".", 1)
+        cls = _section_class(section)
+        hints = typing.get_type_hints(cls)
+        if key not in hints:
+            raise ConfigError(f"unknown config key {section}.{key}; known: {', '.join(hints)}")
+        out.setdefault(section, {})[key] = _parse_value(text.strip(), hints[key])
+    return out
+
+
+def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a TOML file (or the defaults when ``path`` is None) and apply overrides."""
+    d: dict = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                d = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    return from_dict(apply_overrides(d, overrides or []))
+
+
+def from_json(text: str) -> Config:
+    return from_dict(json.loads(text))
+
+
+def replace(cfg: Config, section: str, **changes) -> Config:
+    """A copy of ``cfg`` with some keys of one section changed."""
+    sec = dataclasses.replace(getattr(cfg, section), **changes)
+    return dataclasses.replace(cfg, **{section: sec})
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that types alone cannot express."""
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    checks = [
+        (m.hidden > 0, "model.hidden must be > 0"),
+        (m.layers > 0, "model.layers must be > 0"),
+        (m.embed >= 0, "model.embed must be >= 0"),
+        (m.vocab_size >= 0, "model.vocab_size must be >= 0"),
+        (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
+        (m.init_scale > 0, "model.init_scale must be > 0"),
+        (t.bptt > 0, "train.bptt must be > 0"),
+        (t.batch > 0, "train.batch must be > 0"),
+        (t.local_steps > 0, "train.local_steps must be > 0"),
+        (t.rounds >= 0 and t.epochs >= 0, "train.rounds and train.epochs must be >= 0"),
+        (o.lr > 0, "optim.lr must be > 0"),
+        (o.clip_norm >= 0 and o.clip_value >= 0, "optim.clip_norm and clip_value must be >= 0"),
+        (0 < o.decay <= 1, "optim.decay must be in (0, 1]"),
+        (0 < cfg.data.sample_fraction <= 1, "data.sample_fraction must be in (0, 1]"),
+        (cfg.data.window_stride > 0, "data.window_stride must be > 0"),
+        (cfg.data.partitions > 0, "data.partitions must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)

@@ -1,0 +1,52 @@
+"""Sampling text from a trained model."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend
+
+
+def generate(model, params, vocab, prime: str = "", length: int = 200,
+             temperature: float = 1.0, argmax: bool = False, seed: int = 0) -> str:
+    """Continue ``prime`` by ``length`` tokens.
+
+    Parameters
+    ----------
+    temperature : float
+        Divides the logits; below 1 sharpens, above 1 flattens.
+    argmax : bool
+        Always take the most likely token (``temperature`` is then ignored).
+    seed : int
+        Fixes the sampled sequence.
+
+    Returns
+    -------
+    str
+        The generated continuation (without the prime).
+    """
+    if temperature <= 0 and not argmax:
+        raise ValueError("temperature must be > 0 (or use argmax)")
+    if length < 0:
+        raise ValueError("length must be >= 0")
+    xp = model.xp
+    rng = np.random.default_rng(seed)
+    ids = vocab.encode(prime) if prime else np.zeros(0, np.int32)
+    if ids.size == 0:  # start from a line end / the most frequent token
+        start = vocab.index.get("<eos>", vocab.index.get("\n", 0))
+        ids = np.array([start], np.int32)
+    state = model.zero_state(1)
+    x = xp.asarray(ids.reshape(-1, 1))
+    out = []
+    for _ in range(length):
+        logits, state = model.next_logits(params, x, state)
+        lg = backend.to_numpy(logits[0]).astype(np.float64)
+        if argmax:
+            nxt = int(lg.argmax())
+        else:
+            lg = lg / temperature
+            pr = np.exp(lg - lg.max())
+            pr /= pr.sum()
+            nxt = int(rng.choice(pr.size, p=pr))
+        out.append(nxt)
+        x = xp.asarray(np.array([[nxt]], np.int32))
+    return vocab.decode(out)

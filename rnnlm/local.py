@@ -1,0 +1,135 @@
+"""The local training loop the Spark executors run: no Spark, no I/O.
+
+:func:`train_steps` runs a number of optimizer steps over batches drawn from a
+block of token streams, carrying hidden state, and returns the new parameters,
+optimizer state and carried state with the tokens processed and the summed loss.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .optim import clip_grads
+
+
+@dataclass
+class Batch:
+    """One truncated-BPTT chunk: inputs, targets (-1 = not scored), resets; all (T, B)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    reset: np.ndarray | None = None
+
+
+class StreamBlock:
+    """A token array cut into B contiguous streams (the Zaremba / char-rnn batching).
+
+    Step ``k`` reads positions ``[kT, kT + T]`` of every stream; after the last full
+    chunk the pass restarts at 0 with the streams' states reset. Batches depend only
+    on ``k``, so a retried or resumed run sees the same data.
+
+    Parameters
+    ----------
+    tokens : int array (n,)
+    B, T : int
+        Streams and chunk length; each stream needs at least T + 1 tokens.
+    """
+
+    def __init__(self, tokens, B: int, T: int):
+        n = len(tokens) // B
+        if n < T + 1:
+            raise ValueError(f"{len(tokens)} tokens cannot fill {B} streams of {T + 1} tokens")
+        self.B, self.T = B, T
+        self.streams = np.ascontiguousarray(np.asarray(tokens[:n * B]).reshape(B, n).T)  # (n, B)
+        self.steps_per_pass = (n - 1) // T
+
+    def batch(self, k: int) -> Batch:
+        j = k % self.steps_per_pass
+        a = j * self.T
+        x = self.streams[a:a + self.T]                                  # (T, B)
+        y = self.streams[a + 1:a + self.T + 1]
+        reset = None
+        if j == 0:
+            reset = np.zeros(x.shape, dtype=bool)
+            reset[0] = True
+        return Batch(x, y, reset)
+
+    def batches(self, first: int, count: int):
+        return (self.batch(k) for k in range(first, first + count))
+
+
+@dataclass
+class LocalResult:
+    params: object
+    opt_state: dict
+    state: object
+    tokens: int
+    loss_sum: float
+    steps: int
+
+
+def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: float,
+                clip_norm: float = 0.0, clip_value: float = 0.0, grad_norm: str = "batch",
+                dropout_rng=None, grads=None) -> LocalResult:
+    """Run one optimizer step per batch, carrying hidden state between them.
+
+    Parameters
+    ----------
+    model : RNNLM
+    optimizer : Optimizer
+    params : flat array (P,), updated in place
+    opt_state : dict, updated in place
+    batches : iterable of Batch
+        The steps to run, in order; its length is the step count.
+    state : array (L, S, B, H)
+        Hidden state carried into the first batch.
+    grad_norm : {"batch", "token"}
+        Gradient of the summed NLL divided by B (sum over time, mean over streams,
+        as Zaremba et al.) or by the tokens scored.
+    dropout_rng : xp generator, optional
+        Enables dropout when given.
+
+    Raises
+    ------
+    FloatingPointError
+        When a loss is NaN or infinite (the parameters are then not updated).
+    """
+    xp = model.xp
+    grads = xp.empty_like(params) if grads is None else grads
+    tokens, loss_sum, steps = 0, 0.0, 0
+    for b in batches:
+        x, y = xp.asarray(b.x), xp.asarray(b.y)
+        reset = None if b.reset is None else xp.asarray(b.reset)
+        scale = 1.0 / x.shape[1] if grad_norm == "batch" else None
+        loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset,
+                                                 grad_scale=scale, rng=dropout_rng)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at local step {steps}")
+        clip_grads(grads, clip_norm, clip_value)
+        optimizer.step(params, grads, opt_state, lr)
+        tokens += count
+        loss_sum += loss
+        steps += 1
+    return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
+
+
+def evaluate(model, params, tokens, B: int, T: int) -> tuple:
+    """Summed NLL and token count of ``tokens`` read as B streams with carried state."""
+    xp = model.xp
+    block = StreamBlock(tokens, B, T)
+    state = model.zero_state(B)
+    total, count = 0.0, 0
+    for k in range(block.steps_per_pass):
+        b = block.batch(k)
+        loss, c, state = model.loss(params, xp.asarray(b.x), xp.asarray(b.y), state)
+        total += loss
+        count += c
+    a = block.steps_per_pass * T                    # the tail shorter than T
+    if a + 1 < len(block.streams):
+        x, y = block.streams[a:-1], block.streams[a + 1:]
+        loss, c, state = model.loss(params, xp.asarray(x), xp.asarray(y), state)
+        total += loss
+        count += c
+    return total, count

@@ -1,0 +1,132 @@
+"""Optimizers that update a flat parameter buffer in place.
+
+An optimizer object holds only hyper-parameters; its state is a plain dict of
+flat arrays plus a step count, so it can be averaged, shipped to executors and
+saved in a checkpoint like the parameters themselves.
+"""
+from __future__ import annotations
+
+import math
+
+from . import backend
+from .config import OptimConfig
+
+
+def clip_grads(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> float:
+    """Clip ``grads`` (P,) in place; return the global L2 norm before clipping.
+
+    Element clipping (``clip_value``) is applied first, then global-norm clipping.
+    """
+    xp = backend.xp_of(grads)
+    if clip_value:
+        xp.clip(grads, -clip_value, clip_value, out=grads)
+    norm = math.sqrt(float(xp.dot(grads, grads)))
+    if clip_norm and norm > clip_norm:
+        grads *= clip_norm / norm
+    return norm
+
+
+class Optimizer:
+    """Base class: ``step`` applies one update to ``params`` from ``grads``."""
+
+    slots: tuple = ()
+
+    def __init__(self, cfg: OptimConfig):
+        self.cfg = cfg
+        self._scratch = None
+
+    def init_state(self, params) -> dict:
+        """Fresh state: zero accumulators shaped like ``params`` and ``t = 0``."""
+        xp = backend.xp_of(params)
+        state = {name: xp.zeros_like(params) for name in self.slots}
+        state["t"] = 0
+        return state
+
+    def step(self, params, grads, state: dict, lr: float) -> None:
+        """Update ``params`` in place. ``grads`` is used as scratch and left undefined."""
+        state["t"] += 1
+        self._update(params, grads, state, lr, backend.xp_of(params))
+
+    def _tmp(self, like):
+        # one reusable buffer shaped like the parameters, never part of the state
+        if self._scratch is None or self._scratch.shape != like.shape or self._scratch.dtype != like.dtype:
+            self._scratch = backend.xp_of(like).empty_like(like)
+        return self._scratch
+
+    def _update(self, params, grads, state, lr, xp):
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    """``p -= lr * g``."""
+
+    def _update(self, params, grads, state, lr, xp):
+        grads *= lr
+        params -= grads
+
+
+class Momentum(Optimizer):
+    """Heavy-ball momentum ``v = mu v + g``; Nesterov uses ``g + mu v``."""
+
+    slots = ("velocity",)
+
+    def _update(self, params, grads, state, lr, xp):
+        v = state["velocity"]
+        v *= self.cfg.momentum
+        v += grads
+        tmp = self._tmp(params)
+        if self.cfg.nesterov:
+            xp.multiply(v, self.cfg.momentum, out=tmp)
+            tmp += grads
+        else:
+            tmp[...] = v
+        tmp *= lr
+        params -= tmp
+
+
+class AdaGrad(Optimizer):
+    """``G += g^2;  p -= lr g / (sqrt(G) + eps)`` (seeds 001 and 004)."""
+
+    slots = ("sum_sq",)
+
+    def _update(self, params, grads, state, lr, xp):
+        acc, denom = state["sum_sq"], self._tmp(params)
+        xp.multiply(grads, grads, out=denom)
+        acc += denom
+        xp.sqrt(acc, out=denom)
+        denom += self.cfg.eps
+        grads *= lr
+        grads /= denom
+        params -= grads
+
+
+class Adam(Optimizer):
+    """Adam with bias correction."""
+
+    slots = ("m", "v")
+
+    def _update(self, params, grads, state, lr, xp):
+        b1, b2, t = self.cfg.beta1, self.cfg.beta2, state["t"]
+        m, v = state["m"], state["v"]
+        denom = self._tmp(params)
+        m *= b1
+        grads *= 1.0 - b1
+        m += grads
+        v *= b2
+        xp.multiply(grads, grads, out=denom)
+        denom *= (1.0 - b2) / (1.0 - b1) ** 2       # (1 - b2) g^2, g was scaled by 1 - b1
+        v += denom
+        # lr * m_hat / (sqrt(v_hat) + eps), rearranged so only m and v are touched
+        step = lr * math.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+        xp.sqrt(v, out=denom)
+        denom += self.cfg.eps * math.sqrt(1.0 - b2 ** t)
+        xp.divide(m, denom, out=grads)
+        grads *= step
+        params -= grads
+
+
+OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adagrad": AdaGrad, "adam": Adam}
+
+
+def make_optimizer(cfg: OptimConfig) -> Optimizer:
+    return OPTIMIZERS[cfg.name](cfg)

@@ -1,0 +1,38 @@
+"""Learning-rate schedules.
+
+A schedule maps the epoch (fraction of the corpus seen, from 0) to a rate; the
+plateau schedule also observes validation losses. Its state is a small dict of
+floats, saved in checkpoints.
+"""
+from __future__ import annotations
+
+import math
+
+from .config import OptimConfig
+
+
+class Schedule:
+    """``lr(epoch)``; ``observe(valid_loss)`` after each evaluation."""
+
+    def __init__(self, cfg: OptimConfig, state: dict | None = None):
+        self.cfg = cfg
+        self.state = dict(state) if state else {"lr": cfg.lr, "best": math.inf}
+
+    def lr(self, epoch: float) -> float:
+        c = self.cfg
+        if c.schedule == "epoch_decay":
+            # Zaremba: epochs 1..decay_after at lr, then x decay per epoch
+            k = max(0, math.floor(epoch) + 1 - c.decay_after)
+            return max(c.min_lr, c.lr * c.decay ** k)
+        if c.schedule == "plateau":
+            return self.state["lr"]
+        return c.lr
+
+    def observe(self, valid_loss: float) -> None:
+        """Record a validation loss; the plateau schedule decays when it did not improve."""
+        if self.cfg.schedule != "plateau":
+            return
+        if valid_loss < self.state["best"]:
+            self.state["best"] = valid_loss
+        else:
+            self.state["lr"] = max(self.cfg.min_lr, self.state["lr"] * self.cfg.decay)

@@ -1,0 +1,123 @@
+"""Vocabulary of characters or words, ordered by frequency rank.
+
+Ids are frequency ranks (0 = most frequent, ties broken by the token), so
+samplers can draw by rank (Zipf). Words: ``<unk>`` for everything outside the
+vocabulary and ``<eos>`` at each line end (the PTB convention). Characters: the
+reserved character U+FFFD stands for any character not in the vocabulary.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+
+UNK_WORD, EOS = "<unk>", "<eos>"
+UNK_CHAR = "\ufffd"
+
+
+class VocabError(ValueError):
+    """A vocabulary file or request that cannot be used."""
+
+
+def tokenize(text: str, level: str) -> list:
+    """Characters, or whitespace-split words with ``<eos>`` after every line."""
+    if level == "char":
+        return list(text)
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if words:
+            out.extend(words)
+            out.append(EOS)
+    return out
+
+
+class Vocab:
+    """Token <-> id maps with counts.
+
+    Parameters
+    ----------
+    tokens : list of str
+        In id order (descending count).
+    counts : list of int
+    level : {"char", "word"}
+    """
+
+    def __init__(self, tokens, counts, level):
+        if level not in ("char", "word"):
+            raise VocabError(f"unknown vocabulary level {level!r}")
+        if len(tokens) != len(counts) or len(set(tokens)) != len(tokens):
+            raise VocabError("vocabulary tokens must be unique and match counts")
+        self.level = level
+        self.tokens = list(tokens)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        unk = UNK_WORD if level == "word" else UNK_CHAR
+        if unk not in self.index:
+            raise VocabError(f"vocabulary lacks its unknown token {unk!r}")
+        self.unk_id = self.index[unk]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def from_counts(cls, counts: dict, level: str, max_size: int = 0, min_count: int = 1) -> "Vocab":
+        """Keep the most frequent tokens (count >= ``min_count``, at most ``max_size``).
+
+        The unknown token (and ``<eos>`` for words) is always kept; dropped
+        tokens' counts go to the unknown token.
+        """
+        unk = UNK_WORD if level == "word" else UNK_CHAR
+        forced = [unk] + ([EOS] if level == "word" else [])
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        kept = [(t, c) for t, c in ranked if c >= min_count and t not in forced]
+        if max_size:
+            if max_size <= len(forced):
+                raise VocabError(f"data.vocab_size must be 0 (no cap) or > {len(forced)}")
+            kept = kept[:max_size - len(forced)]
+        kept_set = {t for t, _ in kept} | {EOS} if level == "word" else {t for t, _ in kept}
+        unk_count = sum(c for t, c in counts.items() if t not in kept_set)
+        kept.append((unk, unk_count))
+        if level == "word":
+            kept.append((EOS, counts.get(EOS, 0)))
+        kept.sort(key=lambda kv: (-kv[1], kv[0]))
+        return cls([t for t, _ in kept], [c for _, c in kept], level)
+
+    @classmethod
+    def build(cls, text: str, level: str, max_size: int = 0, min_count: int = 1) -> "Vocab":
+        """Count the tokens of ``text`` (small corpora; Spark builds counts for big ones)."""
+        return cls.from_counts(Counter(tokenize(text, level)), level, max_size, min_count)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids (int32) of ``text``; unknown tokens map to the unknown id."""
+        get, unk = self.index.get, self.unk_id
+        return np.fromiter((get(t, unk) for t in tokenize(text, self.level)), dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        toks = [self.tokens[int(i)] for i in ids]
+        if self.level == "char":
+            return "".join(toks)
+        out = []
+        for t in toks:
+            if t == EOS:
+                out.append("\n")
+            else:
+                out.append(t if not out or out[-1] == "\n" else " " + t)
+        return "".join(out)
+
+    def to_json(self) -> str:
+        return json.dumps({"level": self.level, "tokens": self.tokens,
+                           "counts": self.counts.tolist()}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Vocab":
+        try:
+            d = json.loads(text)
+            return cls(d["tokens"], d["counts"], d["level"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise VocabError(f"invalid vocabulary JSON: {e}") from None
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Vocab) and self.level == other.level
+                and self.tokens == other.tokens and bool(np.array_equal(self.counts, other.counts)))

@@ -1,0 +1,72 @@
+"""Finite-difference gradient checks in float64 (Chainer check_backward style)."""
+import numpy as np
+import pytest
+
+from rnnlm import backend
+from rnnlm.config import ModelConfig
+from rnnlm.model import RNNLM
+
+
+def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4):
+    cfg = ModelConfig(cell=cell, vocab_size=V, embed=embed, hidden=H, layers=layers,
+                      dropout=dropout, init_scale=0.5, forget_bias=1.0)
+    m = RNNLM(cfg, xp=xp, dtype="float64")
+    r = np.random.default_rng(7)
+    x = xp.asarray(r.integers(0, V, (T, B)))
+    y = r.integers(0, V, (T, B))
+    y[1, 0] = -1                                        # an unscored position
+    y = xp.asarray(y)
+    state = xp.asarray(r.normal(0, 0.5, (layers, m.S, B, H)))   # carried input state
+    reset = np.zeros((T, B), bool)
+    reset[2, 1] = reset[0, 2] = True                    # streams restarting mid-chunk
+    return m, m.init_params(3), x, y, state, xp.asarray(reset)
+
+
+def _numeric(f, p, eps=1e-6):
+    num = np.zeros(p.size)
+    for i in range(p.size):
+        q = p.copy()
+        q[i] += eps
+        lp = f(q)
+        q[i] -= 2 * eps
+        num[i] = (lp - f(q)) / (2 * eps)
+    return num
+
+
+@pytest.mark.parametrize("cell", ["rnn", "lstm"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("embed", [0, 3], ids=["onehot", "embed"])
+def test_gradients_match_finite_differences(xp, cell, layers, embed):
+    m, p, x, y, state, reset = _setup(xp, cell, layers, embed)
+    g = xp.zeros_like(p)
+    m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0)
+    num = _numeric(lambda q: m.loss(q, x, y, state, reset)[0], p)
+    g = backend.to_numpy(g)
+    for slot in m.layout:   # per parameter, so a failure names it
+        a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name
+        assert np.abs(b).max() > 0, f"{slot.name} receives no gradient"
+
+
+def test_gradients_with_dropout(xp):
+    m, p, x, y, state, reset = _setup(xp, "lstm", 2, 3, dropout=0.3)
+    g = xp.zeros_like(p)
+    m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0, rng=backend.rng_for(xp, 1, 2))
+
+    def f(q):
+        scratch = xp.zeros_like(q)
+        return m.loss_and_grad(q, scratch, x, y, state, reset, grad_scale=1.0,
+                               rng=backend.rng_for(xp, 1, 2))[0]
+    num = _numeric(f, p)
+    assert np.allclose(backend.to_numpy(g), num, rtol=1e-5, atol=1e-7)
+    # dropout actually changed the function
+    assert abs(f(p) - m.loss(p, x, y, state, reset)[0]) > 1e-6
+
+
+def test_grad_scale_scales_gradient(xp):
+    m, p, x, y, state, reset = _setup(xp, "rnn", 1, 0)
+    g1, g2 = xp.zeros_like(p), xp.zeros_like(p)
+    m.loss_and_grad(p, g1, x, y, state, reset, grad_scale=1.0)
+    n = m.loss_and_grad(p, g2, x, y, state, reset)[1]       # default: mean over scored tokens
+    assert n == 14
+    assert np.allclose(backend.to_numpy(g2) * n, backend.to_numpy(g1))

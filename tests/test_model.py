@@ -1,0 +1,105 @@
+"""Forward semantics against an independent per-token reference."""
+import numpy as np
+import pytest
+
+from rnnlm import backend
+from rnnlm.config import ModelConfig
+from rnnlm.model import RNNLM
+
+
+def _sig(a):
+    return 1 / (1 + np.exp(-a))
+
+
+def naive_nll(m, p, x, y, state, reset):
+    """Per-stream, per-token loops straight from the cell equations (float64)."""
+    v = {k: backend.to_numpy(a).astype(np.float64) for k, a in m.layout.views(p).items()}
+    st = backend.to_numpy(state).astype(np.float64).copy()
+    T, B = x.shape
+    total, H = 0.0, m.H
+    for b in range(B):
+        hs = [st[layer, 0, b].copy() for layer in range(m.L)]
+        cs = [st[layer, -1, b].copy() for layer in range(m.L)]
+        for t in range(T):
+            if reset is not None and reset[t, b]:
+                hs = [np.zeros(H) for _ in hs]
+                cs = [np.zeros(H) for _ in cs]
+            tok = int(x[t, b])
+            inp = v["embed"][tok] if m.E else np.eye(m.V)[tok]
+            for layer in range(m.L):
+                a = inp @ v[f"Wx{layer}"] + hs[layer] @ v[f"Whh{layer}"] + v[f"b{layer}"]
+                if m.G == 1:
+                    hs[layer] = np.tanh(a)
+                else:
+                    i, f, o, g = _sig(a[:H]), _sig(a[H:2 * H]), _sig(a[2 * H:3 * H]), np.tanh(a[3 * H:])
+                    cs[layer] = f * cs[layer] + i * g
+                    hs[layer] = o * np.tanh(cs[layer])
+                inp = hs[layer]
+            logits = v["Wo"] @ inp + v["bo"]
+            if y[t, b] >= 0:
+                total -= logits[y[t, b]] - np.log(np.exp(logits).sum())
+    return total
+
+
+@pytest.mark.parametrize("cell,layers,embed", [("rnn", 1, 0), ("lstm", 2, 5), ("lstm", 1, 0), ("rnn", 2, 5)])
+def test_loss_equals_naive_per_token_sum(xp, cell, layers, embed):
+    cfg = ModelConfig(cell=cell, vocab_size=11, embed=embed, hidden=6, layers=layers, init_scale=0.4)
+    m = RNNLM(cfg, xp=xp)
+    p = m.init_params(5)
+    r = np.random.default_rng(1)
+    x, y = r.integers(0, 11, (7, 4)), r.integers(0, 11, (7, 4))
+    y[3, 2] = -1
+    state = r.normal(0, 0.3, (layers, m.S, 4, 6)).astype(np.float32)
+    reset = np.zeros((7, 4), bool)
+    reset[4, 1] = True
+    loss, count, _ = m.loss(p, xp.asarray(x), xp.asarray(y), xp.asarray(state), xp.asarray(reset))
+    assert count == 27
+    assert loss == pytest.approx(naive_nll(m, p, x, y, state, reset), rel=1e-5)
+
+
+@pytest.mark.parametrize("cell", ["rnn", "lstm"])
+def test_one_chunk_of_2T_equals_two_chunks_with_carried_state(xp, cell):
+    m = RNNLM(ModelConfig(cell=cell, vocab_size=9, embed=4, hidden=8, layers=2, init_scale=0.5), xp=xp, dtype="float64")
+    p = m.init_params(2)
+    r = np.random.default_rng(3)
+    x, y = xp.asarray(r.integers(0, 9, (12, 3))), xp.asarray(r.integers(0, 9, (12, 3)))
+    full, _, s_full = m.loss(p, x, y, m.zero_state(3))
+    a, _, s = m.loss(p, x[:6], y[:6], m.zero_state(3))
+    b, _, s2 = m.loss(p, x[6:], y[6:], s)
+    assert a + b == pytest.approx(full, rel=1e-12)
+    assert np.allclose(backend.to_numpy(s2), backend.to_numpy(s_full))
+    # the carried state matters: a fresh second chunk scores differently
+    assert m.loss(p, x[6:], y[6:], m.zero_state(3))[0] != pytest.approx(b, rel=1e-6)
+
+
+def test_reset_equals_fresh_state(xp):
+    m = RNNLM(ModelConfig(cell="lstm", vocab_size=9, hidden=8), xp=xp, dtype="float64")
+    p = m.init_params(2)
+    r = np.random.default_rng(4)
+    x, y = xp.asarray(r.integers(0, 9, (5, 2))), xp.asarray(r.integers(0, 9, (5, 2)))
+    carried = xp.asarray(r.normal(0, 1, (1, 2, 2, 8)))
+    reset = xp.zeros((5, 2), dtype=bool)
+    reset[0] = True
+    assert m.loss(p, x, y, carried, reset)[0] == pytest.approx(m.loss(p, x, y, m.zero_state(2))[0], rel=1e-12)
+
+
+def test_layout_is_one_flat_buffer_with_named_views():
+    m = RNNLM(ModelConfig(cell="lstm", vocab_size=10, embed=3, hidden=4, layers=2))
+    p = m.init_params(0)
+    v = m.layout.views(p)
+    assert v["Wx0"].shape == (3, 16) and v["Whh1"].shape == (4, 16) and v["Wo"].shape == (10, 4)
+    v["Wo"][0, 0] = 42.0
+    assert p[m.layout["Wo"].offset] == 42.0           # views share the buffer
+    assert sum(s.size for s in m.layout) == p.size == m.layout.size
+
+
+def test_init_is_seeded_and_forget_bias_set():
+    cfg = ModelConfig(cell="lstm", vocab_size=10, hidden=4, forget_bias=1.0, init_scale=0.05)
+    a, b = RNNLM(cfg).init_params(1), RNNLM(cfg).init_params(1)
+    assert np.array_equal(a, b) and not np.array_equal(a, RNNLM(cfg).init_params(2))
+    assert a.dtype == np.float32
+    v = RNNLM(cfg).layout.views(a)
+    assert np.all(v["b0"][4:8] == 1.0) and np.all(v["b0"][:4] == 0) and np.abs(v["Wx0"]).max() <= 0.05
+    n = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal", init_scale=1.0)).init_params(1)
+    wh = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal")).layout.views(n)["Whh0"]
+    assert wh.std() == pytest.approx(1 / 8, rel=0.05)   # scale / sqrt(fan_in)

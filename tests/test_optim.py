@@ -1,0 +1,89 @@
+"""Optimizers, clipping and schedules against hand-computed values."""
+import math
+
+import numpy as np
+import pytest
+
+from rnnlm.config import OptimConfig
+from rnnlm.optim import clip_grads, make_optimizer
+from rnnlm.schedule import Schedule
+
+
+def run(name, grads_seq, lr=0.1, **kw):
+    opt = make_optimizer(OptimConfig(name=name, **kw))
+    p = np.array([1.0, -2.0], np.float64)
+    st = opt.init_state(p)
+    for g in grads_seq:
+        opt.step(p, np.array(g, np.float64), st, lr)
+    return p, st
+
+
+def test_sgd():
+    p, st = run("sgd", [[1.0, 2.0], [0.5, -1.0]])
+    assert np.allclose(p, [1 - 0.1 - 0.05, -2 - 0.2 + 0.1]) and st["t"] == 2
+
+
+def test_momentum_and_nesterov():
+    p, st = run("momentum", [[1.0, 0.0], [1.0, 0.0]], momentum=0.9)
+    # v1 = 1, p = 1 - .1; v2 = .9 + 1 = 1.9, p = .9 - .19
+    assert np.allclose(p, [0.71, -2.0]) and np.allclose(st["velocity"], [1.9, 0])
+    p, _ = run("momentum", [[1.0, 0.0], [1.0, 0.0]], momentum=0.9, nesterov=True)
+    # step1: v=1, p -= .1*(1 + .9) ; step2: v=1.9, p -= .1*(1 + 1.71)
+    assert np.allclose(p, [1 - 0.19 - 0.271, -2.0])
+
+
+def test_adagrad():
+    p, st = run("adagrad", [[2.0, 0.0], [1.0, 0.0]], eps=1e-12)
+    assert np.allclose(st["sum_sq"], [5.0, 0.0])
+    assert np.allclose(p[0], 1 - 0.1 * 2 / 2 - 0.1 * 1 / math.sqrt(5))
+    assert p[1] == -2.0
+
+
+def test_adam():
+    p, st = run("adam", [[2.0, -1.0], [1.0, 3.0]], lr=0.01, eps=1e-8)
+    b1, b2 = 0.9, 0.999
+    ref = np.array([1.0, -2.0])
+    m = v = np.zeros(2)
+    for t, g in enumerate([np.array([2.0, -1.0]), np.array([1.0, 3.0])], 1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        ref = ref - 0.01 * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + 1e-8)
+    assert np.allclose(p, ref, rtol=1e-10) and np.allclose(st["m"], m) and np.allclose(st["v"], v)
+
+
+def test_float32_updates_in_place():
+    opt = make_optimizer(OptimConfig(name="adam"))
+    p = np.ones(5, np.float32)
+    st = opt.init_state(p)
+    before = p.__array_interface__["data"][0]
+    opt.step(p, np.full(5, 0.5, np.float32), st, 0.1)
+    assert p.dtype == np.float32 and p.__array_interface__["data"][0] == before
+    assert np.allclose(p, 0.9, atol=1e-6)
+
+
+def test_clip_global_norm_and_value():
+    g = np.array([3.0, 4.0])
+    assert clip_grads(g, clip_norm=1.0) == pytest.approx(5.0)
+    assert np.allclose(g, [0.6, 0.8])
+    g = np.array([3.0, 4.0])
+    clip_grads(g, clip_norm=10.0)
+    assert np.allclose(g, [3.0, 4.0])
+    g = np.array([3.0, -0.5, -7.0])
+    clip_grads(g, clip_value=1.0)
+    assert np.allclose(g, [1.0, -0.5, -1.0])
+
+
+def test_epoch_decay_matches_zaremba():
+    s = Schedule(OptimConfig(lr=1.0, schedule="epoch_decay", decay=0.5, decay_after=4))
+    # epochs are 0-based fractions: the first four run at lr, then halve each epoch
+    assert [s.lr(e) for e in (0, 2.5, 3.9, 4.0, 5.2, 12.0)] == [1, 1, 1, 0.5, 0.25, 0.5 ** 9]
+
+
+def test_plateau_halves_when_validation_stalls():
+    s = Schedule(OptimConfig(lr=2.0, schedule="plateau", decay=0.5))
+    for v, want in [(5.0, 2.0), (4.0, 2.0), (4.5, 1.0), (3.0, 1.0), (3.0, 0.5)]:
+        s.observe(v)
+        assert s.lr(0) == want
+    restored = Schedule(s.cfg, s.state)
+    assert restored.lr(0) == 0.5
+    assert Schedule(OptimConfig(lr=0.3)).lr(99) == 0.3
