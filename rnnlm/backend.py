@@ -90,13 +90,26 @@ def rng_for(xp, seed: int, *keys: int):
 
 
 def scatter_add_rows(dst, idx, src) -> None:
-    """``dst[idx[n]] += src[n]`` for every row n, duplicates summed."""
+    """``dst[idx[n]] += src[n]`` for every row n, duplicates summed.
+
+    ``dst`` (V, W), ``idx`` (N,), ``src`` (N, W). ``np.add.at`` is slow on rows,
+    so NumPy uses a one-hot product for small V and sort + reduceat otherwise.
+    """
     xp = xp_of(dst)
-    if xp is np:
-        np.add.at(dst, idx, src)
-    else:
+    if xp is not np:
         import cupyx
         cupyx.scatter_add(dst, idx, src)
+        return
+    V, N = dst.shape[0], idx.shape[0]
+    if V <= 1024:
+        onehot = np.zeros((V, N), dtype=dst.dtype)       # (V, N)
+        onehot[idx, np.arange(N)] = 1
+        dst += onehot @ src
+        return
+    order = np.argsort(idx, kind="stable")
+    sorted_idx = idx[order]
+    rows, starts = np.unique(sorted_idx, return_index=True)
+    dst[rows] += np.add.reduceat(src[order], starts, axis=0)
 
 
 def set_blas_threads(n: int) -> None:

@@ -1,14 +1,17 @@
-"""Recurrent cell kernels: tanh RNN and LSTM over a (T, B) chunk.
+"""Recurrent cell kernels: tanh RNN and LSTM over a (T, B) chunk, feature-major.
 
-Each kernel works on a preallocated :class:`Workspace` (no allocation per step
-except BLAS temporaries), takes the input projection ``z = x @ Wx + b`` for all
-T steps at once (one big matrix product done by the caller), and runs only the
-recurrent product per step. The backward pass propagates ``dh`` per step and
-forms ``dWhh`` as one (H, N) @ (N, GH) product after the loop.
+Activations are (F, T, B): a step is the (F, B) slice ``[:, t, :]`` and the whole
+chunk the (F, N) matrix, so both the per-step recurrent product
+``Whh (GH, H) @ h (H, B)`` and the chunk-wide products are plain GEMMs on
+contiguous rows (OpenBLAS is ~40% faster this way round at small B).
 
-Stream resets: ``keep`` is (T, B, 1) with 0 where a stream restarts at step t,
-so its incoming state is zero there and no gradient flows back across it.
-Gate order of the LSTM is (i, f, o, g): the three sigmoid gates are contiguous.
+The caller computes the input projection ``zin = Wx @ x + b`` (GH, T, B) for all
+steps in one product; the kernels run only the recurrence. The backward pass
+propagates ``dh`` per step and forms ``dWhh`` as one (GH, N) @ (N, H) product.
+
+Stream resets: ``keep`` is (T, 1, B) with 0 where a stream restarts at step t:
+its incoming state is zeroed and no gradient flows back across the boundary.
+LSTM gate order is (i, f, o, g): the sigmoid gates are one contiguous block.
 """
 from __future__ import annotations
 
@@ -19,20 +22,26 @@ class Workspace:
     def __init__(self, xp, T, B, H, G, dtype):
         self.T, self.B, self.H, self.G = T, B, H, G
         e = lambda *s: xp.empty(s, dtype=dtype)  # noqa: E731
-        self.z = e(T, B, G * H)       # gate pre-activations, then activations
-        self.hprev = e(T, B, H)       # state entering step t (after resets)
-        self.hout = e(T, B, H)        # state leaving step t
-        self.dz = e(T, B, G * H)
-        self.tmp_g = e(B, G * H)
-        self.dh_next = e(B, H)
+        self.zin = e(G * H, T, B)     # input projection of every step
+        self.hcat = e(H, T + 1, B)    # [:, 0] incoming state, [:, t + 1] output of step t
+        self.z = e(T, G * H, B)       # gate activations per step
+        self.dz = e(G * H, T, B)      # gate pre-activation gradients, chunk-wide
+        self.dzt = e(G * H, B)
+        self.dh = e(H, B)
+        self.dh_next = e(H, B)
+        self.hmask = e(H, B)          # masked incoming state at a mid-chunk reset
         if G == 4:
-            self.cprev = e(T, B, H)
-            self.c = e(T, B, H)
-            self.tc = e(T, B, H)      # tanh(c)
-            self.tmp_h = e(B, H)
-            self.tmp_h2 = e(B, H)
-            self.tmp_3h = e(B, 3 * H)
-            self.dc_next = e(B, H)
+            self.c = e(T + 1, H, B)   # [0] incoming cell, [t + 1] cell after step t
+            self.tc = e(T, H, B)      # tanh(c)
+            self.cmask = e(H, B)
+            self.tmp = e(H, B)
+            self.tmp3 = e(3 * H, B)
+            self.dc_next = e(H, B)
+
+    @property
+    def hout(self):
+        """Outputs of all steps as (H, N) (a view: rows have stride (T + 1) B)."""
+        return self.hcat[:, 1:, :].reshape(self.H, self.T * self.B)
 
 
 def _sigmoid_(xp, a):
@@ -43,119 +52,138 @@ def _sigmoid_(xp, a):
     xp.reciprocal(a, out=a)
 
 
-def rnn_forward(xp, ws, Whh, h0, keep, reset_steps):
-    """Forward of ``h_t = tanh(z_t + h_{t-1} @ Whh)``; ``ws.z`` holds ``x @ Wx + b``."""
-    T = ws.T
-    h = h0
-    for t in range(T):
-        hp = ws.hprev[t]
-        if t in reset_steps:
-            xp.multiply(h, keep[t], out=hp)
-        else:
-            hp[...] = h
-        z = ws.z[t]                                   # (B, H)
-        xp.matmul(hp, Whh, out=ws.tmp_g)
-        z += ws.tmp_g
-        xp.tanh(z, out=z)
-        ws.hout[t] = z
-        h = ws.hout[t]
-    return (ws.hout[T - 1].copy(),)
+def _incoming(xp, ws, t, keep, reset_steps):
+    """The state entering step t: a view, or a masked copy at a mid-chunk reset."""
+    h = ws.hcat[:, t, :]
+    if t in reset_steps and t > 0:
+        xp.multiply(h, keep[t], out=ws.hmask)
+        return ws.hmask, True
+    return h, False
+
+
+def _start(xp, ws, state, keep, reset_steps):
+    ws.hcat[:, 0, :] = state[0]
+    if 0 in reset_steps:
+        ws.hcat[:, 0, :] *= keep[0]
+    if ws.G == 4:
+        ws.c[0] = state[1]
+        if 0 in reset_steps:
+            ws.c[0] *= keep[0]
+
+
+def _dwhh(xp, ws, dWhh, keep, reset_steps):
+    # dWhh = sum_t dz_t hprev_t^T over the chunk, then undo the unmasked part at resets
+    N, H = ws.T * ws.B, ws.H
+    hprev = ws.hcat[:, :ws.T, :].reshape(H, N)                      # (H, N) view
+    xp.matmul(ws.dz.reshape(-1, N), hprev.T, out=dWhh)              # (GH, H)
+    for t in reset_steps:
+        if t > 0:
+            dropped = ws.hcat[:, t, :] * (1.0 - keep[t])             # (H, B)
+            dWhh -= ws.dz[:, t, :] @ dropped.T
+
+
+def rnn_forward(xp, ws, Whh, state, keep, reset_steps):
+    """``h_t = tanh(zin_t + Whh h_{t-1})``; returns the final state (1, H, B)."""
+    _start(xp, ws, state, keep, reset_steps)
+    for t in range(ws.T):
+        hp, _ = _incoming(xp, ws, t, keep, reset_steps)
+        z = ws.z[t]                                                  # (H, B)
+        xp.matmul(Whh, hp, out=z)
+        z += ws.zin[:, t, :]
+        xp.tanh(z, out=ws.hcat[:, t + 1, :])
+    return ws.hcat[None, :, ws.T, :].copy()
 
 
 def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
-    """Backward of :func:`rnn_forward`; ``dhout`` (T, B, H) is consumed.
+    """Backward of :func:`rnn_forward` given ``dhout`` (H, T, B).
 
-    Leaves ``dz`` (T, B, H) in ``ws.dz`` and writes ``dWhh``.
+    Leaves ``dz`` (H, T, B) in ``ws.dz`` and writes ``dWhh``.
     """
-    dh_next = ws.dh_next
+    WhhT = xp.ascontiguousarray(Whh.T)                               # (H, GH)
+    dh, dh_next, dzt = ws.dh, ws.dh_next, ws.dzt
     dh_next.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        dh = dhout[t]
-        dh += dh_next
-        dz = ws.dz[t]
-        h = ws.hout[t]
-        xp.multiply(h, h, out=dz)                     # dz = (1 - h^2) * dh
-        xp.subtract(1.0, dz, out=dz)
-        dz *= dh
-        xp.matmul(dz, Whh.T, out=dh_next)
+        xp.add(dhout[:, t, :], dh_next, out=dh)
+        h = ws.hcat[:, t + 1, :]
+        xp.multiply(h, h, out=dzt)                                   # dz = (1 - h^2) dh
+        xp.subtract(1.0, dzt, out=dzt)
+        dzt *= dh
+        ws.dz[:, t, :] = dzt
+        xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
-    N = ws.T * ws.B
-    xp.matmul(ws.hprev.reshape(N, ws.H).T, ws.dz.reshape(N, ws.H), out=dWhh)
+    _dwhh(xp, ws, dWhh, keep, reset_steps)
 
 
-def lstm_forward(xp, ws, Whh, h0, c0, keep, reset_steps):
-    """LSTM forward over the chunk; ``ws.z`` holds ``x @ Wx + b`` (T, B, 4H)."""
-    T, H = ws.T, ws.H
-    h, c = h0, c0
-    for t in range(T):
-        hp, cp = ws.hprev[t], ws.cprev[t]
-        if t in reset_steps:
-            xp.multiply(h, keep[t], out=hp)
-            xp.multiply(c, keep[t], out=cp)
-        else:
-            hp[...] = h
-            cp[...] = c
-        z = ws.z[t]                                   # (B, 4H)
-        xp.matmul(hp, Whh, out=ws.tmp_g)
-        z += ws.tmp_g
-        sig = z[:, :3 * H]
-        _sigmoid_(xp, sig)
-        g = z[:, 3 * H:]
-        xp.tanh(g, out=g)
-        i, f, o = z[:, :H], z[:, H:2 * H], z[:, 2 * H:3 * H]
-        ct = ws.c[t]
+def lstm_forward(xp, ws, Whh, state, keep, reset_steps):
+    """LSTM over the chunk; returns the final state (2, H, B): (h, c)."""
+    H = ws.H
+    _start(xp, ws, state, keep, reset_steps)
+    for t in range(ws.T):
+        hp, masked = _incoming(xp, ws, t, keep, reset_steps)
+        cp = ws.c[t]
+        if masked:
+            xp.multiply(cp, keep[t], out=ws.cmask)
+            cp = ws.cmask
+        z = ws.z[t]                                                  # (4H, B)
+        xp.matmul(Whh, hp, out=z)
+        z += ws.zin[:, t, :]
+        _sigmoid_(xp, z[:3 * H])
+        xp.tanh(z[3 * H:], out=z[3 * H:])
+        i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
+        ct = ws.c[t + 1]
         xp.multiply(f, cp, out=ct)
-        xp.multiply(i, g, out=ws.tmp_h)
-        ct += ws.tmp_h
-        tc = ws.tc[t]
-        xp.tanh(ct, out=tc)
-        ht = ws.hout[t]
-        xp.multiply(o, tc, out=ht)
-        h, c = ht, ct
-    return ws.hout[T - 1].copy(), ws.c[T - 1].copy()
+        xp.multiply(i, g, out=ws.tmp)
+        ct += ws.tmp
+        xp.tanh(ct, out=ws.tc[t])
+        xp.multiply(o, ws.tc[t], out=ws.hcat[:, t + 1, :])
+    out = xp.empty((2, H, ws.B), dtype=ws.c.dtype)
+    out[0] = ws.hcat[:, ws.T, :]
+    out[1] = ws.c[ws.T]
+    return out
 
 
 def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
-    """Backward of :func:`lstm_forward`; ``dhout`` (T, B, H) is consumed.
+    """Backward of :func:`lstm_forward` given ``dhout`` (H, T, B).
 
-    Leaves the pre-activation gradients (T, B, 4H) in ``ws.dz``, writes ``dWhh``.
+    Leaves the pre-activation gradients (4H, T, B) in ``ws.dz``, writes ``dWhh``.
     """
     H = ws.H
-    dh_next, dc_next = ws.dh_next, ws.dc_next
+    WhhT = xp.ascontiguousarray(Whh.T)                               # (H, 4H)
+    dh, dh_next, dc, dzt = ws.dh, ws.dh_next, ws.dc_next, ws.dzt
+    tmp, tmp3 = ws.tmp, ws.tmp3
     dh_next.fill(0)
-    dc_next.fill(0)
-    tmp, tmp2, tmp3 = ws.tmp_h, ws.tmp_h2, ws.tmp_3h
+    dc.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        dh = dhout[t]
-        dh += dh_next
-        z, dz = ws.z[t], ws.dz[t]
-        i, f, o, g = z[:, :H], z[:, H:2 * H], z[:, 2 * H:3 * H], z[:, 3 * H:]
-        di, df, do, dg = dz[:, :H], dz[:, H:2 * H], dz[:, 2 * H:3 * H], dz[:, 3 * H:]
+        xp.add(dhout[:, t, :], dh_next, out=dh)
+        z = ws.z[t]
+        i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
+        di, df, do, dg = dzt[:H], dzt[H:2 * H], dzt[2 * H:3 * H], dzt[3 * H:]
         tc = ws.tc[t]
         xp.multiply(dh, tc, out=do)
-        # dc = dc_next + dh * o * (1 - tanh(c)^2)
-        xp.multiply(tc, tc, out=tmp)
+        xp.multiply(tc, tc, out=tmp)                                 # dc += dh o (1 - tanh(c)^2)
         xp.subtract(1.0, tmp, out=tmp)
         tmp *= o
         tmp *= dh
-        dc = dc_next
         dc += tmp
         xp.multiply(dc, g, out=di)
         xp.multiply(dc, i, out=dg)
-        xp.multiply(dc, ws.cprev[t], out=df)
-        dc *= f                                       # becomes dc_next for t - 1
-        # through the nonlinearities: sigmoid' = s (1 - s), tanh' = 1 - g^2
-        s = z[:, :3 * H]
+        cp = ws.c[t]
+        if t in reset_steps and t > 0:
+            xp.multiply(cp, keep[t], out=ws.cmask)
+            cp = ws.cmask
+        xp.multiply(dc, cp, out=df)
+        dc *= f                                                      # dc for step t - 1
+        s = z[:3 * H]                                                # sigmoid' = s (1 - s)
         xp.subtract(1.0, s, out=tmp3)
         tmp3 *= s
-        dz[:, :3 * H] *= tmp3
-        xp.multiply(g, g, out=tmp2)
-        xp.subtract(1.0, tmp2, out=tmp2)
-        dg *= tmp2
-        xp.matmul(dz, Whh.T, out=dh_next)
+        dzt[:3 * H] *= tmp3
+        xp.multiply(g, g, out=tmp)                                   # tanh' = 1 - g^2
+        xp.subtract(1.0, tmp, out=tmp)
+        dg *= tmp
+        ws.dz[:, t, :] = dzt
+        xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
-            dc_next *= keep[t]
-    N = ws.T * ws.B
-    xp.matmul(ws.hprev.reshape(N, H).T, ws.dz.reshape(N, 4 * H), out=dWhh)
+            dc *= keep[t]
+    _dwhh(xp, ws, dWhh, keep, reset_steps)

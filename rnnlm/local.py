@@ -83,7 +83,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     opt_state : dict, updated in place
     batches : iterable of Batch
         The steps to run, in order; its length is the step count.
-    state : array (L, S, B, H)
+    state : array (L, S, H, B)
         Hidden state carried into the first batch.
     grad_norm : {"batch", "token"}
         Gradient of the summed NLL divided by B (sum over time, mean over streams,

@@ -12,6 +12,23 @@ from .config import ModelConfig
 from .layout import Layout
 
 
+def _gather_columns(xp, table, idx, out, bias=None):
+    """``out[:, n] = table[idx[n]] (+ bias)``: rows of ``table`` (V, W) as columns of ``out`` (W, N).
+
+    A strided transpose of the gathered rows is slow, so a small table is
+    transposed first and gathered along its columns instead.
+    """
+    if table.shape[0] <= out.shape[1]:
+        tt = xp.ascontiguousarray(table.T)                               # (W, V)
+        if bias is not None:
+            tt += bias[:, None]
+        xp.take(tt, idx, axis=1, out=out)
+    else:
+        out[...] = xp.take(table, idx, axis=0).T
+        if bias is not None:
+            out += bias[:, None]
+
+
 class _ChunkBuffers:
     """Everything one (T, B) chunk needs, allocated once and reused."""
 
@@ -19,17 +36,17 @@ class _ChunkBuffers:
         N, H, dt = T * B, m.H, m.dtype
         e = lambda *s: xp.empty(s, dtype=dt)  # noqa: E731
         self.layers = [cells.Workspace(xp, T, B, H, m.G, dt) for _ in range(m.L)]
-        self.x0 = e(N, m.E) if m.E else None           # embedded input
-        self.dx0 = e(N, m.E) if m.E else None
-        self.dh = [e(T, B, H) for _ in range(m.L)]      # dL/d(layer output)
-        self.dropped = [e(N, H) for _ in range(m.L)] if m.dropout else None
+        self.x0 = e(m.E, N) if m.E else None           # embedded input (E, N)
+        self.dx0 = e(m.E, N) if m.E else None
+        self.dh = [e(H, T, B) for _ in range(m.L)]      # dL/d(layer output)
+        self.dropped = [e(H, N) for _ in range(m.L)] if m.dropout else None
+        self.masks = [e(H, N) for _ in range(m.L)] if m.dropout else None
+        self.mask0 = e(m.E, N) if (m.dropout and m.E) else None
         self.act = [None] * m.L                          # each layer's output as fed upward
-        self.masks = [e(N, H) for _ in range(m.L)] if m.dropout else None
-        self.mask0 = e(N, m.E) if (m.dropout and m.E) else None
-        self.logits = e(N, m.V)                          # logits, then dlogits
+        self.logits = e(m.V, N)                          # logits, then dlogits
         self.ones_n = xp.ones(N, dtype=dt)
         self.ones_v = xp.ones(m.V, dtype=dt)
-        self.rows = xp.arange(N)
+        self.cols = xp.arange(N)
 
 
 class RNNLM:
@@ -54,12 +71,15 @@ class RNNLM:
         self.G = 4 if cfg.cell == "lstm" else 1
         self.S = 2 if cfg.cell == "lstm" else 1          # state tensors per layer
         self.dropout = cfg.dropout
-        entries = [("embed", (self.V, self.E))] if self.E else []
+        GH = self.G * self.H
+        # Vocabulary-indexed matrices keep one row per token (embed, Wo); the others
+        # are (out, in). With one-hot input (embed == 0) the table ``embed`` (V, GH)
+        # is layer 0's input weights: one-hot @ W is a row lookup.
+        entries = [("embed", (self.V, self.E or GH))]
         for layer in range(self.L):
-            fan_in = (self.E or self.V) if layer == 0 else self.H
-            entries += [(f"Wx{layer}", (fan_in, self.G * self.H)),
-                        (f"Whh{layer}", (self.H, self.G * self.H)),
-                        (f"b{layer}", (self.G * self.H,))]
+            if layer > 0 or self.E:
+                entries.append((f"Wx{layer}", (GH, self.E if layer == 0 else self.H)))
+            entries += [(f"Whh{layer}", (GH, self.H)), (f"b{layer}", (GH,))]
         entries += [("Wo", (self.V, self.H)), ("bo", (self.V,))]
         self.layout = Layout(entries)
         self._buffers: dict = {}
@@ -79,7 +99,7 @@ class RNNLM:
             if cfg.init == "uniform":
                 view[...] = rng.uniform(-cfg.init_scale, cfg.init_scale, slot.shape)
             else:
-                fan_in = 1 if slot.name == "embed" else (slot.shape[1] if slot.name == "Wo" else slot.shape[0])
+                fan_in = slot.shape[1] if slot.name != "embed" else (1 if self.E else self.V)
                 view[...] = rng.normal(0.0, cfg.init_scale / np.sqrt(fan_in), slot.shape)
         if self.G == 4 and cfg.forget_bias:
             for layer in range(self.L):
@@ -88,8 +108,8 @@ class RNNLM:
         return xp.asarray(flat)
 
     def zero_state(self, B: int):
-        """Initial hidden state (L, S, B, H): S = 2 (h, c) for the LSTM, 1 for the RNN."""
-        return self.xp.zeros((self.L, self.S, B, self.H), dtype=self.dtype)
+        """Initial hidden state (L, S, H, B): S = 2 (h, c) for the LSTM, 1 for the RNN."""
+        return self.xp.zeros((self.L, self.S, self.H, B), dtype=self.dtype)
 
     def _bufs(self, T, B) -> _ChunkBuffers:
         key = (T, B)
@@ -100,43 +120,41 @@ class RNNLM:
 
     # ---------------------------------------------------------------- forward
     def _forward(self, p, x, state, reset, rng):
-        """Fill the chunk buffers up to the logits; return (buffers, new state)."""
+        """Fill the chunk buffers up to the logits; return (buffers, new state, keep, resets)."""
         xp = self.xp
         T, B = x.shape
         N, H, drop = T * B, self.H, (self.dropout if rng is not None else 0.0)
         buf = self._bufs(T, B)
         idx = x.reshape(N)
         if reset is not None:
-            keep = (~reset).astype(self.dtype)[:, :, None]            # (T, B, 1)
+            keep = (~reset).astype(self.dtype)[:, None, :]              # (T, 1, B)
             reset_steps = set(int(t) for t in xp.nonzero(reset.any(axis=1))[0])
         else:
             keep, reset_steps = None, set()
         new_state = xp.empty_like(state)
         for layer in range(self.L):
             ws = buf.layers[layer]
-            z = ws.z.reshape(N, self.G * H)                              # (N, GH)
-            Wx = p[f"Wx{layer}"]
+            zin = ws.zin.reshape(-1, N)                                  # (GH, N)
             if layer == 0 and self.E:
-                xp.take(p["embed"], idx, axis=0, out=buf.x0)            # (N, E)
+                _gather_columns(xp, p["embed"], idx, buf.x0)             # (E, N)
                 if drop:
                     self._dropout(rng, buf.x0, buf.mask0, drop)
-                xp.matmul(buf.x0, Wx, out=z)
-            elif layer == 0:
-                xp.take(Wx, idx, axis=0, out=z)                          # one-hot input
+                xp.matmul(p["Wx0"], buf.x0, out=zin)
+                zin += p["b0"][:, None]
+            elif layer == 0:                                             # one-hot input
+                _gather_columns(xp, p["embed"], idx, zin, bias=p["b0"])
             else:
-                xp.matmul(buf.act[layer - 1], Wx, out=z)
-            z += p[f"b{layer}"]
-            out = self._forward_fn(xp, ws, p[f"Whh{layer}"], *state[layer], keep, reset_steps)
-            for s, arr in enumerate(out):
-                new_state[layer, s] = arr
-            act = ws.hout.reshape(N, H)                                  # (N, H)
+                xp.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
+                zin += p[f"b{layer}"][:, None]
+            new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], state[layer], keep, reset_steps)
+            act = ws.hout                                                # (H, N)
             if drop:
                 buf.dropped[layer][...] = act
                 act = buf.dropped[layer]
                 self._dropout(rng, act, buf.masks[layer], drop)
             buf.act[layer] = act
-        xp.matmul(buf.act[-1], p["Wo"].T, out=buf.logits)           # (N, V)
-        buf.logits += p["bo"]
+        xp.matmul(p["Wo"], buf.act[-1], out=buf.logits)                 # (V, N)
+        buf.logits += p["bo"][:, None]
         return buf, new_state, keep, reset_steps
 
     def _dropout(self, rng, a, mask, rate):
@@ -153,21 +171,21 @@ class RNNLM:
         ``grad_scale`` set, leaves ``grad_scale * dNLL/dlogits`` in ``buf.logits``.
         """
         xp = self.xp
-        lg = buf.logits                                                  # (N, V)
+        lg = buf.logits                                                  # (V, N)
         yv = y.reshape(-1)
         valid = yv >= 0
         yc = xp.where(valid, yv, 0)
-        lg -= lg.max(axis=1, keepdims=True)
-        zy = lg[buf.rows, yc]                                            # (N,)
+        lg -= lg.max(axis=0)
+        zy = lg[yc, buf.cols]                                            # (N,)
         xp.exp(lg, out=lg)
-        s = xp.matmul(lg, buf.ones_v)                                    # (N,)
+        s = xp.matmul(buf.ones_v, lg)                                    # (N,)
         nll = (xp.log(s) - zy) * valid
         loss = float(nll.sum(dtype=np.float64))
         count = int(valid.sum())
         if grad_scale is not None:
             w = valid.astype(self.dtype) * grad_scale
-            lg *= (w / s)[:, None]
-            lg[buf.rows, yc] -= w
+            lg *= w / s
+            lg[yc, buf.cols] -= w
         return loss, count
 
     def loss(self, params, x, y, state, reset=None):
@@ -178,7 +196,7 @@ class RNNLM:
         params : flat array (P,)
         x, y : int arrays (T, B)
             Inputs and next-token targets; a target < 0 is not scored.
-        state : array (L, S, B, H)
+        state : array (L, S, H, B)
         reset : bool array (T, B), optional
             True where a stream starts afresh (its incoming state is zeroed).
         """
@@ -192,7 +210,7 @@ class RNNLM:
         p = self.layout.views(params)
         buf, new_state, _, _ = self._forward(p, x, state, None, None)
         T, B = x.shape
-        return buf.logits[(T - 1) * B:].copy(), new_state
+        return buf.logits[:, (T - 1) * B:].T.copy(), new_state
 
     # --------------------------------------------------------------- backward
     def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None):
@@ -204,7 +222,7 @@ class RNNLM:
 
         Returns
         -------
-        loss_sum : float, count : int, new_state : array (L, S, B, H)
+        loss_sum : float, count : int, new_state : array (L, S, H, B)
         """
         xp = self.xp
         p, g = self.layout.views(params), self.layout.views(grads)
@@ -213,12 +231,12 @@ class RNNLM:
             grad_scale = 1.0 / max(1, int((y >= 0).sum()))
         loss, count = self._nll(buf, y, grad_scale)
         T, B = x.shape
-        N, H, GH = T * B, self.H, self.G * self.H
-        dlg = buf.logits                                                 # (N, V)
-        xp.matmul(dlg.T, buf.act[-1], out=g["Wo"])                    # (V, H)
-        xp.matmul(buf.ones_n, dlg, out=g["bo"])
-        dtop = buf.dh[-1].reshape(N, H)
-        xp.matmul(dlg, p["Wo"], out=dtop)                                # (N, H)
+        N, H = T * B, self.H
+        dlg = buf.logits                                                 # (V, N)
+        xp.matmul(dlg, buf.act[-1].T, out=g["Wo"])                       # (V, H)
+        xp.matmul(dlg, buf.ones_n, out=g["bo"])
+        dtop = buf.dh[-1].reshape(H, N)
+        xp.matmul(p["Wo"].T, dlg, out=dtop)                              # (H, N)
         drop = self.dropout if rng is not None else 0.0
         if drop:
             dtop *= buf.masks[-1]
@@ -226,23 +244,23 @@ class RNNLM:
             ws = buf.layers[layer]
             self._backward_fn(xp, ws, p[f"Whh{layer}"], buf.dh[layer], g[f"Whh{layer}"],
                               keep, reset_steps)
-            dz = ws.dz.reshape(N, GH)                                    # (N, GH)
-            xp.matmul(buf.ones_n, dz, out=g[f"b{layer}"])
-            gWx = g[f"Wx{layer}"]
+            dz = ws.dz.reshape(-1, N)                                    # (GH, N)
+            xp.matmul(dz, buf.ones_n, out=g[f"b{layer}"])
             if layer > 0:
-                xp.matmul(buf.act[layer - 1].T, dz, out=gWx)
-                dprev = buf.dh[layer - 1].reshape(N, H)
-                xp.matmul(dz, p[f"Wx{layer}"].T, out=dprev)
+                xp.matmul(dz, buf.act[layer - 1].T, out=g[f"Wx{layer}"])
+                dprev = buf.dh[layer - 1].reshape(H, N)
+                xp.matmul(p[f"Wx{layer}"].T, dz, out=dprev)              # (H, N)
                 if drop:
                     dprev *= buf.masks[layer - 1]
-            elif self.E:
-                xp.matmul(buf.x0.T, dz, out=gWx)
-                xp.matmul(dz, p["Wx0"].T, out=buf.dx0)                   # (N, E)
+                continue
+            if self.E:
+                xp.matmul(dz, buf.x0.T, out=g["Wx0"])
+                xp.matmul(p["Wx0"].T, dz, out=buf.dx0)                   # (E, N)
                 if drop:
                     buf.dx0 *= buf.mask0
-                g["embed"].fill(0)
-                backend.scatter_add_rows(g["embed"], x.reshape(N), buf.dx0)
+                rows = buf.dx0
             else:
-                gWx.fill(0)
-                backend.scatter_add_rows(gWx, x.reshape(N), dz)
+                rows = dz
+            g["embed"].fill(0)
+            backend.scatter_add_rows(g["embed"], x.reshape(N), rows.T)
         return loss, count, new_state

@@ -16,7 +16,7 @@ def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4):
     y = r.integers(0, V, (T, B))
     y[1, 0] = -1                                        # an unscored position
     y = xp.asarray(y)
-    state = xp.asarray(r.normal(0, 0.5, (layers, m.S, B, H)))   # carried input state
+    state = xp.asarray(r.normal(0, 0.5, (layers, m.S, H, B)))   # carried input state
     reset = np.zeros((T, B), bool)
     reset[2, 1] = reset[0, 2] = True                    # streams restarting mid-chunk
     return m, m.init_params(3), x, y, state, xp.asarray(reset)

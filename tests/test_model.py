@@ -18,16 +18,20 @@ def naive_nll(m, p, x, y, state, reset):
     T, B = x.shape
     total, H = 0.0, m.H
     for b in range(B):
-        hs = [st[layer, 0, b].copy() for layer in range(m.L)]
-        cs = [st[layer, -1, b].copy() for layer in range(m.L)]
+        hs = [st[layer, 0, :, b].copy() for layer in range(m.L)]
+        cs = [st[layer, -1, :, b].copy() for layer in range(m.L)]
         for t in range(T):
             if reset is not None and reset[t, b]:
                 hs = [np.zeros(H) for _ in hs]
                 cs = [np.zeros(H) for _ in cs]
             tok = int(x[t, b])
-            inp = v["embed"][tok] if m.E else np.eye(m.V)[tok]
+            inp = v["embed"][tok]
             for layer in range(m.L):
-                a = inp @ v[f"Wx{layer}"] + hs[layer] @ v[f"Whh{layer}"] + v[f"b{layer}"]
+                if layer == 0 and not m.E:   # one-hot input: embed is layer 0's input weights
+                    a = np.eye(m.V)[tok] @ v["embed"]
+                else:
+                    a = v[f"Wx{layer}"] @ inp
+                a = a + v[f"Whh{layer}"] @ hs[layer] + v[f"b{layer}"]
                 if m.G == 1:
                     hs[layer] = np.tanh(a)
                 else:
@@ -49,7 +53,7 @@ def test_loss_equals_naive_per_token_sum(xp, cell, layers, embed):
     r = np.random.default_rng(1)
     x, y = r.integers(0, 11, (7, 4)), r.integers(0, 11, (7, 4))
     y[3, 2] = -1
-    state = r.normal(0, 0.3, (layers, m.S, 4, 6)).astype(np.float32)
+    state = r.normal(0, 0.3, (layers, m.S, 6, 4)).astype(np.float32)
     reset = np.zeros((7, 4), bool)
     reset[4, 1] = True
     loss, count, _ = m.loss(p, xp.asarray(x), xp.asarray(y), xp.asarray(state), xp.asarray(reset))
@@ -77,7 +81,7 @@ def test_reset_equals_fresh_state(xp):
     p = m.init_params(2)
     r = np.random.default_rng(4)
     x, y = xp.asarray(r.integers(0, 9, (5, 2))), xp.asarray(r.integers(0, 9, (5, 2)))
-    carried = xp.asarray(r.normal(0, 1, (1, 2, 2, 8)))
+    carried = xp.asarray(r.normal(0, 1, (1, 2, 8, 2)))
     reset = xp.zeros((5, 2), dtype=bool)
     reset[0] = True
     assert m.loss(p, x, y, carried, reset)[0] == pytest.approx(m.loss(p, x, y, m.zero_state(2))[0], rel=1e-12)
@@ -87,7 +91,8 @@ def test_layout_is_one_flat_buffer_with_named_views():
     m = RNNLM(ModelConfig(cell="lstm", vocab_size=10, embed=3, hidden=4, layers=2))
     p = m.init_params(0)
     v = m.layout.views(p)
-    assert v["Wx0"].shape == (3, 16) and v["Whh1"].shape == (4, 16) and v["Wo"].shape == (10, 4)
+    assert v["embed"].shape == (10, 3) and v["Wx0"].shape == (16, 3) and v["Whh1"].shape == (16, 4)
+    assert v["Wo"].shape == (10, 4) and "Wx0" not in RNNLM(ModelConfig(vocab_size=10, hidden=4)).layout.slots
     v["Wo"][0, 0] = 42.0
     assert p[m.layout["Wo"].offset] == 42.0           # views share the buffer
     assert sum(s.size for s in m.layout) == p.size == m.layout.size
@@ -99,7 +104,7 @@ def test_init_is_seeded_and_forget_bias_set():
     assert np.array_equal(a, b) and not np.array_equal(a, RNNLM(cfg).init_params(2))
     assert a.dtype == np.float32
     v = RNNLM(cfg).layout.views(a)
-    assert np.all(v["b0"][4:8] == 1.0) and np.all(v["b0"][:4] == 0) and np.abs(v["Wx0"]).max() <= 0.05
+    assert np.all(v["b0"][4:8] == 1.0) and np.all(v["b0"][:4] == 0) and np.abs(v["embed"]).max() <= 0.05
     n = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal", init_scale=1.0)).init_params(1)
     wh = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal")).layout.views(n)["Whh0"]
     assert wh.std() == pytest.approx(1 / 8, rel=0.05)   # scale / sqrt(fan_in)
