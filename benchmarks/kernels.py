@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -47,9 +48,7 @@ def matmul_gflops(np, seconds=1.0):
 
 
 def time_loop(fn, seconds, sync=lambda: None):
-    fn()
-    fn()
-    sync()
+    """Mean seconds per call over a window of at least ``seconds`` (and 3 calls)."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds or n < 3:
         fn()
@@ -58,7 +57,24 @@ def time_loop(fn, seconds, sync=lambda: None):
     return (time.perf_counter() - t0) / n
 
 
-def bench_rnnlm(xp, shape, seconds, B):
+def interleaved(fns, seconds, rounds, sync):
+    """Median seconds per call of each function, timed in alternating windows.
+
+    This machine's speed drifts by tens of percent over minutes; alternating
+    the libraries window by window exposes both to the same drift.
+    """
+    for fn in fns:               # warm-up: buffers, caches, lazy init
+        fn()
+        fn()
+    sync()
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for k, fn in enumerate(fns):
+            times[k].append(time_loop(fn, seconds / rounds, sync))
+    return [statistics.median(ts) for ts in times]
+
+
+def make_rnnlm_step(xp, shape, B):
     import numpy as np
 
     from rnnlm.config import ModelConfig, OptimConfig
@@ -79,11 +95,10 @@ def bench_rnnlm(xp, shape, seconds, B):
     def step():
         res = train_steps(m, opt, p, st, [b], state[0], lr=0.1, clip_norm=5.0, grads=grads)
         state[0] = res.state
-    sync = (lambda: xp.cuda.Device().synchronize()) if xp.__name__ == "cupy" else (lambda: None)
-    return time_loop(step, seconds, sync)
+    return step
 
 
-def bench_torch(torch, shape, seconds, B, device):
+def make_torch_step(torch, shape, B, device):
     cell, V, E, H, L, T, _ = shape
     nn = torch.nn
 
@@ -118,14 +133,14 @@ def bench_torch(torch, shape, seconds, B, device):
         nn.utils.clip_grad_norm_(net.parameters(), 5.0)
         opt.step()
         state[0] = st
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return time_loop(step, seconds, sync)
+    return step
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--seconds", type=float, default=5.0, help="timing window per shape and library")
+    ap.add_argument("--seconds", type=float, default=6.0, help="timing per shape and library")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating windows per shape")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--batch", type=int, default=0, help="override B for every shape")
@@ -138,6 +153,11 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     xp = backend.get_xp(a.device)
     tdev = "cuda" if a.device == "gpu" else "cpu"
+
+    def sync():
+        if a.device == "gpu":
+            xp.cuda.Device().synchronize()
+            torch.cuda.synchronize()
     peak = matmul_gflops(xp if a.device == "gpu" else np)
     print(f"# device={a.device} threads={a.threads} numpy={np.__version__} torch={torch.__version__}")
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
@@ -146,8 +166,8 @@ def main(argv=None):
         shape = SHAPES[name]
         B = a.batch or shape[6]
         toks = shape[5] * B
-        t_r = bench_rnnlm(xp, shape, a.seconds, B)
-        t_t = bench_torch(torch, shape, a.seconds, B, tdev)
+        fns = [make_rnnlm_step(xp, shape, B), make_torch_step(torch, shape, B, tdev)]
+        t_r, t_t = interleaved(fns, a.seconds, a.rounds, sync)
         gf = step_flops(*shape[:6], B) / t_r / 1e9
         ratio = t_t / t_r
         ratios.append(ratio)

@@ -1,9 +1,11 @@
 """Recurrent cell kernels: tanh RNN and LSTM over a (T, B) chunk, feature-major.
 
-Activations are (F, T, B): a step is the (F, B) slice ``[:, t, :]`` and the whole
-chunk the (F, N) matrix, so both the per-step recurrent product
-``Whh (GH, H) @ h (H, B)`` and the chunk-wide products are plain GEMMs on
-contiguous rows (OpenBLAS is ~40% faster this way round at small B).
+The per-step recurrent product is ``Whh (GH, H) @ h (H, B)`` (OpenBLAS is ~40%
+faster this way round than ``h @ W`` at small B). Per-step buffers are
+step-major (T, F, B) so every op in the loop touches contiguous memory; the
+chunk-wide products use feature-major (F, T, B) = (F, N) matrices, and the two
+are converted by one transposing copy per chunk, not by strided writes in the
+loop (those cost ~4x more and evict the weights between steps).
 
 The caller computes the input projection ``zin = Wx @ x + b`` (GH, T, B) for all
 steps in one product; the kernels run only the recurrence. The backward pass
@@ -22,11 +24,14 @@ class Workspace:
     def __init__(self, xp, T, B, H, G, dtype):
         self.T, self.B, self.H, self.G = T, B, H, G
         e = lambda *s: xp.empty(s, dtype=dtype)  # noqa: E731
-        self.zin = e(G * H, T, B)     # input projection of every step
-        self.hcat = e(H, T + 1, B)    # [:, 0] incoming state, [:, t + 1] output of step t
-        self.z = e(T, G * H, B)       # gate activations per step
-        self.dz = e(G * H, T, B)      # gate pre-activation gradients, chunk-wide
-        self.dzt = e(G * H, B)
+        self.zin = e(G * H, T, B)     # input projection of every step (caller fills)
+        self.z = e(T, G * H, B)       # per step: projection, then gate activations
+        self.hs = e(T + 1, H, B)      # [0] incoming state, [t + 1] output of step t
+        self.hcat = e(H, T + 1, B)    # the same, feature-major
+        self.tmp_g = e(G * H, B)
+        self.dhs = e(T, H, B)         # gradient from above, step-major
+        self.dzs = e(T, G * H, B)     # gate pre-activation gradients per step
+        self.dz = e(G * H, T, B)      # the same, feature-major
         self.dh = e(H, B)
         self.dh_next = e(H, B)
         self.hmask = e(H, B)          # masked incoming state at a mid-chunk reset
@@ -54,7 +59,7 @@ def _sigmoid_(xp, a):
 
 def _incoming(xp, ws, t, keep, reset_steps):
     """The state entering step t: a view, or a masked copy at a mid-chunk reset."""
-    h = ws.hcat[:, t, :]
+    h = ws.hs[t]
     if t in reset_steps and t > 0:
         xp.multiply(h, keep[t], out=ws.hmask)
         return ws.hmask, True
@@ -62,24 +67,34 @@ def _incoming(xp, ws, t, keep, reset_steps):
 
 
 def _start(xp, ws, state, keep, reset_steps):
-    ws.hcat[:, 0, :] = state[0]
+    xp.copyto(ws.z, ws.zin.transpose(1, 0, 2))                      # (T, GH, B)
+    ws.hs[0] = state[0]
     if 0 in reset_steps:
-        ws.hcat[:, 0, :] *= keep[0]
+        ws.hs[0] *= keep[0]
     if ws.G == 4:
         ws.c[0] = state[1]
         if 0 in reset_steps:
             ws.c[0] *= keep[0]
 
 
+def _finish_forward(xp, ws):
+    xp.copyto(ws.hcat, ws.hs.transpose(1, 0, 2))                     # (H, T + 1, B)
+
+
+def _start_backward(xp, ws, dhout):
+    xp.copyto(ws.dhs, dhout.transpose(1, 0, 2))                     # (T, H, B)
+
+
 def _dwhh(xp, ws, dWhh, keep, reset_steps):
     # dWhh = sum_t dz_t hprev_t^T over the chunk, then undo the unmasked part at resets
     N, H = ws.T * ws.B, ws.H
+    xp.copyto(ws.dz, ws.dzs.transpose(1, 0, 2))                     # (GH, T, B)
     hprev = ws.hcat[:, :ws.T, :].reshape(H, N)                      # (H, N) view
     xp.matmul(ws.dz.reshape(-1, N), hprev.T, out=dWhh)              # (GH, H)
     for t in reset_steps:
         if t > 0:
-            dropped = ws.hcat[:, t, :] * (1.0 - keep[t])             # (H, B)
-            dWhh -= ws.dz[:, t, :] @ dropped.T
+            dropped = ws.hs[t] * (1.0 - keep[t])                     # (H, B)
+            dWhh -= ws.dzs[t] @ dropped.T
 
 
 def rnn_forward(xp, ws, Whh, state, keep, reset_steps):
@@ -88,10 +103,11 @@ def rnn_forward(xp, ws, Whh, state, keep, reset_steps):
     for t in range(ws.T):
         hp, _ = _incoming(xp, ws, t, keep, reset_steps)
         z = ws.z[t]                                                  # (H, B)
-        xp.matmul(Whh, hp, out=z)
-        z += ws.zin[:, t, :]
-        xp.tanh(z, out=ws.hcat[:, t + 1, :])
-    return ws.hcat[None, :, ws.T, :].copy()
+        xp.matmul(Whh, hp, out=ws.tmp_g)
+        z += ws.tmp_g
+        xp.tanh(z, out=ws.hs[t + 1])
+    _finish_forward(xp, ws)
+    return ws.hs[None, ws.T].copy()
 
 
 def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
@@ -100,15 +116,15 @@ def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     Leaves ``dz`` (H, T, B) in ``ws.dz`` and writes ``dWhh``.
     """
     WhhT = xp.ascontiguousarray(Whh.T)                               # (H, GH)
-    dh, dh_next, dzt = ws.dh, ws.dh_next, ws.dzt
+    _start_backward(xp, ws, dhout)
+    dh, dh_next = ws.dh, ws.dh_next
     dh_next.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        xp.add(dhout[:, t, :], dh_next, out=dh)
-        h = ws.hcat[:, t + 1, :]
+        xp.add(ws.dhs[t], dh_next, out=dh)
+        h, dzt = ws.hs[t + 1], ws.dzs[t]
         xp.multiply(h, h, out=dzt)                                   # dz = (1 - h^2) dh
         xp.subtract(1.0, dzt, out=dzt)
         dzt *= dh
-        ws.dz[:, t, :] = dzt
         xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
@@ -126,8 +142,8 @@ def lstm_forward(xp, ws, Whh, state, keep, reset_steps):
             xp.multiply(cp, keep[t], out=ws.cmask)
             cp = ws.cmask
         z = ws.z[t]                                                  # (4H, B)
-        xp.matmul(Whh, hp, out=z)
-        z += ws.zin[:, t, :]
+        xp.matmul(Whh, hp, out=ws.tmp_g)
+        z += ws.tmp_g
         _sigmoid_(xp, z[:3 * H])
         xp.tanh(z[3 * H:], out=z[3 * H:])
         i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
@@ -136,9 +152,10 @@ def lstm_forward(xp, ws, Whh, state, keep, reset_steps):
         xp.multiply(i, g, out=ws.tmp)
         ct += ws.tmp
         xp.tanh(ct, out=ws.tc[t])
-        xp.multiply(o, ws.tc[t], out=ws.hcat[:, t + 1, :])
+        xp.multiply(o, ws.tc[t], out=ws.hs[t + 1])
+    _finish_forward(xp, ws)
     out = xp.empty((2, H, ws.B), dtype=ws.c.dtype)
-    out[0] = ws.hcat[:, ws.T, :]
+    out[0] = ws.hs[ws.T]
     out[1] = ws.c[ws.T]
     return out
 
@@ -150,13 +167,14 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     """
     H = ws.H
     WhhT = xp.ascontiguousarray(Whh.T)                               # (H, 4H)
-    dh, dh_next, dc, dzt = ws.dh, ws.dh_next, ws.dc_next, ws.dzt
+    _start_backward(xp, ws, dhout)
+    dh, dh_next, dc = ws.dh, ws.dh_next, ws.dc_next
     tmp, tmp3 = ws.tmp, ws.tmp3
     dh_next.fill(0)
     dc.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        xp.add(dhout[:, t, :], dh_next, out=dh)
-        z = ws.z[t]
+        xp.add(ws.dhs[t], dh_next, out=dh)
+        z, dzt = ws.z[t], ws.dzs[t]
         i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
         di, df, do, dg = dzt[:H], dzt[H:2 * H], dzt[2 * H:3 * H], dzt[3 * H:]
         tc = ws.tc[t]
@@ -181,7 +199,6 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
         xp.multiply(g, g, out=tmp)                                   # tanh' = 1 - g^2
         xp.subtract(1.0, tmp, out=tmp)
         dg *= tmp
-        ws.dz[:, t, :] = dzt
         xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
