@@ -7,8 +7,8 @@ chunk-wide products use feature-major (F, T, B) = (F, N) matrices, and the two
 are converted by one transposing copy per chunk, not by strided writes in the
 loop (those cost ~4x more and evict the weights between steps).
 
-The caller computes the input projection ``zin = Wx @ x + b`` (GH, T, B) for all
-steps in one product; the kernels run only the recurrence. The backward pass
+The caller computes the input projection ``zin = Wx @ x`` (GH, T, B) for all
+steps in one product; the kernels add the bias and run the recurrence. The backward pass
 propagates ``dh`` per step and forms ``dWhh`` as one (GH, N) @ (N, H) product.
 
 Stream resets: ``keep`` is (T, 1, B) with 0 where a stream restarts at step t:
@@ -66,8 +66,8 @@ def _incoming(xp, ws, t, keep, reset_steps):
     return h, False
 
 
-def _start(xp, ws, state, keep, reset_steps):
-    xp.copyto(ws.z, ws.zin.transpose(1, 0, 2))                      # (T, GH, B)
+def _start(xp, ws, b, state, keep, reset_steps):
+    xp.add(ws.zin.transpose(1, 0, 2), b[None, :, None], out=ws.z)    # (T, GH, B), bias folded in
     ws.hs[0] = state[0]
     if 0 in reset_steps:
         ws.hs[0] *= keep[0]
@@ -97,9 +97,9 @@ def _dwhh(xp, ws, dWhh, keep, reset_steps):
             dWhh -= ws.dzs[t] @ dropped.T
 
 
-def rnn_forward(xp, ws, Whh, state, keep, reset_steps):
-    """``h_t = tanh(zin_t + Whh h_{t-1})``; returns the final state (1, H, B)."""
-    _start(xp, ws, state, keep, reset_steps)
+def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps):
+    """``h_t = tanh(zin_t + b + Whh h_{t-1})``; returns the final state (1, H, B)."""
+    _start(xp, ws, b, state, keep, reset_steps)
     for t in range(ws.T):
         hp, _ = _incoming(xp, ws, t, keep, reset_steps)
         z = ws.z[t]                                                  # (H, B)
@@ -131,10 +131,10 @@ def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     _dwhh(xp, ws, dWhh, keep, reset_steps)
 
 
-def lstm_forward(xp, ws, Whh, state, keep, reset_steps):
+def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps):
     """LSTM over the chunk; returns the final state (2, H, B): (h, c)."""
     H = ws.H
-    _start(xp, ws, state, keep, reset_steps)
+    _start(xp, ws, b, state, keep, reset_steps)
     for t in range(ws.T):
         hp, masked = _incoming(xp, ws, t, keep, reset_steps)
         cp = ws.c[t]

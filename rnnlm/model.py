@@ -12,21 +12,16 @@ from .config import ModelConfig
 from .layout import Layout
 
 
-def _gather_columns(xp, table, idx, out, bias=None):
-    """``out[:, n] = table[idx[n]] (+ bias)``: rows of ``table`` (V, W) as columns of ``out`` (W, N).
+def _gather_columns(xp, table, idx, out):
+    """``out[:, n] = table[idx[n]]``: rows of ``table`` (V, W) as columns of ``out`` (W, N).
 
     A strided transpose of the gathered rows is slow, so a small table is
     transposed first and gathered along its columns instead.
     """
     if table.shape[0] <= out.shape[1]:
-        tt = xp.ascontiguousarray(table.T)                               # (W, V)
-        if bias is not None:
-            tt += bias[:, None]
-        xp.take(tt, idx, axis=1, out=out)
+        xp.take(xp.ascontiguousarray(table.T), idx, axis=1, out=out)    # via (W, V)
     else:
         out[...] = xp.take(table, idx, axis=0).T
-        if bias is not None:
-            out += bias[:, None]
 
 
 class _ChunkBuffers:
@@ -123,7 +118,7 @@ class RNNLM:
         """Fill the chunk buffers up to the logits; return (buffers, new state, keep, resets)."""
         xp = self.xp
         T, B = x.shape
-        N, H, drop = T * B, self.H, (self.dropout if rng is not None else 0.0)
+        N, drop = T * B, (self.dropout if rng is not None else 0.0)
         buf = self._bufs(T, B)
         idx = x.reshape(N)
         if reset is not None:
@@ -140,13 +135,12 @@ class RNNLM:
                 if drop:
                     self._dropout(rng, buf.x0, buf.mask0, drop)
                 xp.matmul(p["Wx0"], buf.x0, out=zin)
-                zin += p["b0"][:, None]
             elif layer == 0:                                             # one-hot input
-                _gather_columns(xp, p["embed"], idx, zin, bias=p["b0"])
+                _gather_columns(xp, p["embed"], idx, zin)
             else:
                 xp.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
-                zin += p[f"b{layer}"][:, None]
-            new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], state[layer], keep, reset_steps)
+            new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], p[f"b{layer}"], state[layer],
+                                                keep, reset_steps)
             act = ws.hout                                                # (H, N)
             if drop:
                 buf.dropped[layer][...] = act

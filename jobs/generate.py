@@ -1,0 +1,41 @@
+"""Sample text from a checkpoint.
+
+    python jobs/generate.py --checkpoint DIR [--prime TEXT] [--length N]
+                            [--temperature T] [--argmax] [--seed S]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from rnnlm import checkpoint  # noqa: E402
+from rnnlm.generate import generate  # noqa: E402
+from rnnlm.model import RNNLM  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--prime", default="")
+    ap.add_argument("--length", type=int, default=300)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--argmax", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        ck = checkpoint.load(a.checkpoint)
+        model = RNNLM(ck.config.model)
+        text = generate(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
+                        temperature=a.temperature, argmax=a.argmax, seed=a.seed)
+    except (checkpoint.CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(a.prime + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Single-process training: the core loop on one machine, no Spark.
+
+The quality reference for the distributed trainer and the engine of the demo.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import backend, checkpoint, config
+from .local import StreamBlock, evaluate, train_steps
+from .model import RNNLM
+from .optim import make_optimizer
+from .schedule import Schedule
+from .vocab import Vocab
+
+
+def read_text(path: str, errors: str = "replace") -> str:
+    """Read a UTF-8 text file; undecodable bytes become U+FFFD (or fail with ``errors='strict'``)."""
+    with open(path, encoding="utf-8", errors=errors) as f:
+        return f.read()
+
+
+def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
+    """Train ``cfg`` on one machine; return the final metrics.
+
+    Validation is ``data.valid`` or, when empty, the last 10% of ``data.train``.
+    Runs ``train.rounds`` rounds of ``train.local_steps`` steps (or
+    ``train.epochs`` passes), evaluating every ``train.eval_every`` rounds, and
+    saves a checkpoint to ``out`` at the end.
+    """
+    d, t = cfg.data, cfg.train
+    text = read_text(d.train, d.encoding_errors)
+    vocab = Vocab.build(text, d.level, d.vocab_size, d.min_count)
+    cfg = config.replace(cfg, "model", vocab_size=len(vocab))
+    ids = vocab.encode(text)
+    if d.valid:
+        valid = vocab.encode(read_text(d.valid, d.encoding_errors))
+    else:
+        cut = int(len(ids) * 0.9)
+        ids, valid = ids[:cut], ids[cut:]
+    xp = backend.get_xp(t.device)
+    model = RNNLM(cfg.model, xp=xp)
+    opt, sched = make_optimizer(cfg.optim), Schedule(cfg.optim)
+    params = model.init_params(t.seed)
+    opt_state = opt.init_state(params)
+    block = StreamBlock(ids, t.batch, t.bptt)
+    rounds = t.rounds or max(1, math.ceil(t.epochs * block.steps_per_pass / t.local_steps))
+    state = model.zero_state(t.batch)
+    step, t0, metrics = 0, time.perf_counter(), {}
+    log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "
+        f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {t.local_steps} steps")
+    for r in range(1, rounds + 1):
+        epoch = step / block.steps_per_pass
+        lr = sched.lr(epoch)
+        drop_rng = backend.rng_for(xp, t.seed, r, 0) if cfg.model.dropout else None
+        res = train_steps(model, opt, params, opt_state, block.batches(step, t.local_steps), state,
+                          lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
+                          grad_norm=t.grad_norm, dropout_rng=drop_rng)
+        state, step = res.state, step + res.steps
+        metrics = {"round": r, "epoch": round(step / block.steps_per_pass, 4), "lr": lr,
+                   "train_loss": res.loss_sum / res.tokens, "wall_s": round(time.perf_counter() - t0, 3)}
+        if r % t.eval_every == 0 or r == rounds:
+            vl, vn = evaluate(model, params, valid, 1, 100)
+            metrics["valid_loss"] = vl / vn
+            metrics["valid_ppl"] = math.exp(vl / vn)
+            if d.level == "char":
+                metrics["valid_bpc"] = vl / vn / math.log(2)
+            sched.observe(vl / vn)
+            log(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+    if out:
+        checkpoint.save(out, checkpoint.Checkpoint(
+            params=backend.to_numpy(params), config=cfg, vocab=vocab,
+            optim={k: backend.to_numpy(v) for k, v in opt_state.items() if k != "t"},
+            optim_t=opt_state["t"], position={"round": rounds, "step": step},
+            hidden=backend.to_numpy(state), schedule=sched.state))
+        log(f"checkpoint written to {out}")
+    metrics["model"], metrics["params"], metrics["vocab"] = model, params, vocab
+    return metrics
+
+
+def unigram_entropy(ids: np.ndarray) -> float:
+    """Nats per token of the unigram distribution of ``ids`` (a floor to beat)."""
+    c = np.bincount(ids)
+    p = c[c > 0] / c.sum()
+    return float(-(p * np.log(p)).sum())

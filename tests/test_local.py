@@ -1,0 +1,109 @@
+"""The executor-side local loop, batching, generation and learning."""
+import math
+
+import numpy as np
+import pytest
+
+from rnnlm import backend
+from rnnlm.config import ModelConfig, OptimConfig
+from rnnlm.generate import generate
+from rnnlm.local import StreamBlock, evaluate, train_steps
+from rnnlm.model import RNNLM
+from rnnlm.optim import clip_grads, make_optimizer
+from rnnlm.vocab import Vocab
+
+TEXT = ("the quick brown fox jumps over the lazy dog. " * 12).strip()
+
+
+def test_stream_block_batches_and_resets():
+    toks = np.arange(2 * 11, dtype=np.int32)          # 2 streams of 11 tokens
+    blk = StreamBlock(toks, B=2, T=3)
+    assert blk.steps_per_pass == 3
+    b0 = blk.batch(0)
+    assert b0.x[:, 0].tolist() == [0, 1, 2] and b0.x[:, 1].tolist() == [11, 12, 13]
+    assert b0.y[:, 0].tolist() == [1, 2, 3]
+    assert b0.reset[0].all() and not b0.reset[1:].any()
+    b2 = blk.batch(2)
+    assert b2.x[:, 0].tolist() == [6, 7, 8] and b2.y[:, 1].tolist() == [18, 19, 20] and b2.reset is None
+    assert np.array_equal(blk.batch(3).x, b0.x) and blk.batch(3).reset[0].all()   # next pass
+    with pytest.raises(ValueError, match="cannot fill"):
+        StreamBlock(toks[:7], B=2, T=3)
+
+
+def _setup(xp, cell="lstm", optim="sgd", lr=0.5):
+    vocab = Vocab.build(TEXT, "char")
+    cfg = ModelConfig(cell=cell, vocab_size=len(vocab), hidden=32, layers=1)
+    m = RNNLM(cfg, xp=xp)
+    opt = make_optimizer(OptimConfig(name=optim, lr=lr))
+    p = m.init_params(0)
+    return vocab, m, opt, p, opt.init_state(p)
+
+
+def test_train_steps_equals_manual_steps(xp):
+    vocab, m, opt, p, st = _setup(xp, optim="momentum", lr=0.3)
+    blk = StreamBlock(vocab.encode(TEXT), B=4, T=10)
+    ref_p, ref_st, state = p.copy(), opt.init_state(p), m.zero_state(4)
+    g = xp.empty_like(p)
+    losses = 0.0
+    for k in range(3):
+        b = blk.batch(k)
+        loss, _, state = m.loss_and_grad(ref_p, g, xp.asarray(b.x), xp.asarray(b.y), state,
+                                         None if b.reset is None else xp.asarray(b.reset), grad_scale=0.25)
+        clip_grads(g, 1.0)
+        opt.step(ref_p, g, ref_st, 0.3)
+        losses += loss
+    res = train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(4), lr=0.3, clip_norm=1.0)
+    assert res.steps == 3 and res.tokens == 3 * 40
+    assert res.loss_sum == pytest.approx(losses, rel=1e-6)
+    assert np.array_equal(backend.to_numpy(res.params), backend.to_numpy(ref_p))   # bit for bit
+    assert np.array_equal(backend.to_numpy(res.state), backend.to_numpy(state))
+    assert res.opt_state["t"] == 3
+
+
+@pytest.mark.parametrize("cell,optim,lr", [("lstm", "adam", 0.01), ("rnn", "adagrad", 0.1)])
+def test_tiny_model_overfits_short_text(xp, cell, optim, lr):
+    vocab, m, opt, p, st = _setup(xp, cell, optim, lr)
+    ids = vocab.encode(TEXT)
+    counts = np.bincount(ids, minlength=len(vocab))
+    pr = counts[counts > 0] / counts.sum()
+    unigram = float(-(pr * np.log(pr)).sum())          # nats per char
+    blk = StreamBlock(ids, B=4, T=16)
+    state = m.zero_state(4)
+    for k in range(0, 240, 20):
+        res = train_steps(m, opt, p, st, blk.batches(k, 20), state, lr=lr, clip_norm=5.0, grad_norm="token")
+        state = res.state
+    total, n = evaluate(m, p, ids, B=1, T=50)
+    assert n == len(ids) - 1                            # every next character scored once
+    assert total / n < 0.35 * unigram, (total / n, unigram)
+
+
+def test_nan_loss_stops_the_loop(xp):
+    vocab, m, opt, p, st = _setup(xp)
+    p[:] = np.nan
+    blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
+    with pytest.raises(FloatingPointError, match="loss became nan"):
+        train_steps(m, opt, p, st, blk.batches(0, 2), m.zero_state(2), lr=0.1)
+
+
+def test_generation_is_deterministic_and_learns(xp):
+    vocab, m, opt, p, st = _setup(xp, optim="adam", lr=0.01)
+    blk = StreamBlock(vocab.encode(TEXT), B=4, T=16)
+    res = train_steps(m, opt, p, st, blk.batches(0, 200), m.zero_state(4), lr=0.01, grad_norm="token")
+    a = generate(m, res.params, vocab, prime="the quick", length=40, seed=3)
+    assert a == generate(m, res.params, vocab, prime="the quick", length=40, seed=3)
+    assert a != generate(m, res.params, vocab, prime="the quick", length=40, seed=4)
+    assert len(a) == 40
+    greedy = generate(m, res.params, vocab, prime="the quick brown fox jumps over the lazy", length=5, argmax=True)
+    assert greedy == " dog."
+    with pytest.raises(ValueError):
+        generate(m, res.params, vocab, temperature=0.0)
+
+
+def test_evaluate_matches_model_loss_on_one_stream():
+    vocab, m, _, p, _ = _setup(np)
+    ids = vocab.encode(TEXT[:101])
+    total, n = evaluate(m, p, ids, B=1, T=30)
+    x, y = ids[:-1, None], ids[1:, None]
+    ref, count, _ = m.loss(p, x, y, m.zero_state(1))
+    assert n == count == 100 and total == pytest.approx(ref, rel=1e-5)
+    assert math.isfinite(total)
