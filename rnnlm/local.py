@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .optim import clip_grads
+from .optim import clip_factor
 
 
 @dataclass
@@ -107,8 +107,8 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
                                                  grad_scale=scale, rng=dropout_rng)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at local step {steps}")
-        clip_grads(grads, clip_norm, clip_value)
-        optimizer.step(params, grads, opt_state, lr)
+        _, factor = clip_factor(grads, clip_norm, clip_value)
+        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
         tokens += count
         loss_sum += loss
         steps += 1

@@ -12,17 +12,28 @@ from . import backend
 from .config import OptimConfig
 
 
-def clip_grads(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> float:
-    """Clip ``grads`` (P,) in place; return the global L2 norm before clipping.
+def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> tuple:
+    """Element-clip ``grads`` in place; return (global L2 norm, global-norm clip factor).
 
-    Element clipping (``clip_value``) is applied first, then global-norm clipping.
+    The factor (<= 1) is not applied here: :meth:`Optimizer.step` folds it into
+    its own pass over the gradient.
     """
     xp = backend.xp_of(grads)
     if clip_value:
         xp.clip(grads, -clip_value, clip_value, out=grads)
     norm = math.sqrt(float(xp.dot(grads, grads)))
-    if clip_norm and norm > clip_norm:
-        grads *= clip_norm / norm
+    factor = clip_norm / norm if clip_norm and norm > clip_norm else 1.0
+    return norm, factor
+
+
+def clip_grads(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> float:
+    """Clip ``grads`` (P,) in place; return the global L2 norm before clipping.
+
+    Element clipping (``clip_value``) is applied first, then global-norm clipping.
+    """
+    norm, factor = clip_factor(grads, clip_norm, clip_value)
+    if factor != 1.0:
+        grads *= factor
     return norm
 
 
@@ -30,6 +41,7 @@ class Optimizer:
     """Base class: ``step`` applies one update to ``params`` from ``grads``."""
 
     slots: tuple = ()
+    scales_grads = False   # True when the update is linear in lr * g (the scale folds into lr)
 
     def __init__(self, cfg: OptimConfig):
         self.cfg = cfg
@@ -42,10 +54,17 @@ class Optimizer:
         state["t"] = 0
         return state
 
-    def step(self, params, grads, state: dict, lr: float) -> None:
-        """Update ``params`` in place. ``grads`` is used as scratch and left undefined."""
+    def step(self, params, grads, state: dict, lr: float, grad_scale: float = 1.0) -> None:
+        """Update ``params`` in place from ``grad_scale * grads``.
+
+        ``grads`` is used as scratch and left undefined.
+        """
         state["t"] += 1
-        self._update(params, grads, state, lr, backend.xp_of(params))
+        if grad_scale != 1.0 and not self.scales_grads:
+            grads *= grad_scale
+            grad_scale = 1.0
+        self._update(params, grads, state, lr * grad_scale if self.scales_grads else lr,
+                     backend.xp_of(params))
 
     def _tmp(self, like):
         # one reusable buffer shaped like the parameters, never part of the state
@@ -59,6 +78,8 @@ class Optimizer:
 
 class SGD(Optimizer):
     """``p -= lr * g``."""
+
+    scales_grads = True
 
     def _update(self, params, grads, state, lr, xp):
         grads *= lr

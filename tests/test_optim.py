@@ -87,3 +87,16 @@ def test_plateau_halves_when_validation_stalls():
     restored = Schedule(s.cfg, s.state)
     assert restored.lr(0) == 0.5
     assert Schedule(OptimConfig(lr=0.3)).lr(99) == 0.3
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])
+def test_grad_scale_equals_prescaled_gradient(name):
+    opt = make_optimizer(OptimConfig(name=name))
+    g = np.array([0.3, -1.2, 2.0])
+    p1, p2 = np.ones(3), np.ones(3)
+    s1, s2 = opt.init_state(p1), opt.init_state(p2)
+    for _ in range(2):
+        opt.step(p1, g * 0.25, s1, 0.1)
+        opt.step(p2, g.copy(), s2, 0.1, grad_scale=0.25)
+    assert np.allclose(p1, p2, rtol=1e-12)
+    assert not np.allclose(p1, 1.0)
