@@ -70,11 +70,16 @@ class TrainConfig:
     bptt: int = 20                 # T
     batch: int = 20                # B streams per partition
     grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
-    local_steps: int = 1
+    local_steps: int = 1           # optimizer steps per partition between all-reduces
     rounds: int = 0
-    epochs: float = 0.0
-    eval_every: int = 10
-    checkpoint_every: int = 0
+    epochs: float = 0.0            # used when rounds == 0
+    tree_depth: int = 2            # treeAggregate depth
+    outer: str = "average"         # average | momentum | nesterov: how the driver applies the mean
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.9
+    optim_state: str = "average"   # average | reset | local: optimizer state across rounds
+    eval_every: int = 10           # rounds; 0 = only at the end
+    checkpoint_every: int = 0      # rounds; 0 = only at the end
     device: str = "cpu"            # cpu | gpu | auto
 
 
@@ -104,6 +109,8 @@ _CHOICES = {
     ("optim", "schedule"): ("constant", "epoch_decay", "plateau"),
     ("train", "grad_norm"): ("batch", "token"),
     ("train", "device"): ("cpu", "gpu", "auto"),
+    ("train", "outer"): ("average", "momentum", "nesterov"),
+    ("train", "optim_state"): ("average", "reset", "local"),
 }
 
 
@@ -234,6 +241,9 @@ def validate(cfg: Config) -> None:
         (0 < cfg.data.sample_fraction <= 1, "data.sample_fraction must be in (0, 1]"),
         (cfg.data.window_stride > 0, "data.window_stride must be > 0"),
         (cfg.data.partitions > 0, "data.partitions must be > 0"),
+        (t.tree_depth >= 1, "train.tree_depth must be >= 1"),
+        (t.outer_lr > 0, "train.outer_lr must be > 0"),
+        (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

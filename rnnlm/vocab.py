@@ -62,11 +62,14 @@ class Vocab:
         return len(self.tokens)
 
     @classmethod
-    def from_counts(cls, counts: dict, level: str, max_size: int = 0, min_count: int = 1) -> "Vocab":
+    def from_counts(cls, counts: dict, level: str, max_size: int = 0, min_count: int = 1,
+                    total: int | None = None) -> "Vocab":
         """Keep the most frequent tokens (count >= ``min_count``, at most ``max_size``).
 
-        The unknown token (and ``<eos>`` for words) is always kept; dropped
-        tokens' counts go to the unknown token.
+        The unknown token (and ``<eos>`` for words) is always kept; the counts of
+        dropped tokens go to the unknown token. ``counts`` may hold only the
+        candidates (as Spark sends them) when ``total``, the corpus' token count,
+        is given.
         """
         unk = UNK_WORD if level == "word" else UNK_CHAR
         forced = [unk] + ([EOS] if level == "word" else [])
@@ -76,11 +79,10 @@ class Vocab:
             if max_size <= len(forced):
                 raise VocabError(f"data.vocab_size must be 0 (no cap) or > {len(forced)}")
             kept = kept[:max_size - len(forced)]
-        kept_set = {t for t, _ in kept} | {EOS} if level == "word" else {t for t, _ in kept}
-        unk_count = sum(c for t, c in counts.items() if t not in kept_set)
-        kept.append((unk, unk_count))
         if level == "word":
             kept.append((EOS, counts.get(EOS, 0)))
+        total = sum(counts.values()) if total is None else total
+        kept.append((unk, total - sum(c for _, c in kept)))
         kept.sort(key=lambda kv: (-kv[1], kv[0]))
         return cls([t for t, _ in kept], [c for _, c in kept], level)
 

@@ -1,0 +1,107 @@
+"""The value that ``treeAggregate`` combines: a small structure of blocks.
+
+Each partition contributes named **dense blocks** (the parameters, optimizer
+accumulators), a weight (tokens processed) and scalar statistics; merging two
+values forms the weight-averaged blocks. Partitions send float32 blocks; merged
+values hold float64 weighted sums, so the average does not depend on the order
+in which Spark happens to merge (float32 rounding would). Sparse row blocks and
+compressed blocks are meant to join ``dense`` as further block kinds.
+
+``wire_bytes`` is measured, not estimated: every time a value is pickled to
+cross a process boundary (executor to executor in the tree, or to the driver)
+its serialised size is added, so the driver's final value carries the total.
+"""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+
+class Aggregate:
+    """A weighted sum of per-partition contributions.
+
+    Attributes
+    ----------
+    weight : float
+        Sum of the contributions' weights (tokens processed).
+    dense : dict of str -> array
+        Block name -> weighted sum (float64 once merged, float32 as sent by a leaf).
+    local : dict of int -> dict
+        Per-partition values that are gathered, not averaged (carried hidden
+        states, optimizer state kept per partition).
+    stats : dict of str -> float
+        ``tokens``, ``loss_sum``, ``steps`` (summed) and ``compute_s`` (max).
+    wire_bytes : int
+        Serialised bytes of every hop this value and its parts made.
+    """
+
+    __slots__ = ("weight", "dense", "leaf", "local", "stats", "wire_bytes")
+
+    def __init__(self):
+        self.weight = 0.0
+        self.dense = {}
+        self.leaf = False          # dense blocks are unweighted float32 values (a leaf)
+        self.local = {}
+        self.stats = {"tokens": 0, "loss_sum": 0.0, "steps": 0, "compute_s": 0.0}
+        self.wire_bytes = 0
+
+    @classmethod
+    def contribution(cls, weight, dense: dict, local: dict | None = None, **stats):
+        """One partition's result: ``dense`` blocks as they are (weighted on merge)."""
+        a = cls()
+        a.weight, a.dense, a.leaf = float(weight), dict(dense), True
+        a.local = dict(local or {})
+        a.stats.update(stats)
+        return a
+
+    def _sums(self):
+        # weighted float64 sums of the dense blocks
+        if self.leaf:
+            self.dense = {k: v.astype(np.float64) * self.weight for k, v in self.dense.items()}
+            self.leaf = False
+        return self.dense
+
+    def merge(self, other: "Aggregate") -> "Aggregate":
+        """Fold ``other`` into ``self`` (in place) and return ``self``."""
+        if other.weight == 0 and not other.dense and not other.local:
+            self.wire_bytes += other.wire_bytes
+            return self
+        if self.weight == 0 and not self.dense and not self.local:
+            other.wire_bytes += self.wire_bytes
+            return other
+        mine, theirs = self._sums(), other._sums()
+        if mine.keys() != theirs.keys():
+            raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(theirs)}")
+        for k, v in theirs.items():
+            mine[k] += v
+        self.weight += other.weight
+        self.local.update(other.local)
+        for k in ("tokens", "loss_sum", "steps"):
+            self.stats[k] += other.stats[k]
+        self.stats["compute_s"] = max(self.stats["compute_s"], other.stats["compute_s"])
+        self.wire_bytes += other.wire_bytes
+        return self
+
+    def mean(self, name: str, dtype=np.float32) -> np.ndarray:
+        """The weight-averaged block ``name``."""
+        if self.leaf:
+            return self.dense[name].astype(dtype)
+        return (self.dense[name] / self.weight).astype(dtype)
+
+    def __getstate__(self):
+        body = pickle.dumps((self.weight, self.dense, self.leaf, self.local, self.stats),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        return body, self.wire_bytes + len(body)
+
+    def __setstate__(self, state):
+        body, self.wire_bytes = state
+        self.weight, self.dense, self.leaf, self.local, self.stats = pickle.loads(body)
+
+
+def seq_op(acc: Aggregate, x: Aggregate) -> Aggregate:
+    return acc.merge(x)
+
+
+def comb_op(a: Aggregate, b: Aggregate) -> Aggregate:
+    return a.merge(b)

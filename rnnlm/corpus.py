@@ -1,0 +1,100 @@
+"""Corpora as Spark RDDs: paragraphs from any Hadoop path, vocabulary, encoding.
+
+Nothing proportional to the corpus reaches the driver: the vocabulary is built
+from ``reduceByKey`` counts (only the kept candidates are collected) and each
+training partition holds its encoded tokens as one NumPy array.
+"""
+from __future__ import annotations
+
+from operator import add
+
+import numpy as np
+
+from .vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
+
+_TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be trained on (missing, empty, undecodable, too short)."""
+
+
+def check_path(sc, path: str) -> None:
+    """Fail with a one-line error when ``path`` matches no file (any Hadoop filesystem)."""
+    jvm = sc._jvm
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    try:
+        fs = hpath.getFileSystem(sc._jsc.hadoopConfiguration())
+        matches = fs.globStatus(hpath)
+    except Exception as e:
+        raise CorpusError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+    if matches is None or len(matches) == 0:
+        raise CorpusError(f"input path does not exist: {path}")
+
+
+def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min_partitions: int = 2):
+    """RDD of paragraph strings, in file order.
+
+    ``mode='blank_line'`` splits on blank lines (Hadoop's record delimiter
+    ``\\n\\n``), ``'line'`` makes every non-empty line a paragraph. Character
+    paragraphs end with ``\\n`` (their line break is part of the text); word
+    paragraphs get ``<eos>`` at every line end from the tokenizer. Hadoop decodes
+    UTF-8 with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
+    """
+    check_path(sc, path)
+    if mode == "line":
+        rdd = sc.textFile(path, min_partitions)
+    else:
+        rdd = sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable",
+                                  "org.apache.hadoop.io.Text",
+                                  conf={"textinputformat.record.delimiter": "\n\n"}).values()
+    rdd = rdd.map(lambda p: p.strip("\n")).filter(lambda p: p.strip() != "")
+    if level == "char":
+        rdd = rdd.map(lambda p: p + "\n")
+    return rdd
+
+
+def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Vocab:
+    """Count tokens with ``reduceByKey`` and keep the top ones (see :meth:`Vocab.from_counts`)."""
+    counts = paras.flatMap(lambda p: tokenize(p, level)).map(lambda t: (t, 1)).reduceByKey(add)
+    counts.cache()
+    try:
+        total = counts.values().sum()
+        if total == 0:
+            raise CorpusError("the corpus is empty")
+        forced = {UNK_WORD, EOS} if level == "word" else {UNK_CHAR}
+        cand = counts.filter(lambda kv: kv[1] >= min_count or kv[0] in forced)
+        if max_size:
+            top = cand.takeOrdered(max_size + len(forced), key=lambda kv: (-kv[1], kv[0]))
+        else:
+            top = cand.collect()   # distinct kept tokens: vocabulary-sized, not corpus-sized
+    finally:
+        counts.unpersist()
+    return Vocab.from_counts(dict(top), level, max_size, min_count, total=total)
+
+
+def contiguous_partitions(paras, n: int):
+    """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept."""
+    counts = paras.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
+    total = sum(counts)
+    if total == 0:
+        raise CorpusError("the corpus is empty")
+    if total < n:
+        raise CorpusError(f"the corpus has {total} paragraphs, fewer than data.partitions={n}")
+    return (paras.zipWithIndex()
+            .map(lambda pi: (pi[1] * n // total, (pi[1], pi[0])))
+            .partitionBy(n, lambda k: k)
+            .mapPartitions(lambda it: [p for _, (_, p) in sorted(it, key=lambda kv: kv[1][0])],
+                           preservesPartitioning=True))
+
+
+def encode_partitions(paras, bc_vocab):
+    """One ``(partition, tokens int32, paragraph starts int64)`` record per partition."""
+    def enc(pid, it):
+        vocab = bc_vocab.value
+        arrays = [a for a in (vocab.encode(p) for p in it) if len(a)]
+        lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        tokens = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
+        yield pid, tokens, starts[:len(arrays)]
+    return paras.mapPartitionsWithIndex(enc, preservesPartitioning=True)

@@ -1,0 +1,119 @@
+"""What runs inside Spark tasks. Functions here capture plain values and
+broadcast handles only (never the SparkContext or a driver object), so every
+task is a pure function of (broadcast, round, partition data): a retried task
+reproduces its result exactly.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from . import backend, config
+from .aggregate import Aggregate
+from .local import evaluate, train_steps
+from .model import RNNLM
+from .optim import make_optimizer
+from .strategies import Source, TooShort
+
+EVAL_BPTT = 100
+
+
+def task_xp(device: str):
+    """The array module for this task, on the GPU Spark assigned it if any."""
+    if device == "cpu":
+        return np
+    try:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        gpus = ctx.resources().get("gpu") if ctx is not None else None
+    except Exception:
+        gpus = None
+    if gpus is not None and gpus.addresses:
+        backend.use_gpu(int(gpus.addresses[0]))
+        return backend.get_xp("gpu")
+    return backend.get_xp(device)
+
+
+def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
+    d, t = cfg.data, cfg.train
+    return Source(d.strategy, tokens, starts, t.batch, t.bptt, stride=d.window_stride,
+                  fraction=d.sample_fraction, seed=t.seed, partition=pid)
+
+
+def probe_task(cfg_json: str):
+    """Per partition: (pid, tokens, steps per pass) or (pid, error message)."""
+    def run(it):
+        cfg = config.from_json(cfg_json)
+        for pid, tokens, starts in it:
+            try:
+                yield pid, len(tokens), make_source(cfg, pid, tokens, starts).steps_per_pass, None
+            except TooShort as e:
+                yield pid, len(tokens), 0, str(e)
+    return run
+
+
+def round_task(cfg_json: str, bc, rnd: int, step0: int, lr: float):
+    """One round on one partition: ``local_steps`` steps from the broadcast state."""
+    def run(it):
+        cfg = config.from_json(cfg_json)
+        t = cfg.train
+        xp = task_xp(t.device)
+        payload = bc.value
+        for pid, tokens, starts in it:
+            t0 = time.perf_counter()
+            model = RNNLM(cfg.model, xp=xp)
+            opt = make_optimizer(cfg.optim)
+            params = xp.array(payload["params"])
+            if t.optim_state == "local" and pid in payload["opt_local"]:
+                opt_state = _to_xp(xp, payload["opt_local"][pid])
+            elif t.optim_state == "average" and payload["opt"] is not None:
+                opt_state = _to_xp(xp, payload["opt"])
+            else:
+                opt_state = opt.init_state(params)
+            src = make_source(cfg, pid, tokens, starts)
+            state = payload["states"].get(pid) if src.carries_state else None
+            state = model.zero_state(t.batch) if state is None else xp.asarray(state)
+            drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
+            try:
+                res = train_steps(model, opt, params, opt_state, src.batches(rnd, step0, t.local_steps), state,
+                                  lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
+                                  grad_norm=t.grad_norm, dropout_rng=drop)
+            except FloatingPointError as e:
+                # report, do not raise: a retry would fail the same way
+                yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+                continue
+            dense = {"params": backend.to_numpy(res.params)}
+            local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}
+            host_opt = {k: (backend.to_numpy(v) if k != "t" else v) for k, v in res.opt_state.items()}
+            if t.optim_state == "average":
+                dense.update({f"opt.{k}": v for k, v in host_opt.items() if k != "t"})
+            elif t.optim_state == "local":
+                local["opt"] = host_opt
+            yield Aggregate.contribution(res.tokens, dense, {pid: local}, tokens=res.tokens,
+                                         loss_sum=res.loss_sum, steps=res.steps,
+                                         compute_s=time.perf_counter() - t0)
+    return run
+
+
+def eval_task(cfg_json: str, bc):
+    """Summed NLL and token count of each partition read as one stream."""
+    def run(it):
+        cfg = config.from_json(cfg_json)
+        xp = task_xp(cfg.train.device)
+        model = RNNLM(cfg.model, xp=xp)
+        params = xp.asarray(bc.value)
+        for _, tokens, _ in it:
+            if len(tokens) < 2:
+                continue
+            yield evaluate(model, params, tokens, 1, min(EVAL_BPTT, len(tokens) - 1))
+    return run
+
+
+def _to_xp(xp, d: dict) -> dict:
+    return {k: (xp.array(v) if k != "t" else v) for k, v in d.items()}
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)

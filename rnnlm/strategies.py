@@ -1,0 +1,170 @@
+"""How one partition's tokens become training batches (seed 001, section 5.2).
+
+Every source maps (round, step) to a :class:`~rnnlm.local.Batch` with no other
+state, so a retried Spark task or a resumed run draws exactly the same data.
+A partition holds its tokens as one int32 array plus paragraph start offsets.
+
+========================  =====================================================
+``streams``               the tokens as B contiguous streams, state carried
+                          (Zaremba / char-rnn batching; the quality reference)
+``paragraphs``            paragraphs packed into B lanes in order, state carried
+                          within a paragraph and reset at its start
+``windows``               every window of T + 1 tokens (stride s), B per step,
+                          zero initial state
+``sampled_windows``       a seeded fraction of those windows per round, drawn
+                          as offsets (the N x T windows are never materialised)
+``sampled_paragraphs``    a seeded fraction of paragraphs per round, in lanes
+========================  =====================================================
+
+Sampled sources draw one pool per round (seeded by ``(seed, round, partition)``)
+and walk it B items per step, wrapping when a round has more steps than the
+pool fills.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .local import Batch, StreamBlock
+
+STRATEGIES = ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs")
+_SAMPLE_KEY = 0x5A11
+
+
+class TooShort(ValueError):
+    """A partition too small for the requested batching."""
+
+
+def _lanes(tokens, starts, order, B):
+    """Pack paragraphs (in ``order``) into B lanes, each taking the next paragraph
+    when it is the shortest; return (tokens, resets, scored) as (L, B) arrays."""
+    ends = np.append(starts[1:], len(tokens))
+    lanes = [[] for _ in range(B)]
+    length = np.zeros(B, dtype=np.int64)
+    for i in order:
+        b = int(np.argmin(length))
+        lanes[b].append(i)
+        length[b] += ends[i] - starts[i]
+    L = int(length.max())
+    tok = np.zeros((L, B), dtype=np.int32)
+    reset = np.zeros((L, B), dtype=bool)
+    scored = np.zeros((L, B), dtype=bool)   # position p predicts p + 1 in the same paragraph
+    for b, idx in enumerate(lanes):
+        pos = 0
+        for i in idx:
+            n = ends[i] - starts[i]
+            tok[pos:pos + n, b] = tokens[starts[i]:ends[i]]
+            reset[pos, b] = True
+            scored[pos:pos + n - 1, b] = True
+            pos += n
+    return tok, reset, scored
+
+
+class LaneSource:
+    """Paragraphs in B lanes: chunks of T steps, hidden state reset at paragraph starts."""
+
+    def __init__(self, tokens, starts, B, T, order=None):
+        order = np.arange(len(starts)) if order is None else order
+        tok, self.reset, scored = _lanes(tokens, starts, order, B)
+        if len(tok) < 2:
+            raise TooShort("partition has no paragraph of 2 or more tokens")
+        self.T = T
+        self.x = tok
+        self.y = np.where(scored, np.roll(tok, -1, axis=0), -1).astype(np.int32)
+        self.steps_per_pass = max(1, math.ceil((len(tok) - 1) / T))
+
+    def batch(self, k: int) -> Batch:
+        a = (k % self.steps_per_pass) * self.T
+        x, y, r = self.x[a:a + self.T], self.y[a:a + self.T], self.reset[a:a + self.T].copy()
+        if len(x) < self.T:   # the last chunk of a pass is padded and scores nothing past the end
+            pad = self.T - len(x)
+            x = np.concatenate([x, np.zeros((pad, x.shape[1]), np.int32)])
+            y = np.concatenate([y, np.full((pad, y.shape[1]), -1, np.int32)])
+            r = np.concatenate([r, np.zeros((pad, r.shape[1]), bool)])
+        if k % self.steps_per_pass == 0:
+            r[0] = True   # a new pass starts from zero state
+        return Batch(x, y, r)
+
+
+class WindowSource:
+    """Windows of T + 1 tokens at ``offsets``, B per step, each from zero state."""
+
+    def __init__(self, tokens, offsets, B, T):
+        if len(offsets) == 0:
+            raise TooShort(f"partition has {len(tokens)} tokens, fewer than one window of {T + 1}")
+        self.tokens, self.offsets, self.B, self.T = tokens, offsets, B, T
+        self.steps_per_pass = max(1, math.ceil(len(offsets) / B))
+        self._ar = np.arange(T + 1)
+        self._reset = np.zeros((T, B), dtype=bool)
+        self._reset[0] = True
+
+    def batch(self, k: int) -> Batch:
+        i = (np.arange(k * self.B, (k + 1) * self.B)) % len(self.offsets)
+        w = self.tokens[self.offsets[i][None, :] + self._ar[:, None]]     # (T + 1, B)
+        return Batch(w[:-1], w[1:], self._reset)
+
+
+def window_offsets(n_tokens: int, T: int, stride: int) -> np.ndarray:
+    """Start offsets of every window of T + 1 tokens."""
+    last = n_tokens - (T + 1)
+    return np.arange(0, last + 1, stride, dtype=np.int64) if last >= 0 else np.zeros(0, np.int64)
+
+
+class Source:
+    """The batches of one partition under a strategy.
+
+    Parameters
+    ----------
+    strategy : str
+        One of :data:`STRATEGIES`.
+    tokens : int32 array (n,)
+    starts : int64 array
+        Paragraph start offsets into ``tokens`` (first is 0).
+    B, T : int
+    stride, fraction : window stride and sample fraction
+    seed, partition : int
+        With the round, they seed the sampled strategies.
+    """
+
+    def __init__(self, strategy, tokens, starts, B, T, stride=1, fraction=0.1, seed=0, partition=0):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown data.strategy {strategy!r}")
+        self.strategy, self.tokens, self.starts = strategy, tokens, np.asarray(starts, np.int64)
+        self.B, self.T, self.fraction, self.seed, self.partition = B, T, fraction, seed, partition
+        self.carries_state = strategy in ("streams", "paragraphs")
+        if strategy == "streams":
+            if len(tokens) // B < T + 1:
+                raise TooShort(f"partition has {len(tokens)} tokens, fewer than {B} streams of {T + 1}")
+            self._fixed = StreamBlock(tokens, B, T)
+        elif strategy == "paragraphs":
+            self._fixed = LaneSource(tokens, self.starts, B, T)
+        elif strategy in ("windows", "sampled_windows"):
+            self._offsets = window_offsets(len(tokens), T, stride)
+            self._fixed = WindowSource(tokens, self._offsets, B, T)
+        else:
+            if len(self.starts) == 0:
+                raise TooShort("partition has no paragraphs")
+            self._fixed = None
+        self.steps_per_pass = self._fixed.steps_per_pass if self._fixed is not None else None
+
+    def _rng(self, rnd):
+        return np.random.default_rng(np.random.SeedSequence([self.seed, rnd, self.partition, _SAMPLE_KEY]))
+
+    def round_source(self, rnd: int):
+        """What the steps of round ``rnd`` read: the fixed source or this round's sample."""
+        if self.strategy == "sampled_windows":
+            m = max(1, math.ceil(self.fraction * len(self._offsets)))
+            pick = self._rng(rnd).choice(len(self._offsets), size=m, replace=False)
+            return WindowSource(self.tokens, self._offsets[pick], self.B, self.T)
+        if self.strategy == "sampled_paragraphs":
+            m = max(1, math.ceil(self.fraction * len(self.starts)))
+            pick = self._rng(rnd).choice(len(self.starts), size=m, replace=False)
+            return LaneSource(self.tokens, self.starts, self.B, self.T, order=pick)
+        return self._fixed
+
+    def batches(self, rnd: int, first_step: int, count: int):
+        """The ``count`` batches of round ``rnd`` whose first global step is ``first_step``."""
+        src = self.round_source(rnd)
+        base = 0 if self.strategy.startswith("sampled") else first_step
+        return [src.batch(base + j) for j in range(count)]

@@ -1,0 +1,290 @@
+"""Distributed training on Spark: local steps on every partition, then a
+``treeAggregate`` all-reduce of the weights (seed 001, sections 3-5).
+
+Per round the driver broadcasts the flat parameters (with optimizer state and
+carried hidden states where they travel), every partition runs
+``train.local_steps`` optimizer steps, and the token-weighted average comes back
+through ``treeAggregate``. Tasks are stateless: whatever a partition carries to
+the next round returns inside the aggregate and goes out with the next broadcast.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import checkpoint, config, corpus, executor
+from .aggregate import Aggregate, comb_op, seq_op
+from .hfs import HadoopFS
+from .model import RNNLM
+from .optim import make_optimizer
+from .schedule import Schedule
+
+# a change in any of these makes a resumed run a different experiment
+_RESUME_KEYS = {"data": None, "model": None, "optim": None,
+                "train": ("seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
+                          "outer_lr", "outer_momentum", "optim_state")}
+
+
+class TrainingError(RuntimeError):
+    """Training stopped (non-finite loss, incompatible resume); the message is one line."""
+
+
+@dataclass
+class RunState:
+    """Everything the driver carries from round to round (and checkpoints)."""
+
+    params: np.ndarray
+    opt: dict | None = None                            # averaged optimizer state
+    opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
+    states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
+    velocity: np.ndarray | None = None                 # outer momentum
+    schedule: dict = field(default_factory=dict)
+    round: int = 0
+    tokens: int = 0
+    bytes_sent: int = 0
+    bytes_broadcast: int = 0
+    wall_s: float = 0.0
+
+
+@dataclass
+class Corpus:
+    vocab: object
+    train: object            # RDD of (pid, tokens, starts), persisted
+    valid: object | None
+    tokens: int              # training tokens, all partitions
+    steps_per_epoch: float   # rounds x local_steps that see every token once
+
+
+def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
+    """Read, count, encode and cache the corpus; validate every partition."""
+    d = cfg.data
+    if not d.train:
+        raise corpus.CorpusError("data.train is not set")
+    paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions)
+    if d.encoding_errors == "strict":
+        bad = paras.filter(lambda p: "\ufffd" in p).count()
+        if bad:
+            raise corpus.CorpusError(f"{d.train}: {bad} paragraphs hold undecodable bytes "
+                                     "(data.encoding_errors=strict)")
+    if vocab is None:
+        vocab = corpus.build_vocab(paras, d.level, d.vocab_size, d.min_count)
+    bc_vocab = sc.broadcast(vocab)
+    enc = corpus.encode_partitions(corpus.contiguous_partitions(paras, d.partitions), bc_vocab)
+    enc = enc.persist()
+    cfg = config.replace(cfg, "model", vocab_size=len(vocab))
+    probe = enc.mapPartitions(executor.probe_task(cfg.to_json())).collect()
+    errors = [f"partition {pid}: {err}" for pid, _, _, err in probe if err]
+    if errors:
+        enc.unpersist()
+        raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
+                                 f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
+    tokens = sum(n for _, n, _, _ in probe)
+    per_step = d.partitions * cfg.train.batch * cfg.train.bptt
+    valid = None
+    if d.valid:
+        vp = corpus.paragraphs(sc, d.valid, d.paragraphs, d.level, d.partitions)
+        valid = corpus.encode_partitions(corpus.contiguous_partitions(vp, d.partitions), bc_vocab).persist()
+    return Corpus(vocab, enc, valid, tokens, tokens / per_step)
+
+
+def total_rounds(cfg: config.Config, data: Corpus) -> int:
+    t = cfg.train
+    if t.rounds:
+        return t.rounds
+    if t.epochs:
+        return max(1, math.ceil(t.epochs * data.steps_per_epoch / t.local_steps))
+    raise config.ConfigError("set train.rounds or train.epochs")
+
+
+class Trainer:
+    """The driver of one training run.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    cfg : Config
+    out : str
+        Output directory (any Hadoop path): ``metrics.jsonl`` and ``checkpoint/``.
+    log : callable
+        Receives one progress line per round.
+    """
+
+    def __init__(self, spark, cfg: config.Config, out: str, log=print):
+        self.sc, self.out, self.log = spark.sparkContext, out.rstrip("/"), log
+        self.fs = HadoopFS(self.sc, self.out)
+        self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
+        self.cfg_in = cfg
+        self.metrics: list = []
+
+    # ------------------------------------------------------------- set-up
+    def _fresh(self, cfg):
+        model = RNNLM(cfg.model)
+        params = model.init_params(cfg.train.seed)
+        return RunState(params=params, schedule=Schedule(cfg.optim).state)
+
+    def _resume(self):
+        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
+        mine, theirs = self.cfg_in.to_dict(), ck.config.to_dict()
+        for sec, keys in _RESUME_KEYS.items():
+            for k in (keys or mine[sec].keys()):
+                if sec == "model" and k == "vocab_size":
+                    continue
+                if mine[sec][k] != theirs[sec][k]:
+                    raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
+                                        f"{theirs[sec][k]!r} in {self.ck_path}")
+        pos = ck.position
+        st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
+                      bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"])
+        slots = {k: v for k, v in ck.optim.items() if not k.startswith(("p", "outer"))}
+        if slots:
+            st.opt = dict(slots, t=ck.optim_t)
+        st.velocity = ck.optim.get("outer.velocity")
+        for k, v in ck.optim.items():
+            if k.startswith("p") and "/" in k:
+                pid, slot = k[1:].split("/", 1)
+                st.opt_local.setdefault(int(pid), {"t": ck.optim_t})[slot] = v
+        if ck.hidden is not None:
+            st.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
+        old = self.fs.read(self.metrics_path)
+        if old:
+            self.metrics = [json.loads(x) for x in old.decode().splitlines() if x.strip()]
+            self.metrics = [m for m in self.metrics if m["round"] <= st.round]
+        return ck.vocab, st
+
+    # ------------------------------------------------------------ running
+    def run(self, resume: bool = False) -> dict:
+        """Train to the configured length; return the last metrics line."""
+        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
+            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
+        if not resume and self.fs.exists(self.metrics_path):
+            raise TrainingError(f"{self.out} already holds a run (use --resume or another --out)")
+        vocab, st = self._resume() if resume else (None, None)
+        data = load_corpus(self.sc, self.cfg_in, vocab)
+        cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
+        st = st or self._fresh(cfg)
+        rounds = total_rounds(cfg, data)
+        self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
+                 f"{cfg.data.partitions} partitions x {cfg.train.local_steps} local steps | {rounds} rounds")
+        try:
+            while st.round < rounds:
+                self._round(cfg, data, st, rounds)
+                last = st.round == rounds
+                t = cfg.train
+                if t.checkpoint_every and st.round % t.checkpoint_every == 0 or last:
+                    self._checkpoint(cfg, data.vocab, st)
+        finally:
+            data.train.unpersist()
+            if data.valid is not None:
+                data.valid.unpersist()
+        self.params, self.vocab = st.params, data.vocab
+        return self.metrics[-1]
+
+    def _round(self, cfg, data, st: RunState, rounds: int):
+        t, sc = cfg.train, self.sc
+        r = st.round + 1
+        sched = Schedule(cfg.optim, st.schedule)
+        epoch = st.tokens / data.tokens
+        lr = sched.lr(epoch)
+        payload = {"params": st.params, "opt": st.opt if t.optim_state == "average" else None,
+                   "opt_local": st.opt_local if t.optim_state == "local" else {},
+                   "states": st.states}
+        bc_bytes = len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        t0 = time.perf_counter()
+        bc = sc.broadcast(payload)
+        sc.setJobDescription(f"rnnlm round {r}/{rounds}: {t.local_steps} local steps + treeAggregate")
+        try:
+            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc, r, (r - 1) * t.local_steps, lr))
+                   .treeAggregate(Aggregate(), seq_op, comb_op, depth=t.tree_depth))
+        finally:
+            bc.unpersist()
+            bc.destroy()
+        errors = [v["error"] for v in agg.local.values() if "error" in v]
+        loss = agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
+        if errors or not math.isfinite(loss):
+            raise TrainingError(f"round {r}: {errors[0] if errors else f'training loss is {loss}'}; "
+                                f"stopped, the last good checkpoint is kept in {self.ck_path}")
+        self._apply(cfg, st, agg)
+        st.round, st.tokens = r, st.tokens + agg.stats["tokens"]
+        st.bytes_sent += agg.wire_bytes
+        st.bytes_broadcast += bc_bytes
+        st.wall_s += time.perf_counter() - t0
+        m = {"round": r, "epoch": round(st.tokens / data.tokens, 5), "tokens": st.tokens, "syncs": r,
+             "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
+             "round_bytes_sent": agg.wire_bytes, "wall_s": round(st.wall_s, 3),
+             "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
+             "train_loss": loss, "lr": lr}
+        if data.valid is not None and (t.eval_every and r % t.eval_every == 0 or r == rounds):
+            vl = self.evaluate(cfg, st.params, data.valid)
+            m.update(_loss_fields(vl, cfg.data.level, "valid"))
+            sched.observe(vl)
+            st.schedule = sched.state
+        sc.setJobDescription(None)
+        self.metrics.append(m)
+        self.fs.write_atomic(self.metrics_path, "".join(json.dumps(x) + "\n" for x in self.metrics).encode())
+        self.log(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in m.items() if not k.startswith(("bytes", "round_"))))
+
+    def _apply(self, cfg, st: RunState, agg: Aggregate):
+        t = cfg.train
+        avg = agg.mean("params")
+        if t.outer == "average":
+            st.params = avg
+        else:
+            delta = avg - st.params
+            if st.velocity is None:
+                st.velocity = np.zeros_like(delta)
+            st.velocity *= t.outer_momentum
+            st.velocity += delta
+            step = delta + t.outer_momentum * st.velocity if t.outer == "nesterov" else st.velocity
+            st.params = (st.params + t.outer_lr * step).astype(np.float32)
+        if t.optim_state == "average":
+            slots = {k[4:]: agg.mean(k) for k in agg.dense if k.startswith("opt.")}
+            prev = st.opt["t"] if st.opt else 0
+            st.opt = dict(slots, t=prev + t.local_steps) if slots else None
+        elif t.optim_state == "local":
+            st.opt_local = {pid: v["opt"] for pid, v in agg.local.items() if "opt" in v}
+        st.states = {pid: v["state"] for pid, v in agg.local.items() if "state" in v}
+
+    def evaluate(self, cfg, params, rdd) -> float:
+        """Mean NLL per token of an encoded RDD under ``params``."""
+        bc = self.sc.broadcast(params)
+        try:
+            parts = rdd.mapPartitions(executor.eval_task(cfg.to_json(), bc)).collect()
+        finally:
+            bc.unpersist()
+            bc.destroy()
+        total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        return total / max(1, count)
+
+    def _checkpoint(self, cfg, vocab, st: RunState):
+        optim = {}
+        if st.opt:
+            optim.update({k: v for k, v in st.opt.items() if k != "t"})
+        for pid, d in st.opt_local.items():
+            optim.update({f"p{pid}/{k}": v for k, v in d.items() if k != "t"})
+        if st.velocity is not None:
+            optim["outer.velocity"] = st.velocity
+        opt_t = (st.opt or next(iter(st.opt_local.values()), {})).get("t", 0)
+        hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
+        ck = checkpoint.Checkpoint(
+            params=st.params, config=cfg, vocab=vocab, optim=optim, optim_t=opt_t, hidden=hidden,
+            schedule=st.schedule,
+            position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
+                      "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
+        self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+
+
+def _loss_fields(loss: float, level: str, prefix: str) -> dict:
+    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0))}
+    if level == "char":
+        out[f"{prefix}_bpc"] = loss / math.log(2)
+    return out
+
+
+def make_optimizer_state(cfg, params):
+    return make_optimizer(cfg.optim).init_state(params)
