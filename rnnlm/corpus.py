@@ -73,14 +73,20 @@ def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Voc
     return Vocab.from_counts(dict(top), level, max_size, min_count, total=total)
 
 
-def contiguous_partitions(paras, n: int):
-    """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept."""
+def contiguous_partitions(paras, n: int, shrink: bool = False):
+    """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept.
+
+    With ``shrink`` a corpus of fewer than ``n`` paragraphs gets one partition each.
+    """
     counts = paras.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
     total = sum(counts)
     if total == 0:
         raise CorpusError("the corpus is empty")
-    if total < n:
-        raise CorpusError(f"the corpus has {total} paragraphs, fewer than data.partitions={n}")
+    if total < n and shrink:
+        n = total
+    elif total < n:
+        raise CorpusError(f"the corpus has {total} paragraphs, fewer than data.partitions={n} "
+                          "(data.paragraphs = \"line\" splits at every line)")
     return (paras.zipWithIndex()
             .map(lambda pi: (pi[1] * n // total, (pi[1], pi[0])))
             .partitionBy(n, lambda k: k)

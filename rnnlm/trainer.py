@@ -21,7 +21,6 @@ from . import checkpoint, config, corpus, executor
 from .aggregate import Aggregate, comb_op, seq_op
 from .hfs import HadoopFS
 from .model import RNNLM
-from .optim import make_optimizer
 from .schedule import Schedule
 
 # a change in any of these makes a resumed run a different experiment
@@ -88,7 +87,8 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     valid = None
     if d.valid:
         vp = corpus.paragraphs(sc, d.valid, d.paragraphs, d.level, d.partitions)
-        valid = corpus.encode_partitions(corpus.contiguous_partitions(vp, d.partitions), bc_vocab).persist()
+        valid = corpus.encode_partitions(corpus.contiguous_partitions(vp, d.partitions, shrink=True),
+                                         bc_vocab).persist()
     return Corpus(vocab, enc, valid, tokens, tokens / per_step)
 
 
@@ -220,7 +220,7 @@ class Trainer:
              "train_loss": loss, "lr": lr}
         if data.valid is not None and (t.eval_every and r % t.eval_every == 0 or r == rounds):
             vl = self.evaluate(cfg, st.params, data.valid)
-            m.update(_loss_fields(vl, cfg.data.level, "valid"))
+            m.update(loss_fields(vl, cfg.data.level, "valid"))
             sched.observe(vl)
             st.schedule = sched.state
         sc.setJobDescription(None)
@@ -251,15 +251,7 @@ class Trainer:
         st.states = {pid: v["state"] for pid, v in agg.local.items() if "state" in v}
 
     def evaluate(self, cfg, params, rdd) -> float:
-        """Mean NLL per token of an encoded RDD under ``params``."""
-        bc = self.sc.broadcast(params)
-        try:
-            parts = rdd.mapPartitions(executor.eval_task(cfg.to_json(), bc)).collect()
-        finally:
-            bc.unpersist()
-            bc.destroy()
-        total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
-        return total / max(1, count)
+        return evaluate_rdd(self.sc, cfg, params, rdd)
 
     def _checkpoint(self, cfg, vocab, st: RunState):
         optim = {}
@@ -279,12 +271,20 @@ class Trainer:
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
 
 
-def _loss_fields(loss: float, level: str, prefix: str) -> dict:
+def evaluate_rdd(sc, cfg, params, rdd) -> float:
+    """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream)."""
+    bc = sc.broadcast(params)
+    try:
+        parts = rdd.mapPartitions(executor.eval_task(cfg.to_json(), bc)).collect()
+    finally:
+        bc.unpersist()
+        bc.destroy()
+    total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return total / max(1, count)
+
+
+def loss_fields(loss: float, level: str, prefix: str) -> dict:
     out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0))}
     if level == "char":
         out[f"{prefix}_bpc"] = loss / math.log(2)
     return out
-
-
-def make_optimizer_state(cfg, params):
-    return make_optimizer(cfg.optim).init_state(params)

@@ -1,7 +1,11 @@
+import os
+
 import numpy as np
 import pytest
 
 from rnnlm import backend
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # Spark stays on loopback
 
 XPS = [pytest.param("cpu", id="numpy")]
 XPS.append(pytest.param("gpu", id="cupy", marks=pytest.mark.skipif(
@@ -17,3 +21,25 @@ def xp(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession shared by every Spark test (as pyspark.testing does)."""
+    from rnnlm.session import get_spark
+    s = get_spark("rnnlm-tests", "local[2]", {"spark.ui.enabled": "false",
+                                               "spark.sql.shuffle.partitions": "2"})
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def tiny_cfg():
+    """A small, fast character LSTM on the project's own text."""
+    from rnnlm import config
+    return config.load(None, [
+        "data.train=rnnlm/data/harbour.txt", "data.level=char", "data.partitions=2",
+        "model.cell=lstm", "model.hidden=16", "optim.name=adam", "optim.lr=0.01",
+        "train.bptt=8", "train.batch=4", "train.grad_norm=token", "train.local_steps=3",
+        "train.rounds=2", "train.eval_every=0"])

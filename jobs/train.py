@@ -1,0 +1,32 @@
+"""Train a language model on Spark.
+
+    spark-submit jobs/train.py --config conf/NAME.toml [--set section.key=value ...]
+                               [--out PATH] [--resume]
+
+Also runs as plain ``python jobs/train.py ...`` (Spark local mode, ``--master``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from rnnlm import cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--out", default="runs/latest", help="output directory, any Hadoop path")
+    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit")
+    ap.add_argument("--samples", type=int, default=1, help="text samples to print at the end")
+    a = ap.parse_args(argv)
+    return cli.guarded(lambda: cli.train(a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
