@@ -25,6 +25,8 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         c.setAppName(app)
     for k, v in (conf or {}).items():
         c.set(k, str(v))
+    if not c.contains("spark.ui.showConsoleProgress"):
+        c.set("spark.ui.showConsoleProgress", "false")   # the trainer logs one line per round
     cpus = c.get("spark.task.cpus", "1")
     for var in BLAS_VARS:
         if not c.contains(f"spark.executorEnv.{var}"):

@@ -55,6 +55,7 @@ class Corpus:
     vocab: object
     train: object            # RDD of (pid, tokens, starts), persisted
     valid: object | None
+    test: object | None
     tokens: int              # training tokens, all partitions
     steps_per_epoch: float   # rounds x local_steps that see every token once
 
@@ -84,12 +85,15 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
                                  f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
     tokens = sum(n for _, n, _, _ in probe)
     per_step = d.partitions * cfg.train.batch * cfg.train.bptt
-    valid = None
-    if d.valid:
-        vp = corpus.paragraphs(sc, d.valid, d.paragraphs, d.level, d.partitions)
-        valid = corpus.encode_partitions(corpus.contiguous_partitions(vp, d.partitions, shrink=True),
-                                         bc_vocab).persist()
-    return Corpus(vocab, enc, valid, tokens, tokens / per_step)
+    held_out = []
+    for path in (d.valid, d.test):
+        if path:
+            hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.partitions)
+            held_out.append(corpus.encode_partitions(corpus.contiguous_partitions(hp, d.partitions, shrink=True),
+                                                     bc_vocab).persist())
+        else:
+            held_out.append(None)
+    return Corpus(vocab, enc, held_out[0], held_out[1], tokens, tokens / per_step)
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
@@ -178,9 +182,9 @@ class Trainer:
                 if t.checkpoint_every and st.round % t.checkpoint_every == 0 or last:
                     self._checkpoint(cfg, data.vocab, st)
         finally:
-            data.train.unpersist()
-            if data.valid is not None:
-                data.valid.unpersist()
+            for rdd in (data.train, data.valid, data.test):
+                if rdd is not None:
+                    rdd.unpersist()
         self.params, self.vocab = st.params, data.vocab
         return self.metrics[-1]
 
@@ -223,6 +227,8 @@ class Trainer:
             m.update(loss_fields(vl, cfg.data.level, "valid"))
             sched.observe(vl)
             st.schedule = sched.state
+            if data.test is not None:
+                m.update(loss_fields(self.evaluate(cfg, st.params, data.test), cfg.data.level, "test"))
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.write_atomic(self.metrics_path, "".join(json.dumps(x) + "\n" for x in self.metrics).encode())

@@ -27,8 +27,7 @@ def rng():
 def spark():
     """One local[2] SparkSession shared by every Spark test (as pyspark.testing does)."""
     from rnnlm.session import get_spark
-    s = get_spark("rnnlm-tests", "local[2]", {"spark.ui.enabled": "false",
-                                               "spark.sql.shuffle.partitions": "2"})
+    s = get_spark("rnnlm-tests", "local[2]", {"spark.ui.enabled": "false"})
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()

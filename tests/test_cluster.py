@@ -1,0 +1,147 @@
+"""Real executor processes: a killed executor, and a standalone cluster whose executors'
+Python does not have rnnlm installed (it arrives with --py-files)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+
+import numpy as np
+import pyspark
+import pytest
+
+from rnnlm import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4",
+        "train.eval_every=0", "data.valid="]
+
+
+def env():
+    e = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    e.pop("PYSPARK_GATEWAY_PORT", None)
+    return e
+
+
+def train_cmd(out, master, *sets):
+    args = [a for s in (*TINY, *sets) for a in ("--set", s)]
+    return [sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
+            "--master", master, "--samples", "0", *args]
+
+
+def executor_pids():
+    """Executor JVMs of local-cluster mode (from /proc: ps truncates long command lines)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    pids.append(int(d))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def rounds_done(out):
+    try:
+        return len(open(os.path.join(out, "metrics.jsonl")).read().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.slow
+def test_killed_executor_does_not_change_the_result(tmp_path):
+    master = "local-cluster[2,1,1024]"
+    ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8"), cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=400)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    assert executor_pids() == []
+    log = open(tmp_path / "kill.log", "w+")
+    proc = subprocess.Popen(train_cmd(tmp_path / "kill", master, "train.rounds=8"), cwd=ROOT, env=env(),
+                            stdout=log, stderr=log, text=True)
+    killed = None
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        pids = executor_pids()
+        if killed is None and rounds_done(tmp_path / "kill") >= 2 and pids:
+            killed = pids[0]
+            os.kill(killed, signal.SIGKILL)       # mid-training, between or during rounds
+        time.sleep(0.05)
+    proc.wait(timeout=120)
+    log.seek(0)
+    err = log.read()
+    assert killed is not None, f"training ended before an executor could be killed: {err[-2000:]}"
+    assert proc.returncode == 0, err[-2000:]
+    assert "lost" in err.lower() or "removed" in err.lower() or "exited" in err.lower(), err[-3000:]
+    a = checkpoint.load(str(tmp_path / "ref" / "checkpoint"))
+    b = checkpoint.load(str(tmp_path / "kill" / "checkpoint"))
+    assert np.array_equal(a.params, b.params)
+    ma = [json.loads(x)["train_loss"] for x in open(tmp_path / "ref" / "metrics.jsonl")]
+    mb = [json.loads(x)["train_loss"] for x in open(tmp_path / "kill" / "metrics.jsonl")]
+    assert ma == mb and len(ma) == 8
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_standalone_cluster_with_py_files_only(tmp_path):
+    # an executor Python that has numpy but not rnnlm: no site (.pth, editable installs),
+    # numpy's directory on the path
+    site = os.path.dirname(os.path.dirname(np.__file__))
+    wrapper = tmp_path / "python-without-rnnlm"
+    wrapper.write_text(f'#!/bin/sh\nexport PYTHONPATH="$PYTHONPATH:{site}"\nexec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-c", "import numpy\ntry:\n import rnnlm\nexcept ImportError:\n print('no')"],
+                           capture_output=True, text=True, cwd="/")
+    assert probe.stdout.strip() == "no", (probe.stdout, probe.stderr)
+    assert sysconfig.get_paths()["purelib"]   # (the driver keeps its normal interpreter)
+
+    zip_path = tmp_path / "rnnlm.zip"
+    subprocess.run([sys.executable, "jobs/package.py", "--out", str(zip_path)], cwd=ROOT, check=True)
+    port, ui1, ui2 = _free_port(), _free_port(), _free_port()
+    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+    logs = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(ui1)], env=env(), stdout=logs, stderr=logs)]
+    try:
+        url = f"spark://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                                       "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
+                                       "--webui-port", str(ui2), "--work-dir", str(tmp_path / "work")],
+                                      env=env(), stdout=logs, stderr=logs))
+        submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
+        args = [a for s in (*TINY, "train.rounds=3") for a in ("--set", s)]
+        r = subprocess.run([submit, "--master", url, "--py-files", str(zip_path),
+                            "--conf", f"spark.pyspark.python={wrapper}",
+                            "--conf", f"spark.pyspark.driver.python={sys.executable}",
+                            "--conf", "spark.executor.memory=1g", "--conf", "spark.cores.max=2",
+                            "jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "out"),
+                            "--samples", "0", *args],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert rounds_done(tmp_path / "out") == 3
+        assert checkpoint.load(str(tmp_path / "out" / "checkpoint")).position["round"] == 3
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        logs.close()
