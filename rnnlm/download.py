@@ -80,4 +80,21 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
                 os.remove(tmp)
         log(f"{name}: {'copied from ' + mirror if mirror else 'downloaded'}, checksum ok")
         out.append(path)
+    if corpus == "tinyshakespeare":
+        out += split_train_valid(out[0], 0.9)
     return out
+
+
+def split_train_valid(path: str, fraction: float) -> list:
+    """Write ``<stem>.train.txt`` and ``<stem>.valid.txt``: the first ``fraction`` of the
+    characters and the rest, cut at the paragraph break nearest to that point."""
+    text = open(path, encoding="utf-8").read()
+    cut = text.rfind("\n\n", 0, int(len(text) * fraction))
+    cut = int(len(text) * fraction) if cut < 0 else cut + 2
+    stem = os.path.splitext(path)[0]
+    paths = [f"{stem}.train.txt", f"{stem}.valid.txt"]
+    for p, part in zip(paths, (text[:cut], text[cut:])):
+        with open(p + ".tmp", "w", encoding="utf-8") as f:
+            f.write(part)
+        os.replace(p + ".tmp", p)
+    return paths

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -161,14 +162,18 @@ class Trainer:
         return ck.vocab, st
 
     # ------------------------------------------------------------ running
-    def run(self, resume: bool = False) -> dict:
-        """Train to the configured length; return the last metrics line."""
+    def run(self, resume: bool = False, data: Corpus | None = None) -> dict:
+        """Train to the configured length; return the last metrics line.
+
+        ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one).
+        """
         if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
             raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
         if not resume and self.fs.exists(self.metrics_path):
             raise TrainingError(f"{self.out} already holds a run (use --resume or another --out)")
         vocab, st = self._resume() if resume else (None, None)
-        data = load_corpus(self.sc, self.cfg_in, vocab)
+        owned = data is None
+        data = data or load_corpus(self.sc, self.cfg_in, vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         st = st or self._fresh(cfg)
         rounds = total_rounds(cfg, data)
@@ -182,7 +187,7 @@ class Trainer:
                 if t.checkpoint_every and st.round % t.checkpoint_every == 0 or last:
                     self._checkpoint(cfg, data.vocab, st)
         finally:
-            for rdd in (data.train, data.valid, data.test):
+            for rdd in (data.train, data.valid, data.test) if owned else ():
                 if rdd is not None:
                     rdd.unpersist()
         self.params, self.vocab = st.params, data.vocab
@@ -197,9 +202,9 @@ class Trainer:
         payload = {"params": st.params, "opt": st.opt if t.optim_state == "average" else None,
                    "opt_local": st.opt_local if t.optim_state == "local" else {},
                    "states": st.states}
-        bc_bytes = len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
         t0 = time.perf_counter()
         bc = sc.broadcast(payload)
+        bc_bytes = _broadcast_bytes(bc, payload)
         sc.setJobDescription(f"rnnlm round {r}/{rounds}: {t.local_steps} local steps + treeAggregate")
         try:
             agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc, r, (r - 1) * t.local_steps, lr))
@@ -275,6 +280,14 @@ class Trainer:
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                       "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+
+
+def _broadcast_bytes(bc, payload) -> int:
+    # PySpark writes the pickled value to a file the executors read; its size is what travels
+    path = getattr(bc, "_path", None)
+    if path and os.path.exists(path):
+        return os.path.getsize(path)
+    return len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def evaluate_rdd(sc, cfg, params, rdd) -> float:

@@ -1,0 +1,92 @@
+"""Synchronisation cost and scaling of the Spark trainer on the ptb-small model.
+
+    python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
+
+Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
+the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
+(compute_s: the slowest task's training time; round_s: the driver's wall time for
+broadcast + tasks + treeAggregate + update), median over rounds after the first.
+
+Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition on
+``local[1]`` (same per-partition batch, K=20), and their ratio.
+
+Each master runs in its own process (one SparkContext per process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def sweep(master, partitions, steps, rounds, data_path, out_json):
+    """Run in a child process: train a few rounds per K on one corpus load."""
+    from rnnlm import config, session
+    from rnnlm.trainer import Trainer, load_corpus
+    spark = session.get_spark("rnnlm-bench", master, {"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),
+                       [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
+                        "train.eval_every=0", "train.checkpoint_every=0"])
+    data = load_corpus(spark.sparkContext, base)
+    rows = []
+    for k in steps:
+        cfg = config.replace(base, "train", local_steps=k, rounds=rounds, epochs=0.0)
+        with tempfile.TemporaryDirectory() as out:
+            tr = Trainer(spark, cfg, out, log=lambda s: None)
+            tr.run(data=data)
+            ms = tr.metrics[1:]                       # the first round warms up workers and caches
+            frac = statistics.median(1 - m["compute_s"] / m["round_s"] for m in ms)
+            tok_s = sum(m["tokens"] - p["tokens"] for p, m in zip(tr.metrics, ms)) / sum(m["round_s"] for m in ms)
+            rows.append({"master": master, "partitions": partitions, "local_steps": k,
+                         "round_s": statistics.median(m["round_s"] for m in ms),
+                         "compute_s": statistics.median(m["compute_s"] for m in ms),
+                         "sync_fraction": frac, "tokens_per_s": tok_s,
+                         "bytes_per_round": ms[-1]["round_bytes_sent"]})
+    with open(out_json, "w") as f:
+        json.dump(rows, f)
+
+
+def child(master, partitions, steps, rounds, data_path):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    subprocess.run([sys.executable, __file__, "--child", master, str(partitions), ",".join(map(str, steps)),
+                    str(rounds), data_path, path], check=True, env=env, cwd=ROOT)
+    with open(path) as f:
+        rows = json.load(f)
+    os.remove(path)
+    return rows
+
+
+def main(argv=None):
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, master, parts, steps, rounds, data_path, out = sys.argv
+        return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", default="1,5,20,50")
+    ap.add_argument("--data", default=os.path.join(ROOT, "data/ptb.train.txt"))
+    a = ap.parse_args(argv)
+    steps = [int(s) for s in a.steps.split(",")]
+    print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N)")
+    print(f"{'master':26s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} {'MB/round':>9s}")
+    for master in ("local[2]", "local-cluster[2,1,2048]"):
+        for r in child(master, 2, steps, a.rounds, a.data):
+            print(f"{master:26s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
+                  f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:9.1f}", flush=True)
+    two = child("local[2]", 2, [20], a.rounds + 1, a.data)[0]["tokens_per_s"]
+    one = child("local[1]", 1, [20], a.rounds + 1, a.data)[0]["tokens_per_s"]
+    print(f"# scaling at K=20: local[1] x 1 partition {one:.0f} tok/s, local[2] x 2 partitions {two:.0f} tok/s")
+    print(f"scaling_2_vs_1={two / one:.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
