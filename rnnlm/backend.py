@@ -16,8 +16,6 @@ Shape glossary (used in ``# (...)`` comments throughout the package)::
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 try:  # CuPy is optional: the gpu extra installs it.
@@ -110,14 +108,3 @@ def scatter_add_rows(dst, idx, src) -> None:
     sorted_idx = idx[order]
     rows, starts = np.unique(sorted_idx, return_index=True)
     dst[rows] += np.add.reduceat(src[order], starts, axis=0)
-
-
-def set_blas_threads(n: int) -> None:
-    """Cap BLAS threads (Spark executors follow ``spark.task.cpus``)."""
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(n)
-    try:
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(n)
-    except ImportError:
-        pass

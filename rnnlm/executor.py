@@ -5,7 +5,6 @@ reproduces its result exactly.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -113,7 +112,3 @@ def eval_task(cfg_json: str, bc):
 
 def _to_xp(xp, d: dict) -> dict:
     return {k: (xp.array(v) if k != "t" else v) for k, v in d.items()}
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

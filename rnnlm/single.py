@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
-
 from . import backend, checkpoint, config
 from .local import StreamBlock, evaluate, train_steps
 from .model import RNNLM
@@ -79,10 +77,3 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
         log(f"checkpoint written to {out}")
     metrics["model"], metrics["params"], metrics["vocab"] = model, params, vocab
     return metrics
-
-
-def unigram_entropy(ids: np.ndarray) -> float:
-    """Nats per token of the unigram distribution of ``ids`` (a floor to beat)."""
-    c = np.bincount(ids)
-    p = c[c > 0] / c.sum()
-    return float(-(p * np.log(p)).sum())
