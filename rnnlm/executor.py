@@ -18,6 +18,19 @@ from .strategies import Source, TooShort
 
 EVAL_BPTT = 100
 
+# Per-process memo of what a task derives from its inputs alone (the model object with its
+# buffers, a partition's batch source): results do not depend on it, only start-up time does.
+_MEMO: dict = {}
+_MEMO_SIZE = 8
+
+
+def _memo(key, build):
+    if key not in _MEMO:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = build()
+    return _MEMO[key]
+
 
 def task_xp(device: str):
     """The array module for this task, on the GPU Spark assigned it if any."""
@@ -62,7 +75,7 @@ def round_task(cfg_json: str, bc, rnd: int, step0: int, lr: float):
         payload = bc.value
         for pid, tokens, starts in it:
             t0 = time.perf_counter()
-            model = RNNLM(cfg.model, xp=xp)
+            model = _memo(("model", cfg_json, xp.__name__), lambda: RNNLM(cfg.model, xp=xp))
             opt = make_optimizer(cfg.optim)
             params = xp.array(payload["params"])
             if t.optim_state == "local" and pid in payload["opt_local"]:
@@ -71,7 +84,8 @@ def round_task(cfg_json: str, bc, rnd: int, step0: int, lr: float):
                 opt_state = _to_xp(xp, payload["opt"])
             else:
                 opt_state = opt.init_state(params)
-            src = make_source(cfg, pid, tokens, starts)
+            src = _memo(("source", cfg_json, pid, len(tokens), int(tokens[:64].sum())),
+                        lambda: make_source(cfg, pid, tokens, starts))
             state = payload["states"].get(pid) if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
