@@ -1,39 +1,63 @@
-"""Files through Spark's Hadoop FileSystem client: ``hdfs://``, ``s3a://``, ``file://``...
+"""Files for checkpoints and metrics: through Spark's Hadoop FileSystem client for any
+path with a scheme (``hdfs://``, ``s3a://``, ``file://``...), and with Python's own file
+I/O for a plain local path (py4j copies bytes slowly: 2.7 s for an 18 MB read).
 
-Used for checkpoints and metrics so that a run on a cluster writes them where
-its corpus lives. Writes are atomic: a temporary name, then ``rename``.
+Writes are atomic: a temporary name, then ``rename``; metrics lines are appended.
 """
 from __future__ import annotations
 
 import os
+import shutil
+from urllib.parse import urlparse
+
+
+def is_plain_local(path: str) -> bool:
+    return urlparse(path).scheme == ""
 
 
 class HadoopFS:
-    """The Hadoop FileSystem of ``path`` (scheme and authority decide which)."""
+    """The filesystem of ``path``: Hadoop's for URIs, Python's for plain local paths."""
 
     def __init__(self, sc, path: str):
-        self._jvm = sc._jvm
-        self._conf = sc._jsc.hadoopConfiguration()
-        self.fs = self._path(path).getFileSystem(self._conf)
+        self.local = is_plain_local(path)
+        if not self.local:
+            self._jvm = sc._jvm
+            self.fs = self._path(path).getFileSystem(sc._jsc.hadoopConfiguration())
 
     def _path(self, p: str):
         return self._jvm.org.apache.hadoop.fs.Path(p)
 
     def exists(self, p: str) -> bool:
-        return bool(self.fs.exists(self._path(p)))
+        return os.path.exists(p) if self.local else bool(self.fs.exists(self._path(p)))
 
     def mkdirs(self, p: str) -> None:
-        self.fs.mkdirs(self._path(p))
+        if self.local:
+            os.makedirs(p, exist_ok=True)
+        else:
+            self.fs.mkdirs(self._path(p))
 
     def delete(self, p: str) -> None:
-        self.fs.delete(self._path(p), True)
+        if not self.local:
+            self.fs.delete(self._path(p), True)
+        elif os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
 
     def rename(self, src: str, dst: str) -> None:
-        if not self.fs.rename(self._path(src), self._path(dst)):
+        if self.local:
+            os.rename(src, dst)
+        elif not self.fs.rename(self._path(src), self._path(dst)):
             raise OSError(f"rename {src} -> {dst} failed")
 
     def read(self, p: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
+        if self.local:
+            try:
+                with open(p, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
         path = self._path(p)
         if not self.fs.exists(path):
             return None
@@ -45,6 +69,13 @@ class HadoopFS:
 
     def write(self, p: str, data: bytes) -> None:
         """Write ``data`` to ``p`` (overwriting), flushed and closed."""
+        if self.local:
+            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return
         stream = self.fs.create(self._path(p), True)
         try:
             view = memoryview(data)
@@ -55,11 +86,38 @@ class HadoopFS:
             stream.close()
 
     def write_atomic(self, p: str, data: bytes) -> None:
+        """Replace ``p`` by ``data`` in one rename."""
         tmp = f"{p}.tmp-{os.getpid()}"
         self.write(tmp, data)
+        if self.local:
+            os.replace(tmp, p)
+            return
         if self.exists(p):
             self.delete(p)
         self.rename(tmp, p)
+
+    def append(self, p: str, data: bytes, whole) -> None:
+        """Append ``data`` to ``p``; where the filesystem cannot append (local Hadoop,
+        object stores), rewrite ``p`` atomically with the bytes ``whole()`` returns."""
+        if self.local:
+            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+            with open(p, "ab") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return
+        try:
+            if not self.exists(p):
+                raise OSError("no file to append to")
+            stream = self.fs.append(self._path(p))
+        except Exception:
+            self.write_atomic(p, whole())
+            return
+        try:
+            stream.write(bytearray(data))
+            stream.hflush()
+        finally:
+            stream.close()
 
     def write_dir_atomic(self, d: str, files: dict) -> None:
         """Write ``{name: bytes}`` as directory ``d``, replacing it only once complete."""

@@ -157,9 +157,13 @@ class Trainer:
             st.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
         old = self.fs.read(self.metrics_path)
         if old:
-            self.metrics = [json.loads(x) for x in old.decode().splitlines() if x.strip()]
-            self.metrics = [m for m in self.metrics if m["round"] <= st.round]
+            self.metrics = [m for m in _json_lines(old) if m["round"] <= st.round]
+            # rounds after the checkpoint will run again: drop their lines once, atomically
+            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
         return ck.vocab, st
+
+    def _metrics_bytes(self) -> bytes:
+        return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
 
     # ------------------------------------------------------------ running
     def run(self, resume: bool = False, data: Corpus | None = None) -> dict:
@@ -236,7 +240,7 @@ class Trainer:
                 m.update(loss_fields(self.evaluate(cfg, st.params, data.test), cfg.data.level, "test"))
         sc.setJobDescription(None)
         self.metrics.append(m)
-        self.fs.write_atomic(self.metrics_path, "".join(json.dumps(x) + "\n" for x in self.metrics).encode())
+        self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
         self.log(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in m.items() if not k.startswith(("bytes", "round_"))))
 
@@ -280,6 +284,16 @@ class Trainer:
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                       "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+
+
+def _json_lines(data: bytes) -> list:
+    out = []
+    for line in data.decode().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break    # a line cut short by a crash mid-append ends the record
+    return out
 
 
 def _broadcast_bytes(bc, payload) -> int:
