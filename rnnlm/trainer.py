@@ -145,12 +145,13 @@ class Trainer:
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"])
-        slots = {k: v for k, v in ck.optim.items() if not k.startswith(("p", "outer"))}
+        # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity"
+        slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith("outer.")}
         if slots:
             st.opt = dict(slots, t=ck.optim_t)
         st.velocity = ck.optim.get("outer.velocity")
         for k, v in ck.optim.items():
-            if k.startswith("p") and "/" in k:
+            if "/" in k:
                 pid, slot = k[1:].split("/", 1)
                 st.opt_local.setdefault(int(pid), {"t": ck.optim_t})[slot] = v
         if ck.hidden is not None:
