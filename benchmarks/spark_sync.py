@@ -34,6 +34,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json):
     spark.sparkContext.setLogLevel("ERROR")
     base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
+                        "train.batch=20",   # the ptb-small shape of benchmarks/kernels.py (T=20, B=20)
                         "train.eval_every=0", "train.checkpoint_every=0"])
     data = load_corpus(spark.sparkContext, base)
     rows = []
@@ -50,6 +51,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json):
                          "compute_s": statistics.median(m["compute_s"] for m in ms),
                          "sync_fraction": frac, "tokens_per_s": tok_s,
                          "bytes_per_round": ms[-1]["round_bytes_sent"]})
+    spark.stop()
     with open(out_json, "w") as f:
         json.dump(rows, f)
 
@@ -82,10 +84,13 @@ def main(argv=None):
         for r in child(master, 2, steps, a.rounds, a.data):
             print(f"{master:26s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
                   f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:9.1f}", flush=True)
-    two = child("local[2]", 2, [20], a.rounds + 1, a.data)[0]["tokens_per_s"]
-    one = child("local[1]", 1, [20], a.rounds + 1, a.data)[0]["tokens_per_s"]
-    print(f"# scaling at K=20: local[1] x 1 partition {one:.0f} tok/s, local[2] x 2 partitions {two:.0f} tok/s")
-    print(f"scaling_2_vs_1={two / one:.3f}")
+    two = child("local[2]", 2, [20, 50], a.rounds + 1, a.data)
+    one = child("local[1]", 1, [20, 50], a.rounds + 1, a.data)
+    for t2, t1 in zip(two, one):
+        r2, r1 = t2["tokens_per_s"], t1["tokens_per_s"]
+        print(f"# scaling at K={t1['local_steps']}: local[1] x 1 partition {r1:.0f} tok/s, "
+              f"local[2] x 2 partitions {r2:.0f} tok/s, ratio {r2 / r1:.3f}")
+    print(f"scaling_2_vs_1={two[0]['tokens_per_s'] / one[0]['tokens_per_s']:.3f}")
 
 
 if __name__ == "__main__":

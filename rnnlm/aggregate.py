@@ -56,9 +56,9 @@ class Aggregate:
         return a
 
     def _sums(self):
-        # weighted float64 sums of the dense blocks
+        # weighted float64 sums of the dense blocks (one pass each: convert and scale)
         if self.leaf:
-            self.dense = {k: v.astype(np.float64) * self.weight for k, v in self.dense.items()}
+            self.dense = {k: np.multiply(v, self.weight, dtype=np.float64) for k, v in self.dense.items()}
             self.leaf = False
         return self.dense
 
@@ -70,11 +70,14 @@ class Aggregate:
         if self.weight == 0 and not self.dense and not self.local:
             other.wire_bytes += self.wire_bytes
             return other
-        mine, theirs = self._sums(), other._sums()
-        if mine.keys() != theirs.keys():
-            raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(theirs)}")
-        for k, v in theirs.items():
-            mine[k] += v
+        mine = self._sums()
+        if mine.keys() != other.dense.keys():
+            raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(other.dense)}")
+        for k, v in other.dense.items():
+            if other.leaf:
+                mine[k] += np.multiply(v, other.weight, dtype=np.float64)
+            else:
+                mine[k] += v
         self.weight += other.weight
         self.local.update(other.local)
         for k in ("tokens", "loss_sum", "steps"):
@@ -85,18 +88,28 @@ class Aggregate:
 
     def mean(self, name: str, dtype=np.float32) -> np.ndarray:
         """The weight-averaged block ``name``."""
+        v = self.dense[name]
         if self.leaf:
-            return self.dense[name].astype(dtype)
-        return (self.dense[name] / self.weight).astype(dtype)
+            return v.astype(dtype)
+        return np.multiply(v, 1.0 / self.weight, out=np.empty(v.shape, dtype), casting="same_kind")
 
-    def __getstate__(self):
-        body = pickle.dumps((self.weight, self.dense, self.leaf, self.local, self.stats),
-                            protocol=pickle.HIGHEST_PROTOCOL)
-        return body, self.wire_bytes + len(body)
+    def __reduce_ex__(self, protocol):
+        # Protocol 5 hands the arrays' memory out of band: the outer pickle copies it once, and
+        # the size of this hop is the header plus those buffers, measured without a second copy.
+        buffers = []
+        head = pickle.dumps((self.weight, self.dense, self.leaf, self.local, self.stats),
+                            protocol=5, buffer_callback=buffers.append)
+        size = len(head) + sum(b.raw().nbytes for b in buffers)
+        if protocol < 5:
+            buffers = [b.raw().tobytes() for b in buffers]
+        return _rebuild, (head, buffers, self.wire_bytes + size)
 
-    def __setstate__(self, state):
-        body, self.wire_bytes = state
-        self.weight, self.dense, self.leaf, self.local, self.stats = pickle.loads(body)
+
+def _rebuild(head, buffers, wire_bytes) -> Aggregate:
+    a = Aggregate.__new__(Aggregate)
+    a.weight, a.dense, a.leaf, a.local, a.stats = pickle.loads(head, buffers=buffers)
+    a.wire_bytes = wire_bytes
+    return a
 
 
 def seq_op(acc: Aggregate, x: Aggregate) -> Aggregate:
