@@ -15,6 +15,14 @@ def is_plain_local(path: str) -> bool:
     return urlparse(path).scheme == ""
 
 
+def _local_write(p: str, data: bytes, mode: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    with open(p, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class HadoopFS:
     """The filesystem of ``path``: Hadoop's for URIs, Python's for plain local paths."""
 
@@ -70,11 +78,7 @@ class HadoopFS:
     def write(self, p: str, data: bytes) -> None:
         """Write ``data`` to ``p`` (overwriting), flushed and closed."""
         if self.local:
-            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-            with open(p, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _local_write(p, data, "wb")
             return
         stream = self.fs.create(self._path(p), True)
         try:
@@ -100,11 +104,7 @@ class HadoopFS:
         """Append ``data`` to ``p``; where the filesystem cannot append (local Hadoop,
         object stores), rewrite ``p`` atomically with the bytes ``whole()`` returns."""
         if self.local:
-            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-            with open(p, "ab") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            _local_write(p, data, "ab")
             return
         try:
             if not self.exists(p):
