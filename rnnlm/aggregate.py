@@ -112,9 +112,6 @@ def _rebuild(head, buffers, wire_bytes) -> Aggregate:
     return a
 
 
-def seq_op(acc: Aggregate, x: Aggregate) -> Aggregate:
-    return acc.merge(x)
-
-
-def comb_op(a: Aggregate, b: Aggregate) -> Aggregate:
+def merge(a: Aggregate, b: Aggregate) -> Aggregate:
+    """``treeAggregate``'s seqOp and combOp alike: fold ``b`` into ``a``."""
     return a.merge(b)

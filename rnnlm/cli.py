@@ -6,7 +6,8 @@ import sys
 
 from . import checkpoint, config, corpus
 from .hfs import HadoopFS
-from .trainer import Trainer, TrainingError, evaluate_rdd, load_corpus, loss_fields
+from .metrics import loss_fields
+from .trainer import Trainer, TrainingError, evaluate_rdd, load_corpus
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             FileNotFoundError)

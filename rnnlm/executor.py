@@ -12,11 +12,10 @@ import numpy as np
 from . import backend, config
 from .aggregate import Aggregate
 from .local import evaluate, train_steps
+from .metrics import EVAL_BPTT
 from .model import RNNLM
 from .optim import make_optimizer
 from .strategies import Source, TooShort
-
-EVAL_BPTT = 100
 
 # Per-process memo of what a task derives from its inputs alone (the model object with its
 # buffers, a partition's batch source): results do not depend on it, only start-up time does.

@@ -9,6 +9,7 @@ import time
 
 from . import backend, checkpoint, config
 from .local import StreamBlock, evaluate, train_steps
+from .metrics import EVAL_BPTT, due, log_line, loss_fields
 from .model import RNNLM
 from .optim import make_optimizer
 from .schedule import Schedule
@@ -60,14 +61,11 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
         state, step = res.state, step + res.steps
         metrics = {"round": r, "epoch": round(step / block.steps_per_pass, 4), "lr": lr,
                    "train_loss": res.loss_sum / res.tokens, "wall_s": round(time.perf_counter() - t0, 3)}
-        if r % t.eval_every == 0 or r == rounds:
-            vl, vn = evaluate(model, params, valid, 1, 100)
-            metrics["valid_loss"] = vl / vn
-            metrics["valid_ppl"] = math.exp(vl / vn)
-            if d.level == "char":
-                metrics["valid_bpc"] = vl / vn / math.log(2)
+        if due(r, t.eval_every, rounds):
+            vl, vn = evaluate(model, params, valid, 1, EVAL_BPTT)
+            metrics.update(loss_fields(vl / vn, d.level, "valid"))
             sched.observe(vl / vn)
-            log(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+            log(log_line(metrics))
     if out:
         checkpoint.save(out, checkpoint.Checkpoint(
             params=backend.to_numpy(params), config=cfg, vocab=vocab,

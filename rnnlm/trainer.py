@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import checkpoint, config, corpus, executor
-from .aggregate import Aggregate, comb_op, seq_op
+from .aggregate import Aggregate, merge
 from .hfs import HadoopFS
+from .metrics import due, log_line, loss_fields
 from .model import RNNLM
 from .schedule import Schedule
 
@@ -187,9 +188,7 @@ class Trainer:
         try:
             while st.round < rounds:
                 self._round(cfg, data, st, rounds)
-                last = st.round == rounds
-                t = cfg.train
-                if t.checkpoint_every and st.round % t.checkpoint_every == 0 or last:
+                if due(st.round, cfg.train.checkpoint_every, rounds):
                     self._checkpoint(cfg, data.vocab, st)
         finally:
             for rdd in (data.train, data.valid, data.test) if owned else ():
@@ -213,7 +212,7 @@ class Trainer:
         sc.setJobDescription(f"rnnlm round {r}/{rounds}: {t.local_steps} local steps + treeAggregate")
         try:
             agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc, r, (r - 1) * t.local_steps, lr))
-                   .treeAggregate(Aggregate(), seq_op, comb_op, depth=t.tree_depth))
+                   .treeAggregate(Aggregate(), merge, merge, depth=t.tree_depth))
         finally:
             bc.unpersist()
             bc.destroy()
@@ -232,7 +231,7 @@ class Trainer:
              "round_bytes_sent": agg.wire_bytes, "wall_s": round(st.wall_s, 3),
              "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
              "train_loss": loss, "lr": lr}
-        if data.valid is not None and (t.eval_every and r % t.eval_every == 0 or r == rounds):
+        if data.valid is not None and due(r, t.eval_every, rounds):
             vl = self.evaluate(cfg, st.params, data.valid)
             m.update(loss_fields(vl, cfg.data.level, "valid"))
             sched.observe(vl)
@@ -242,8 +241,7 @@ class Trainer:
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.log(" | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in m.items() if not k.startswith(("bytes", "round_"))))
+        self.log(log_line(m, skip=("bytes", "round_")))
 
     def _apply(self, cfg, st: RunState, agg: Aggregate):
         t = cfg.train
@@ -315,10 +313,3 @@ def evaluate_rdd(sc, cfg, params, rdd) -> float:
         bc.destroy()
     total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
     return total / max(1, count)
-
-
-def loss_fields(loss: float, level: str, prefix: str) -> dict:
-    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0))}
-    if level == "char":
-        out[f"{prefix}_bpc"] = loss / math.log(2)
-    return out

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rnnlm import download
-from rnnlm.aggregate import Aggregate, comb_op
+from rnnlm.aggregate import Aggregate, merge as comb_op
 from rnnlm.strategies import Source, TooShort, window_offsets
 
 TOK = np.arange(100, dtype=np.int32)

@@ -1,0 +1,24 @@
+"""Metric fields and log lines shared by the one-machine and the Spark trainers."""
+from __future__ import annotations
+
+import math
+
+EVAL_BPTT = 100   # chunk length when held-out text is scored as one stream
+
+
+def loss_fields(loss: float, level: str, prefix: str) -> dict:
+    """``<prefix>_loss`` (nats/token), ``_ppl``, and ``_bpc`` for characters."""
+    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0))}
+    if level == "char":
+        out[f"{prefix}_bpc"] = loss / math.log(2)
+    return out
+
+
+def due(round_: int, every: int, last: int) -> bool:
+    """Whether an every-N-rounds action (0 = only at the end) falls on ``round_``."""
+    return (every > 0 and round_ % every == 0) or round_ == last
+
+
+def log_line(m: dict, skip=()) -> str:
+    return " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in m.items() if not k.startswith(tuple(skip)))
