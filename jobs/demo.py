@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     for seed, temp in ((1, 0.7), (2, 1.0)):
         text = generate(m["model"], m["params"], m["vocab"], prime=a.prime, length=200,
                         temperature=temp, seed=seed)
-        print(f"\n--- sample (temperature {temp}, seed {seed}) ---\n{a.prime}{text}")
+        print(f"\n--- sample (temperature {temp}, seed {seed}) ---\n{m['vocab'].join(a.prime, text)}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Perplexity of a checkpoint on a corpus (bits per character too for char models).
 
-    spark-submit jobs/evaluate.py --checkpoint PATH --data PATH
+    spark-submit jobs/evaluate.py --checkpoint PATH --data PATH [--streams N]
 
 The last line printed is exactly ``ppl=<number>``.
 """
@@ -19,8 +19,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--data", required=True)
-    ap.add_argument("--partitions", type=int, default=1,
-                    help="streams evaluated in parallel (1 = the whole corpus as one stream)")
+    ap.add_argument("--streams", "--partitions", dest="streams", type=int, default=None,
+                    help="contiguous streams evaluated in parallel (default: the checkpoint's "
+                         "data.eval_streams, as in its training log; 1 = the whole text as one stream)")
     ap.add_argument("--master", default=None)
     a = ap.parse_args(argv)
     return cli.guarded(lambda: cli.evaluate(a))

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     except (checkpoint.CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(a.prime + text)
+    print(ck.vocab.join(a.prime, text))
     return 0
 
 

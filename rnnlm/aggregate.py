@@ -5,7 +5,9 @@ accumulators), a weight (tokens processed) and scalar statistics; merging two
 values forms the weight-averaged blocks. Partitions send float32 blocks; merged
 values hold float64 weighted sums, so the average does not depend on the order
 in which Spark happens to merge (float32 rounding would). Sparse row blocks and
-compressed blocks are meant to join ``dense`` as further block kinds.
+compressed blocks are meant to join ``dense`` as further block kinds. A partition
+that fails (a non-finite loss) sends no blocks, only its error, and merges with
+healthy partitions at any level of the tree.
 
 ``wire_bytes`` is measured, not estimated: every time a value is pickled to
 cross a process boundary (executor to executor in the tree, or to the driver)
@@ -60,31 +62,40 @@ class Aggregate:
         if self.leaf:
             self.dense = {k: np.multiply(v, self.weight, dtype=np.float64) for k, v in self.dense.items()}
             self.leaf = False
+        else:
+            # sums that arrived from another process sit in read-only buffers (one copy, then in place)
+            self.dense = {k: v if v.flags.writeable else v.copy() for k, v in self.dense.items()}
         return self.dense
 
     def merge(self, other: "Aggregate") -> "Aggregate":
-        """Fold ``other`` into ``self`` (in place) and return ``self``."""
-        if other.weight == 0 and not other.dense and not other.local:
-            self.wire_bytes += other.wire_bytes
-            return self
-        if self.weight == 0 and not self.dense and not self.local:
-            other.wire_bytes += self.wire_bytes
-            return other
-        mine = self._sums()
-        if mine.keys() != other.dense.keys():
-            raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(other.dense)}")
-        for k, v in other.dense.items():
-            if other.leaf:
-                mine[k] += np.multiply(v, other.weight, dtype=np.float64)
-            else:
-                mine[k] += v
-        self.weight += other.weight
+        """Fold ``other`` into ``self`` (in place) and return the result.
+
+        A value without blocks (the zero value, or a partition that reports an
+        error instead of parameters) contributes its per-partition entries and
+        statistics only, wherever it sits in the tree.
+        """
+        if other.dense and not self.dense:
+            return other.merge(self)          # fold the block-less side into the one with blocks
+        if other.dense:
+            mine = self._sums()
+            if mine.keys() != other.dense.keys():
+                raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(other.dense)}")
+            for k, v in other.dense.items():
+                if other.leaf:
+                    mine[k] += np.multiply(v, other.weight, dtype=np.float64)
+                else:
+                    mine[k] += v
+            self.weight += other.weight
         self.local.update(other.local)
         for k in ("tokens", "loss_sum", "steps"):
             self.stats[k] += other.stats[k]
         self.stats["compute_s"] = max(self.stats["compute_s"], other.stats["compute_s"])
         self.wire_bytes += other.wire_bytes
         return self
+
+    def errors(self) -> list:
+        """``"partition P: message"`` for every partition that reported an error."""
+        return [f"partition {pid}: {v['error']}" for pid, v in sorted(self.local.items()) if "error" in v]
 
     def mean(self, name: str, dtype=np.float32) -> np.ndarray:
         """The weight-averaged block ``name``."""

@@ -108,3 +108,11 @@ def scatter_add_rows(dst, idx, src) -> None:
     sorted_idx = idx[order]
     rows, starts = np.unique(sorted_idx, return_index=True)
     dst[rows] += np.add.reduceat(src[order], starts, axis=0)
+
+
+def device_key(xp) -> str:
+    """Names the device ``xp`` computes on now (``"numpy"`` or ``"cupy:<index>"``): objects
+    holding device buffers are only reusable on the device that allocated them."""
+    if xp is np:
+        return "numpy"
+    return f"cupy:{xp.cuda.Device().id}"

@@ -22,12 +22,12 @@ import hashlib
 import io
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import config as config_mod
+from .hfs import LocalFS
 from .model import RNNLM
 from .vocab import Vocab, VocabError
 
@@ -81,23 +81,13 @@ def to_files(ck: Checkpoint) -> dict:
 
 
 def save(path: str, ck: Checkpoint) -> None:
-    """Write ``ck`` to directory ``path`` atomically (an existing one is replaced)."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    for name, data in to_files(ck).items():
-        with open(os.path.join(tmp, name), "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    old = f"{path}.old-{os.getpid()}"
-    if os.path.exists(path):
-        os.rename(path, old)
-    os.rename(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    """Write ``ck`` to directory ``path`` atomically (an existing one is replaced).
+
+    The directory is written by :meth:`rnnlm.hfs.LocalFS.write_dir_atomic`, as the
+    trainer's local checkpoints are: a crash leaves the old or the new checkpoint,
+    the old one possibly as ``<path>.old``, which :func:`load` moves back.
+    """
+    LocalFS().write_dir_atomic(os.path.abspath(path), to_files(ck))
 
 
 def _read_local(path: str):
@@ -192,6 +182,8 @@ def load(path: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:
     CheckpointError
         Missing, truncated, corrupt, pickled or mismatched content (one line).
     """
+    # a save that died between its two renames left the last checkpoint as <path>.old
+    LocalFS().restore(os.path.abspath(path))
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     return from_files(_read_local(path), path, expect)

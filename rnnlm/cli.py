@@ -1,36 +1,53 @@
 """What the jobs do, as importable functions (the jobs are thin ``main()``s)."""
 from __future__ import annotations
 
-import math
 import sys
 
 from . import checkpoint, config, corpus
 from .hfs import HadoopFS
 from .metrics import loss_fields
-from .trainer import Trainer, TrainingError, evaluate_rdd, load_corpus
+from .trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from .vocab import VocabError
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
-            FileNotFoundError)
+            VocabError, FileNotFoundError)
+INTERRUPTED = 130     # the shell's code for a process stopped by SIGINT
 
 
 def guarded(fn) -> int:
-    """Run ``fn``; expected failures become one line on stderr and exit code 2."""
+    """Run ``fn``; expected failures become one line on stderr and exit code 2, Ctrl-C
+    one line and exit code 130."""
     try:
         return fn() or 0
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except EXPECTED as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
+def _session(app: str, master):
+    from .session import get_spark
+    spark = get_spark(app, master)
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
 def train(a) -> int:
     from .generate import generate
     from .model import RNNLM
-    from .session import get_spark
     cfg = config.load(a.config, a.set)
-    spark = get_spark("rnnlm-train", a.master)
-    spark.sparkContext.setLogLevel("WARN")
-    tr = Trainer(spark, cfg, a.out)
-    last = tr.run(resume=a.resume)
+    spark = _session("rnnlm-train", a.master)
+    try:
+        tr = Trainer(spark, cfg, a.out)
+        last = tr.run(resume=a.resume)
+    except (Interrupted, KeyboardInterrupt):
+        spark.stop()          # cancels what runs and releases the executors before the process exits
+        raise
     print(f"done: round {last['round']} | train_loss {last['train_loss']:.4f}"
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
           + f" | checkpoint {tr.ck_path}")
@@ -42,25 +59,32 @@ def train(a) -> int:
 
 
 def evaluate(a) -> int:
-    from .session import get_spark
-    spark = get_spark("rnnlm-evaluate", a.master)
-    spark.sparkContext.setLogLevel("WARN")
-    ck = read_checkpoint(spark.sparkContext, a.checkpoint)
-    cfg = config.replace(ck.config, "data", train=a.data, valid="", partitions=a.partitions,
-                         strategy="streams")
-    cfg = config.replace(cfg, "train", batch=1, bptt=1)
-    data = load_corpus(spark.sparkContext, cfg, ck.vocab)
-    loss = evaluate_rdd(spark.sparkContext, cfg, ck.params, data.train)
-    data.train.unpersist()
-    for k, v in loss_fields(loss, ck.config.data.level, "test").items():
+    """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
+    run (its data paths, its partitions) is read."""
+    if a.streams is not None and a.streams < 1:
+        raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
+    spark = _session("rnnlm-evaluate", a.master)
+    sc = spark.sparkContext
+    ck = read_checkpoint(sc, a.checkpoint)
+    cfg = ck.config
+    if a.streams is not None:
+        cfg = config.replace(cfg, "data", eval_streams=a.streams)
+    rdd = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab))
+    try:
+        loss = evaluate_rdd(sc, cfg, ck.params, rdd)
+    finally:
+        rdd.unpersist()
+    fields = loss_fields(loss, cfg.data.level, "test")
+    for k, v in fields.items():
         print(f"{k} {v:.4f}")
-    print(f"ppl={math.exp(loss):.4f}")
+    print(f"ppl={fields['test_ppl']:.4f}")
     return 0
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
     """Load a checkpoint directory from any Hadoop path."""
     fs, path = HadoopFS(sc, path), path.rstrip("/")
+    fs.restore(path)
     if not fs.exists(path):
         raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
     return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ class DataConfig:
     window_stride: int = 1
     sample_fraction: float = 0.1
     partitions: int = 2
+    eval_streams: int = 1          # held-out text as this many contiguous streams (1 = one stream)
     encoding_errors: str = "replace"  # replace | strict
 
 
@@ -70,9 +72,9 @@ class TrainConfig:
     bptt: int = 20                 # T
     batch: int = 20                # B streams per partition
     grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
-    local_steps: int = 1           # optimizer steps per partition between all-reduces
+    local_steps: int = 0           # optimizer steps per partition between all-reduces; 0 = one pass
     rounds: int = 0
-    epochs: float = 0.0            # used when rounds == 0
+    epochs: float = 1.0            # used when rounds == 0
     tree_depth: int = 2            # treeAggregate depth
     outer: str = "average"         # average | momentum | nesterov: how the driver applies the mean
     outer_lr: float = 1.0
@@ -221,29 +223,49 @@ def replace(cfg: Config, section: str, **changes) -> Config:
     return dataclasses.replace(cfg, **{section: sec})
 
 
+SAMPLED = ("sampled_windows", "sampled_paragraphs")
+
+
 def validate(cfg: Config) -> None:
-    """Range checks that types alone cannot express."""
-    m, t, o = cfg.model, cfg.train, cfg.optim
+    """Range checks that types alone cannot express (every numeric option)."""
+    d, m, t, o = cfg.data, cfg.model, cfg.train, cfg.optim
     checks = [
+        (d.vocab_size == 0 or d.vocab_size > 2, "data.vocab_size must be 0 (no cap) or > 2"),
+        (d.min_count >= 1, "data.min_count must be >= 1"),
+        (d.window_stride > 0, "data.window_stride must be > 0"),
+        (0 < d.sample_fraction <= 1, "data.sample_fraction must be in (0, 1]"),
+        (d.partitions > 0, "data.partitions must be > 0"),
+        (d.eval_streams > 0, "data.eval_streams must be > 0"),
         (m.hidden > 0, "model.hidden must be > 0"),
         (m.layers > 0, "model.layers must be > 0"),
         (m.embed >= 0, "model.embed must be >= 0"),
         (m.vocab_size >= 0, "model.vocab_size must be >= 0"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
-        (m.init_scale > 0, "model.init_scale must be > 0"),
+        (math.isfinite(m.forget_bias), "model.forget_bias must be finite"),
+        (0 < m.init_scale < math.inf, "model.init_scale must be > 0"),
+        (0 < o.lr < math.inf, "optim.lr must be > 0"),
+        (0.0 <= o.momentum < 1.0, "optim.momentum must be in [0, 1)"),
+        (0.0 <= o.beta1 < 1.0, "optim.beta1 must be in [0, 1)"),
+        (0.0 <= o.beta2 < 1.0, "optim.beta2 must be in [0, 1)"),
+        (0 < o.eps < math.inf, "optim.eps must be > 0"),
+        (0 <= o.clip_norm < math.inf and 0 <= o.clip_value < math.inf,
+         "optim.clip_norm and clip_value must be >= 0 (0 = off)"),
+        (0 < o.decay <= 1, "optim.decay must be in (0, 1]"),
+        (o.decay_after >= 0, "optim.decay_after must be >= 0"),
+        (0 <= o.min_lr <= o.lr, "optim.min_lr must be in [0, optim.lr]"),
+        (t.seed >= 0, "train.seed must be >= 0"),
         (t.bptt > 0, "train.bptt must be > 0"),
         (t.batch > 0, "train.batch must be > 0"),
-        (t.local_steps > 0, "train.local_steps must be > 0"),
-        (t.rounds >= 0 and t.epochs >= 0, "train.rounds and train.epochs must be >= 0"),
-        (o.lr > 0, "optim.lr must be > 0"),
-        (o.clip_norm >= 0 and o.clip_value >= 0, "optim.clip_norm and clip_value must be >= 0"),
-        (0 < o.decay <= 1, "optim.decay must be in (0, 1]"),
-        (0 < cfg.data.sample_fraction <= 1, "data.sample_fraction must be in (0, 1]"),
-        (cfg.data.window_stride > 0, "data.window_stride must be > 0"),
-        (cfg.data.partitions > 0, "data.partitions must be > 0"),
+        (t.local_steps >= 0, "train.local_steps must be >= 0 (0 = one pass over the round's data)"),
+        (t.rounds >= 0 and 0 <= t.epochs < math.inf, "train.rounds and train.epochs must be >= 0"),
+        (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),
         (t.tree_depth >= 1, "train.tree_depth must be >= 1"),
-        (t.outer_lr > 0, "train.outer_lr must be > 0"),
+        (0 < t.outer_lr < math.inf, "train.outer_lr must be > 0"),
+        (0.0 <= t.outer_momentum < 1.0, "train.outer_momentum must be in [0, 1)"),
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),
+        (d.strategy not in SAMPLED or t.local_steps == 0,
+         f"train.local_steps = {t.local_steps} contradicts data.strategy = {d.strategy!r}: a round trains on "
+         "its whole sample (data.sample_fraction), so leave train.local_steps = 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -36,22 +36,31 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     """RDD of paragraph strings, in file order.
 
     ``mode='blank_line'`` splits on blank lines (Hadoop's record delimiter
-    ``\\n\\n``), ``'line'`` makes every non-empty line a paragraph. Character
-    paragraphs end with ``\\n`` (their line break is part of the text); word
-    paragraphs get ``<eos>`` at every line end from the tokenizer. Hadoop decodes
-    UTF-8 with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
+    ``\\n\\n``), ``'line'`` makes every line a paragraph. Word paragraphs get
+    ``<eos>`` at every line end from the tokenizer, and blank lines carry no word.
+    Character paragraphs keep their line breaks, the blank line that ends them
+    included, so the characters of the corpus are those of the raw text (as
+    ``rnnlm.single`` and published character-level figures read it): a
+    blank-line paragraph ends with ``\\n\\n``, a line with ``\\n``, and an
+    empty line is a paragraph ``\\n`` of its own. (Only two normalisations
+    remain: blank-line paragraphs of whitespace alone, and the last
+    paragraph of a file, which also ends with ``\\n\\n``.) Hadoop decodes UTF-8
+    with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
     """
     check_path(sc, path)
     if mode == "line":
         rdd = sc.textFile(path, min_partitions)
+        if level == "char":
+            return rdd.map(lambda p: p + "\n")
     else:
         rdd = sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable",
                                   "org.apache.hadoop.io.Text",
                                   conf={"textinputformat.record.delimiter": "\n\n"}).values()
-    rdd = rdd.map(lambda p: p.strip("\n")).filter(lambda p: p.strip() != "")
-    if level == "char":
-        rdd = rdd.map(lambda p: p + "\n")
-    return rdd
+    rdd = rdd.filter(lambda p: p.strip() != "")
+    if level == "char" and mode == "blank_line":
+        # the delimiter is part of the text: a record that starts with newlines keeps them
+        return rdd.map(lambda p: p.rstrip("\n") + "\n\n")
+    return rdd.map(lambda p: p.strip("\n"))
 
 
 def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Vocab:

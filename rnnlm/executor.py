@@ -1,10 +1,15 @@
 """What runs inside Spark tasks. Functions here capture plain values and
 broadcast handles only (never the SparkContext or a driver object), so every
-task is a pure function of (broadcast, round, partition data): a retried task
+task is a pure function of (broadcasts, round, partition data): a retried task
 reproduces its result exactly.
+
+A task that cannot train (a non-finite loss, no usable GPU) reports the error in
+its result instead of raising: Spark would retry a raising task, and the retry
+would fail the same way.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
@@ -53,47 +58,74 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
                   fraction=d.sample_fraction, seed=t.seed, partition=pid)
 
 
+def _digest(*arrays) -> str:
+    # names a partition's data exactly (a sample of it could collide); hashing is ~1 GB/s
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
+
+
 def probe_task(cfg_json: str):
-    """Per partition: (pid, tokens, steps per pass) or (pid, error message)."""
+    """Per partition: (pid, tokens, expected tokens per round, error message or None)."""
     def run(it):
         cfg = config.from_json(cfg_json)
+        try:
+            task_xp(cfg.train.device)
+            device_error = None
+        except RuntimeError as e:
+            device_error = str(e)
         for pid, tokens, starts in it:
+            if device_error:
+                yield pid, len(tokens), 0.0, device_error
+                continue
             try:
-                yield pid, len(tokens), make_source(cfg, pid, tokens, starts).steps_per_pass, None
+                yield pid, len(tokens), make_source(cfg, pid, tokens, starts).round_tokens(cfg.train.local_steps), None
             except TooShort as e:
-                yield pid, len(tokens), 0, str(e)
+                yield pid, len(tokens), 0.0, str(e)
     return run
 
 
-def round_task(cfg_json: str, bc, rnd: int, step0: int, lr: float):
-    """One round on one partition: ``local_steps`` steps from the broadcast state."""
+def round_task(cfg_json: str, bc, bc_local: dict, rnd: int, lr: float):
+    """One round on one partition from the broadcast state.
+
+    ``bc`` holds what every partition reads (parameters, averaged optimizer
+    state); ``bc_local`` maps a partition to a broadcast of what it alone
+    carries (hidden state, optimizer state kept per partition), so an executor
+    fetches only its own partitions' share.
+    """
     def run(it):
         cfg = config.from_json(cfg_json)
         t = cfg.train
-        xp = task_xp(t.device)
+        try:
+            xp = task_xp(t.device)
+        except RuntimeError as e:
+            for pid, _, _ in it:
+                yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+            return
         payload = bc.value
         for pid, tokens, starts in it:
             t0 = time.perf_counter()
-            model = _memo(("model", cfg_json, xp.__name__), lambda: RNNLM(cfg.model, xp=xp))
+            model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
             opt = make_optimizer(cfg.optim)
             params = xp.array(payload["params"])
-            if t.optim_state == "local" and pid in payload["opt_local"]:
-                opt_state = _to_xp(xp, payload["opt_local"][pid])
+            mine = bc_local[pid].value if pid in bc_local else {}
+            if t.optim_state == "local" and "opt" in mine:
+                opt_state = _to_xp(xp, mine["opt"])
             elif t.optim_state == "average" and payload["opt"] is not None:
                 opt_state = _to_xp(xp, payload["opt"])
             else:
                 opt_state = opt.init_state(params)
-            src = _memo(("source", cfg_json, pid, len(tokens), int(tokens[:64].sum())),
+            src = _memo(("source", cfg_json, pid, _digest(tokens, starts)),
                         lambda: make_source(cfg, pid, tokens, starts))
-            state = payload["states"].get(pid) if src.carries_state else None
+            state = mine.get("state") if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
             try:
-                res = train_steps(model, opt, params, opt_state, src.batches(rnd, step0, t.local_steps), state,
+                res = train_steps(model, opt, params, opt_state, src.round_batches(rnd, t.local_steps), state,
                                   lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
                                   grad_norm=t.grad_norm, dropout_rng=drop)
             except FloatingPointError as e:
-                # report, do not raise: a retry would fail the same way
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
                 continue
             dense = {"params": backend.to_numpy(res.params)}

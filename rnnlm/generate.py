@@ -22,7 +22,9 @@ def generate(model, params, vocab, prime: str = "", length: int = 200,
     Returns
     -------
     str
-        The generated continuation (without the prime).
+        The generated continuation (without the prime; :meth:`Vocab.join` puts them together).
+        A word-level prime that does not end with a line break is continued inside its
+        sentence (no ``<eos>`` is added after it).
     """
     if temperature <= 0 and not argmax:
         raise ValueError("temperature must be > 0 (or use argmax)")
@@ -30,7 +32,7 @@ def generate(model, params, vocab, prime: str = "", length: int = 200,
         raise ValueError("length must be >= 0")
     xp = model.xp
     rng = np.random.default_rng(seed)
-    ids = vocab.encode(prime) if prime else np.zeros(0, np.int32)
+    ids = vocab.encode(prime, open_end=True) if prime else np.zeros(0, np.int32)
     if ids.size == 0:  # start from a line end / the most frequent token
         start = vocab.index.get("<eos>", vocab.index.get("\n", 0))
         ids = np.array([start], np.int32)

@@ -1,8 +1,18 @@
-"""Files for checkpoints and metrics: through Spark's Hadoop FileSystem client for any
-path with a scheme (``hdfs://``, ``s3a://``, ``file://``...), and with Python's own file
-I/O for a plain local path (py4j copies bytes slowly: 2.7 s for an 18 MB read).
+"""Files for checkpoints and metrics, on the filesystem a path means to Hadoop.
 
-Writes are atomic: a temporary name, then ``rename``; metrics lines are appended.
+A path is resolved as Hadoop resolves it (:func:`resolve`): a ``file:`` URI, or a
+scheme-less path while Hadoop's default filesystem (``fs.defaultFS``) is the local
+one, is read and written with Python's own file I/O (py4j copies bytes slowly: 2.7 s
+for an 18 MB read); any other path goes through Spark's Hadoop FileSystem client.
+So ``--out runs/x`` lands where ``--data runs/x`` would be read from: on HDFS when
+the cluster's default filesystem is HDFS, not on a container's scratch disk.
+
+Replacing a file or directory is crash-safe on any filesystem, including object
+stores without an atomic overwrite: the new content is written under a temporary
+name, the old one is moved to the fixed backup name ``<path>.old``, the new one is
+renamed into place and the backup is deleted. A crash between the two renames leaves
+only ``<path>.old``; readers (:meth:`read`, :meth:`restore`) move it back first.
+One process is assumed to write a given path at a time.
 """
 from __future__ import annotations
 
@@ -10,9 +20,41 @@ import os
 import shutil
 from urllib.parse import urlparse
 
+BACKUP = ".old"
 
-def is_plain_local(path: str) -> bool:
-    return urlparse(path).scheme == ""
+
+def backup(path: str) -> str:
+    """The fixed name ``path`` is moved to while it is being replaced."""
+    return path + BACKUP
+
+
+def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
+    """Where Hadoop would put ``path``: on the local disk, or elsewhere.
+
+    Parameters
+    ----------
+    path : str
+        A URI (``hdfs://nn/x``, ``file:///x``) or a scheme-less path (``runs/x``).
+    default_fs : str
+        Hadoop's ``fs.defaultFS``, against which scheme-less paths are resolved.
+
+    Returns
+    -------
+    (is_local, path) : (bool, str)
+        ``(True, absolute local path)`` for a ``file:`` URI, or a scheme-less path
+        when ``default_fs`` is local; otherwise ``(False, path)`` unchanged, for
+        Hadoop to qualify (a relative path is then relative to the filesystem's
+        working directory, ``/user/<name>`` on HDFS).
+    """
+    url = urlparse(path)
+    if url.scheme == "file" and url.netloc in ("", "localhost"):
+        # no unquoting: Hadoop's Path takes "%20" literally as well
+        return True, os.path.abspath(url.path)
+    if url.scheme:
+        return False, path
+    if urlparse(default_fs).scheme in ("", "file"):
+        return True, os.path.abspath(path)
+    return False, path
 
 
 def _local_write(p: str, data: bytes, mode: str) -> None:
@@ -23,64 +65,186 @@ def _local_write(p: str, data: bytes, mode: str) -> None:
         os.fsync(f.fileno())
 
 
-class HadoopFS:
-    """The filesystem of ``path``: Hadoop's for URIs, Python's for plain local paths."""
+class _Files:
+    """Crash-safe replacement and recovery, written once over a few primitives.
 
-    def __init__(self, sc, path: str):
-        self.local = is_plain_local(path)
-        if not self.local:
-            self._jvm = sc._jvm
-            self.fs = self._path(path).getFileSystem(sc._jsc.hadoopConfiguration())
+    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove`` and
+    ``_read`` (bytes, or None when the file is missing).
+    """
+
+    def restore(self, p: str) -> bool:
+        """Finish an interrupted replacement of ``p``: move ``<p>.old`` back if ``p`` is missing.
+
+        Returns
+        -------
+        bool
+            Whether ``p`` exists now.
+        """
+        if self.exists(p):
+            return True
+        if not self.exists(backup(p)):
+            return False
+        try:
+            self.rename(backup(p), p)
+        except OSError:
+            pass            # another reader restored it first
+        return self.exists(p)
+
+    def read(self, p: str) -> bytes | None:
+        """The file's bytes (restored from ``<p>.old`` if need be), or None when it does not exist."""
+        data = self._read(p)
+        if data is None and self.restore(p):
+            data = self._read(p)
+        return data
+
+    def delete(self, p: str) -> None:
+        """Delete file or directory ``p``, and its backup (or :meth:`read` would bring it back)."""
+        self._remove(p)
+        self._remove(backup(p))
+
+    def write_atomic(self, p: str, data: bytes) -> None:
+        """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""
+        tmp = f"{p}.tmp-{os.getpid()}"
+        self.write(tmp, data)
+        self._replace(tmp, p)
+
+    def write_dir_atomic(self, d: str, files: dict) -> None:
+        """Write ``{name: bytes}`` as directory ``d``, replacing it only once complete."""
+        tmp = f"{d}.tmp-{os.getpid()}"
+        self._remove(tmp)
+        self.mkdirs(tmp)
+        for name, data in files.items():
+            self.write(f"{tmp}/{name}", data)
+        self._replace(tmp, d)
+
+    def _replace(self, tmp: str, p: str) -> None:
+        # Never delete p before the new content is in place: move it to the fixed
+        # backup name, which a later reader finds if we die between the renames.
+        old = backup(p)
+        if self.exists(p):
+            self._remove(old)          # p is whole, so a backup left by an earlier crash is stale
+            self.rename(p, old)
+        self.rename(tmp, p)
+        self._remove(old)
+
+
+class LocalFS(_Files):
+    """The local disk through Python's file I/O (same methods as :class:`HadoopFS`)."""
+
+    def exists(self, p: str) -> bool:
+        return os.path.exists(p)
+
+    def mkdirs(self, p: str) -> None:
+        os.makedirs(p, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def write(self, p: str, data: bytes) -> None:
+        """Write ``data`` to ``p`` (overwriting), flushed to disk."""
+        _local_write(p, data, "wb")
+
+    def write_atomic(self, p: str, data: bytes) -> None:
+        """Replace file ``p`` by ``data`` in one ``os.replace`` (atomic on POSIX)."""
+        tmp = f"{p}.tmp-{os.getpid()}"
+        self.write(tmp, data)
+        os.replace(tmp, p)
+        self._remove(backup(p))         # stale: p is whole
+
+    def append(self, p: str, data: bytes, whole=None) -> None:
+        """Append ``data`` to ``p`` (``whole`` is unused: local files can be appended to)."""
+        _local_write(p, data, "ab")
+
+    def _remove(self, p: str) -> None:
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            os.remove(p)
+
+    def _read(self, p: str) -> bytes | None:
+        try:
+            with open(p, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+
+class HadoopFS(_Files):
+    """The filesystem of each path as Hadoop resolves it (see :func:`resolve`).
+
+    Parameters
+    ----------
+    sc : SparkContext
+    path : str
+        The root the caller will work under; when it is not local, its Hadoop
+        FileSystem is looked up now, so that a bad scheme or cluster fails here.
+    local : bool, optional
+        None (default): each path by :func:`resolve`. False: Hadoop's FileSystem for
+        every path, ``file:`` ones included. True: Python I/O, and a ValueError for any
+        path that is not local.
+
+    Attributes
+    ----------
+    local : bool
+        Whether ``path`` is handled with Python I/O.
+    default_fs : str
+        Hadoop's ``fs.defaultFS`` when the object was made.
+    fs : JavaObject or None
+        The Hadoop FileSystem of ``path``, None when it is local.
+    """
+
+    def __init__(self, sc, path: str, local: bool | None = None):
+        self._jvm, self._conf = sc._jvm, sc._jsc.hadoopConfiguration()
+        self.default_fs = self._conf.get("fs.defaultFS") or "file:///"
+        self._mode, self._local = local, LocalFS()
+        self.local = self._local_path(path) is not None
+        self.fs = None if self.local else self._fs(path)
+
+    # ------------------------------------------------------------ mapping
+    def _local_path(self, p: str) -> str | None:
+        """``p`` on the local disk when Python I/O handles it, else None (Hadoop does)."""
+        if self._mode is False:
+            return None
+        is_local, q = resolve(p, self.default_fs)
+        if not is_local and self._mode:
+            raise ValueError(f"{p} is not a local path (default filesystem {self.default_fs})")
+        return q if is_local else None
 
     def _path(self, p: str):
         return self._jvm.org.apache.hadoop.fs.Path(p)
 
+    def _fs(self, p: str):
+        # Hadoop caches FileSystem instances: a lookup per call costs one py4j round trip
+        return self._path(p).getFileSystem(self._conf)
+
+    # --------------------------------------------------------- primitives
     def exists(self, p: str) -> bool:
-        return os.path.exists(p) if self.local else bool(self.fs.exists(self._path(p)))
+        q = self._local_path(p)
+        return self._local.exists(q) if q is not None else bool(self._fs(p).exists(self._path(p)))
 
     def mkdirs(self, p: str) -> None:
-        if self.local:
-            os.makedirs(p, exist_ok=True)
+        q = self._local_path(p)
+        if q is not None:
+            self._local.mkdirs(q)
         else:
-            self.fs.mkdirs(self._path(p))
-
-    def delete(self, p: str) -> None:
-        if not self.local:
-            self.fs.delete(self._path(p), True)
-        elif os.path.isdir(p):
-            shutil.rmtree(p)
-        elif os.path.exists(p):
-            os.remove(p)
+            self._fs(p).mkdirs(self._path(p))
 
     def rename(self, src: str, dst: str) -> None:
-        if self.local:
-            os.rename(src, dst)
-        elif not self.fs.rename(self._path(src), self._path(dst)):
+        q, r = self._local_path(src), self._local_path(dst)
+        if (q is None) != (r is None):
+            raise OSError(f"rename {src} -> {dst}: not on one filesystem")
+        if q is not None:
+            self._local.rename(q, r)
+        elif not self._fs(src).rename(self._path(src), self._path(dst)):
             raise OSError(f"rename {src} -> {dst} failed")
-
-    def read(self, p: str) -> bytes | None:
-        """The file's bytes, or None when it does not exist."""
-        if self.local:
-            try:
-                with open(p, "rb") as f:
-                    return f.read()
-            except FileNotFoundError:
-                return None
-        path = self._path(p)
-        if not self.fs.exists(path):
-            return None
-        stream = self.fs.open(path)
-        try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-        finally:
-            stream.close()
 
     def write(self, p: str, data: bytes) -> None:
         """Write ``data`` to ``p`` (overwriting), flushed and closed."""
-        if self.local:
-            _local_write(p, data, "wb")
+        q = self._local_path(p)
+        if q is not None:
+            self._local.write(q, data)
             return
-        stream = self.fs.create(self._path(p), True)
+        stream = self._fs(p).create(self._path(p), True)
         try:
             view = memoryview(data)
             for i in range(0, len(view), 1 << 24):   # py4j copies each chunk as one byte[]
@@ -89,27 +253,46 @@ class HadoopFS:
         finally:
             stream.close()
 
+    def _remove(self, p: str) -> None:
+        q = self._local_path(p)
+        if q is not None:
+            self._local._remove(q)
+        else:
+            self._fs(p).delete(self._path(p), True)
+
+    def _read(self, p: str) -> bytes | None:
+        q = self._local_path(p)
+        if q is not None:
+            return self._local._read(q)
+        fs, path = self._fs(p), self._path(p)
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+        finally:
+            stream.close()
+
+    # ------------------------------------------------ local fast paths
     def write_atomic(self, p: str, data: bytes) -> None:
-        """Replace ``p`` by ``data`` in one rename."""
-        tmp = f"{p}.tmp-{os.getpid()}"
-        self.write(tmp, data)
-        if self.local:
-            os.replace(tmp, p)
-            return
-        if self.exists(p):
-            self.delete(p)
-        self.rename(tmp, p)
+        """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""
+        q = self._local_path(p)
+        if q is not None:
+            self._local.write_atomic(q, data)
+        else:
+            super().write_atomic(p, data)
 
     def append(self, p: str, data: bytes, whole) -> None:
         """Append ``data`` to ``p``; where the filesystem cannot append (local Hadoop,
         object stores), rewrite ``p`` atomically with the bytes ``whole()`` returns."""
-        if self.local:
-            _local_write(p, data, "ab")
+        q = self._local_path(p)
+        if q is not None:
+            self._local.append(q, data)
             return
         try:
             if not self.exists(p):
                 raise OSError("no file to append to")
-            stream = self.fs.append(self._path(p))
+            stream = self._fs(p).append(self._path(p))
         except Exception:
             self.write_atomic(p, whole())
             return
@@ -118,17 +301,3 @@ class HadoopFS:
             stream.hflush()
         finally:
             stream.close()
-
-    def write_dir_atomic(self, d: str, files: dict) -> None:
-        """Write ``{name: bytes}`` as directory ``d``, replacing it only once complete."""
-        tmp, old = f"{d}.tmp-{os.getpid()}", f"{d}.old-{os.getpid()}"
-        if self.exists(tmp):
-            self.delete(tmp)
-        self.mkdirs(tmp)
-        for name, data in files.items():
-            self.write(f"{tmp}/{name}", data)
-        if self.exists(d):
-            self.rename(d, old)
-        self.rename(tmp, d)
-        if self.exists(old):
-            self.delete(old)

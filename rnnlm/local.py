@@ -94,7 +94,9 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     Raises
     ------
     FloatingPointError
-        When a loss is NaN or infinite (the parameters are then not updated).
+        When a loss or the gradient's norm is NaN or infinite (the parameters are
+        then not updated), or when the parameters are no longer finite after the
+        last step (an update that overflowed).
     """
     xp = model.xp
     grads = xp.empty_like(params) if grads is None else grads
@@ -107,11 +109,17 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
                                                  grad_scale=scale, rng=dropout_rng)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at local step {steps}")
-        _, factor = clip_factor(grads, clip_norm, clip_value)
+        norm, factor = clip_factor(grads, clip_norm, clip_value)
+        if not math.isfinite(norm):
+            # clipping cannot catch it (NaN > clip_norm is False): the update would poison every weight
+            raise FloatingPointError(f"gradient norm became {norm} at local step {steps}")
         optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
         tokens += count
         loss_sum += loss
         steps += 1
+    # one reduction per call (not per step): an overflowing update is caught before anything is sent
+    if steps and not math.isfinite(float(params.sum(dtype=xp.float64))):
+        raise FloatingPointError(f"parameters are no longer finite after local step {steps - 1}")
     return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
 
 

@@ -8,7 +8,7 @@ EVAL_BPTT = 100   # chunk length when held-out text is scored as one stream
 
 def loss_fields(loss: float, level: str, prefix: str) -> dict:
     """``<prefix>_loss`` (nats/token), ``_ppl``, and ``_bpc`` for characters."""
-    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(min(loss, 700.0))}
+    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(loss) if loss < 709.0 else math.inf}
     if level == "char":
         out[f"{prefix}_bpc"] = loss / math.log(2)
     return out

@@ -46,16 +46,17 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     params = model.init_params(t.seed)
     opt_state = opt.init_state(params)
     block = StreamBlock(ids, t.batch, t.bptt)
-    rounds = t.rounds or max(1, math.ceil(t.epochs * block.steps_per_pass / t.local_steps))
+    K = t.local_steps or block.steps_per_pass          # 0: one pass per round
+    rounds = t.rounds or max(1, math.ceil(t.epochs * block.steps_per_pass / K))
     state = model.zero_state(t.batch)
     step, t0, metrics = 0, time.perf_counter(), {}
     log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "
-        f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {t.local_steps} steps")
+        f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {K} steps")
     for r in range(1, rounds + 1):
         epoch = step / block.steps_per_pass
         lr = sched.lr(epoch)
         drop_rng = backend.rng_for(xp, t.seed, r, 0) if cfg.model.dropout else None
-        res = train_steps(model, opt, params, opt_state, block.batches(step, t.local_steps), state,
+        res = train_steps(model, opt, params, opt_state, block.batches(step, K), state,
                           lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
                           grad_norm=t.grad_norm, dropout_rng=drop_rng)
         state, step = res.state, step + res.steps

@@ -16,9 +16,15 @@ A partition holds its tokens as one int32 array plus paragraph start offsets.
 ``sampled_paragraphs``    a seeded fraction of paragraphs per round, in lanes
 ========================  =====================================================
 
-Sampled sources draw one pool per round (seeded by ``(seed, round, partition)``)
-and walk it B items per step, wrapping when a round has more steps than the
-pool fills.
+A round trains on ``train.local_steps`` consecutive steps of the fixed
+strategies (0 = one whole pass per round). The sampled strategies follow seed
+001's meaning of an iteration: each round draws a fresh sample of
+``data.sample_fraction`` of the partition's windows or paragraphs (seeded by
+``(seed, round, partition)``) and trains on all of it, once, before the
+all-reduce; their step count per round follows from the fraction, so
+``train.local_steps`` must be 0 for them (the configuration rejects anything
+else). Every window or paragraph of a pass is trained exactly once: the slots
+of the last step that run past the pool's end are padded and not scored.
 """
 from __future__ import annotations
 
@@ -100,9 +106,14 @@ class WindowSource:
         self._reset[0] = True
 
     def batch(self, k: int) -> Batch:
-        i = (np.arange(k * self.B, (k + 1) * self.B)) % len(self.offsets)
-        w = self.tokens[self.offsets[i][None, :] + self._ar[:, None]]     # (T + 1, B)
-        return Batch(w[:-1], w[1:], self._reset)
+        n = len(self.offsets)
+        i = (k % self.steps_per_pass) * self.B + np.arange(self.B)
+        past = i >= n                       # the last step of a pass: slots past the pool's end
+        w = self.tokens[self.offsets[np.where(past, 0, i)][None, :] + self._ar[:, None]]     # (T + 1, B)
+        y = w[1:]
+        if past.any():
+            y = np.where(past[None, :], -1, y).astype(np.int32)
+        return Batch(w[:-1], y, self._reset)
 
 
 def window_offsets(n_tokens: int, T: int, stride: int) -> np.ndarray:
@@ -151,20 +162,33 @@ class Source:
     def _rng(self, rnd):
         return np.random.default_rng(np.random.SeedSequence([self.seed, rnd, self.partition, _SAMPLE_KEY]))
 
+    def _pool(self, items: int) -> int:
+        return max(1, math.ceil(self.fraction * items))
+
     def round_source(self, rnd: int):
         """What the steps of round ``rnd`` read: the fixed source or this round's sample."""
         if self.strategy == "sampled_windows":
-            m = max(1, math.ceil(self.fraction * len(self._offsets)))
-            pick = self._rng(rnd).choice(len(self._offsets), size=m, replace=False)
+            pick = self._rng(rnd).choice(len(self._offsets), size=self._pool(len(self._offsets)), replace=False)
             return WindowSource(self.tokens, self._offsets[pick], self.B, self.T)
         if self.strategy == "sampled_paragraphs":
-            m = max(1, math.ceil(self.fraction * len(self.starts)))
-            pick = self._rng(rnd).choice(len(self.starts), size=m, replace=False)
+            pick = self._rng(rnd).choice(len(self.starts), size=self._pool(len(self.starts)), replace=False)
             return LaneSource(self.tokens, self.starts, self.B, self.T, order=pick)
         return self._fixed
 
-    def batches(self, rnd: int, first_step: int, count: int):
-        """The ``count`` batches of round ``rnd`` whose first global step is ``first_step``."""
+    def round_batches(self, rnd: int, local_steps: int) -> list:
+        """The batches of round ``rnd`` (from 1): ``local_steps`` consecutive steps of the
+        fixed strategies (0 = one whole pass), or one pass over the round's sample."""
         src = self.round_source(rnd)
-        base = 0 if self.strategy.startswith("sampled") else first_step
-        return [src.batch(base + j) for j in range(count)]
+        if self.strategy.startswith("sampled") or local_steps == 0:
+            return [src.batch(k) for k in range(src.steps_per_pass)]
+        first = (rnd - 1) * local_steps
+        return [src.batch(k) for k in range(first, first + local_steps)]
+
+    def round_tokens(self, local_steps: int) -> float:
+        """Expected tokens a round trains on (what ``train.epochs`` is counted in)."""
+        if self.strategy == "sampled_windows":
+            return self._pool(len(self._offsets)) * self.T
+        if self.strategy == "sampled_paragraphs":
+            return self.fraction * len(self.tokens)
+        steps = local_steps or self.steps_per_pass
+        return steps * self.B * self.T

@@ -35,6 +35,10 @@ class TrainingError(RuntimeError):
     """Training stopped (non-finite loss, incompatible resume); the message is one line."""
 
 
+class Interrupted(TrainingError):
+    """Ctrl-C (SIGINT) during training: the run stopped between or inside a round."""
+
+
 @dataclass
 class RunState:
     """Everything the driver carries from round to round (and checkpoints)."""
@@ -59,14 +63,34 @@ class Corpus:
     valid: object | None
     test: object | None
     tokens: int              # training tokens, all partitions
-    steps_per_epoch: float   # rounds x local_steps that see every token once
+    round_tokens: float      # tokens a round trains on (expected), all partitions
+
+
+def check_config(cfg: config.Config) -> None:
+    """What the Spark trainer needs beyond :func:`config.validate` (before any data is read)."""
+    if cfg.optim.schedule == "plateau" and not cfg.data.valid:
+        raise config.ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
+                                 "improving: set data.valid")
+    if not cfg.data.train:
+        raise corpus.CorpusError("data.train is not set")
+
+
+def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
+    """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams.
+
+    Held-out text is laid out independently of ``data.partitions`` (the training layout),
+    so the training log, ``jobs/evaluate.py`` and any other run agree on the same text.
+    """
+    d = cfg.data
+    hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams)
+    return corpus.encode_partitions(corpus.contiguous_partitions(hp, d.eval_streams, shrink=True),
+                                    bc_vocab).persist()
 
 
 def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     """Read, count, encode and cache the corpus; validate every partition."""
     d = cfg.data
-    if not d.train:
-        raise corpus.CorpusError("data.train is not set")
+    check_config(cfg)
     paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions)
     if d.encoding_errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
@@ -85,26 +109,16 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
         enc.unpersist()
         raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
                                  f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
-    tokens = sum(n for _, n, _, _ in probe)
-    per_step = d.partitions * cfg.train.batch * cfg.train.bptt
-    held_out = []
-    for path in (d.valid, d.test):
-        if path:
-            hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.partitions)
-            held_out.append(corpus.encode_partitions(corpus.contiguous_partitions(hp, d.partitions, shrink=True),
-                                                     bc_vocab).persist())
-        else:
-            held_out.append(None)
-    return Corpus(vocab, enc, held_out[0], held_out[1], tokens, tokens / per_step)
+    held_out = [load_held_out(sc, cfg, path, bc_vocab) if path else None for path in (d.valid, d.test)]
+    return Corpus(vocab, enc, held_out[0], held_out[1], sum(n for _, n, _, _ in probe),
+                  sum(r for _, _, r, _ in probe))
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
-    t = cfg.train
-    if t.rounds:
-        return t.rounds
-    if t.epochs:
-        return max(1, math.ceil(t.epochs * data.steps_per_epoch / t.local_steps))
-    raise config.ConfigError("set train.rounds or train.epochs")
+    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
+    if cfg.train.rounds:
+        return cfg.train.rounds
+    return max(1, math.ceil(cfg.train.epochs * data.tokens / data.round_tokens))
 
 
 class Trainer:
@@ -173,6 +187,7 @@ class Trainer:
 
         ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one).
         """
+        self.fs.restore(self.ck_path)     # a checkpoint write cut between its two renames
         if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
             raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
         if not resume and self.fs.exists(self.metrics_path):
@@ -184,12 +199,15 @@ class Trainer:
         st = st or self._fresh(cfg)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
-                 f"{cfg.data.partitions} partitions x {cfg.train.local_steps} local steps | {rounds} rounds")
+                 f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
         try:
             while st.round < rounds:
                 self._round(cfg, data, st, rounds)
                 if due(st.round, cfg.train.checkpoint_every, rounds):
                     self._checkpoint(cfg, data.vocab, st)
+        except KeyboardInterrupt:
+            # a checkpoint write is atomic, so whatever was last written is whole
+            raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}") from None
         finally:
             for rdd in (data.train, data.valid, data.test) if owned else ():
                 if rdd is not None:
@@ -203,25 +221,31 @@ class Trainer:
         sched = Schedule(cfg.optim, st.schedule)
         epoch = st.tokens / data.tokens
         lr = sched.lr(epoch)
-        payload = {"params": st.params, "opt": st.opt if t.optim_state == "average" else None,
-                   "opt_local": st.opt_local if t.optim_state == "local" else {},
-                   "states": st.states}
+        payload = {"params": st.params, "opt": st.opt if t.optim_state == "average" else None}
+        local = {pid: {"state": s} for pid, s in st.states.items()}
+        if t.optim_state == "local":
+            for pid, o in st.opt_local.items():
+                local.setdefault(pid, {})["opt"] = o
         t0 = time.perf_counter()
-        bc = sc.broadcast(payload)
-        bc_bytes = _broadcast_bytes(bc, payload)
-        sc.setJobDescription(f"rnnlm round {r}/{rounds}: {t.local_steps} local steps + treeAggregate")
+        bcs = [sc.broadcast(payload)]
+        bc_local = {pid: sc.broadcast(v) for pid, v in local.items()}
+        bcs += bc_local.values()
+        bc_bytes = sum(_broadcast_bytes(b) for b in bcs)
+        sc.setJobDescription(f"rnnlm round {r}/{rounds}: {_steps(t)} + treeAggregate")
         try:
-            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc, r, (r - 1) * t.local_steps, lr))
+            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bcs[0], bc_local, r, lr))
                    .treeAggregate(Aggregate(), merge, merge, depth=t.tree_depth))
         finally:
-            bc.unpersist()
-            bc.destroy()
-        errors = [v["error"] for v in agg.local.values() if "error" in v]
+            for b in bcs:
+                b.unpersist()
+                b.destroy()
+        errors = agg.errors()
         loss = agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
         if errors or not math.isfinite(loss):
-            raise TrainingError(f"round {r}: {errors[0] if errors else f'training loss is {loss}'}; "
-                                f"stopped, the last good checkpoint is kept in {self.ck_path}")
+            self._stop(r, errors[0] if errors else f"training loss is {loss}")
         self._apply(cfg, st, agg)
+        if not np.isfinite(st.params.sum(dtype=np.float64)):
+            self._stop(r, "the averaged parameters are not finite")
         st.round, st.tokens = r, st.tokens + agg.stats["tokens"]
         st.bytes_sent += agg.wire_bytes
         st.bytes_broadcast += bc_bytes
@@ -231,11 +255,12 @@ class Trainer:
              "round_bytes_sent": agg.wire_bytes, "wall_s": round(st.wall_s, 3),
              "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
              "train_loss": loss, "lr": lr}
-        if data.valid is not None and due(r, t.eval_every, rounds):
-            vl = self.evaluate(cfg, st.params, data.valid)
-            m.update(loss_fields(vl, cfg.data.level, "valid"))
-            sched.observe(vl)
-            st.schedule = sched.state
+        if due(r, t.eval_every, rounds):
+            if data.valid is not None:
+                vl = self.evaluate(cfg, st.params, data.valid)
+                m.update(loss_fields(vl, cfg.data.level, "valid"))
+                sched.observe(vl)
+                st.schedule = sched.state
             if data.test is not None:
                 m.update(loss_fields(self.evaluate(cfg, st.params, data.test), cfg.data.level, "test"))
         sc.setJobDescription(None)
@@ -243,9 +268,17 @@ class Trainer:
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
         self.log(log_line(m, skip=("bytes", "round_")))
 
+    def _kept(self) -> str:
+        if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
+            return f"the last good checkpoint is kept in {self.ck_path}"
+        return "no checkpoint was written yet"
+
+    def _stop(self, r: int, why: str):
+        raise TrainingError(f"round {r}: {why}; stopped, {self._kept()}")
+
     def _apply(self, cfg, st: RunState, agg: Aggregate):
-        t = cfg.train
-        avg = agg.mean("params")
+        t, dtype = cfg.train, st.params.dtype      # the configured model.dtype, end to end
+        avg = agg.mean("params", dtype)
         if t.outer == "average":
             st.params = avg
         else:
@@ -255,11 +288,12 @@ class Trainer:
             st.velocity *= t.outer_momentum
             st.velocity += delta
             step = delta + t.outer_momentum * st.velocity if t.outer == "nesterov" else st.velocity
-            st.params = (st.params + t.outer_lr * step).astype(np.float32)
+            st.params = (st.params + t.outer_lr * step).astype(dtype)
         if t.optim_state == "average":
-            slots = {k[4:]: agg.mean(k) for k in agg.dense if k.startswith("opt.")}
+            slots = {k[4:]: agg.mean(k, dtype) for k in agg.dense if k.startswith("opt.")}
             prev = st.opt["t"] if st.opt else 0
-            st.opt = dict(slots, t=prev + t.local_steps) if slots else None
+            # every partition ran the same steps, except sampled strategies (one pass of each sample)
+            st.opt = dict(slots, t=prev + round(agg.stats["steps"] / cfg.data.partitions)) if slots else None
         elif t.optim_state == "local":
             st.opt_local = {pid: v["opt"] for pid, v in agg.local.items() if "opt" in v}
         st.states = {pid: v["state"] for pid, v in agg.local.items() if "state" in v}
@@ -285,6 +319,10 @@ class Trainer:
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
 
 
+def _steps(t) -> str:
+    return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"
+
+
 def _json_lines(data: bytes) -> list:
     out = []
     for line in data.decode().splitlines():
@@ -295,12 +333,12 @@ def _json_lines(data: bytes) -> list:
     return out
 
 
-def _broadcast_bytes(bc, payload) -> int:
+def _broadcast_bytes(bc) -> int:
     # PySpark writes the pickled value to a file the executors read; its size is what travels
     path = getattr(bc, "_path", None)
     if path and os.path.exists(path):
         return os.path.getsize(path)
-    return len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    return len(pickle.dumps(bc.value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def evaluate_rdd(sc, cfg, params, rdd) -> float:

@@ -20,8 +20,12 @@ class VocabError(ValueError):
     """A vocabulary file or request that cannot be used."""
 
 
-def tokenize(text: str, level: str) -> list:
-    """Characters, or whitespace-split words with ``<eos>`` after every line."""
+def tokenize(text: str, level: str, open_end: bool = False) -> list:
+    """Characters, or whitespace-split words with ``<eos>`` after every line.
+
+    With ``open_end`` (a prime to continue) a last line without its line break is
+    left open: no ``<eos>`` follows it, so a continuation goes on in the sentence.
+    """
     if level == "char":
         return list(text)
     out = []
@@ -30,6 +34,8 @@ def tokenize(text: str, level: str) -> list:
         if words:
             out.extend(words)
             out.append(EOS)
+    if open_end and out and not text.endswith(("\n", "\r")):
+        out.pop()
     return out
 
 
@@ -91,10 +97,18 @@ class Vocab:
         """Count the tokens of ``text`` (small corpora; Spark builds counts for big ones)."""
         return cls.from_counts(Counter(tokenize(text, level)), level, max_size, min_count)
 
-    def encode(self, text: str) -> np.ndarray:
-        """Token ids (int32) of ``text``; unknown tokens map to the unknown id."""
+    def encode(self, text: str, open_end: bool = False) -> np.ndarray:
+        """Token ids (int32) of ``text``; unknown tokens map to the unknown id
+        (``open_end``: see :func:`tokenize`)."""
         get, unk = self.index.get, self.unk_id
-        return np.fromiter((get(t, unk) for t in tokenize(text, self.level)), dtype=np.int32)
+        return np.fromiter((get(t, unk) for t in tokenize(text, self.level, open_end)), dtype=np.int32)
+
+    def join(self, prime: str, continuation: str) -> str:
+        """``prime`` followed by a decoded ``continuation``, with the space words need between them."""
+        if (self.level == "word" and prime and continuation and not prime[-1].isspace()
+                and not continuation.startswith("\n")):
+            return f"{prime} {continuation}"
+        return prime + continuation
 
     def decode(self, ids) -> str:
         toks = [self.tokens[int(i)] for i in ids]

@@ -1,5 +1,6 @@
 """Distributed training in Spark local mode (one shared session)."""
 import json
+import math
 import os
 
 import numpy as np
@@ -30,11 +31,13 @@ def metrics(out):
     return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
 
 
-@pytest.mark.parametrize("strategy", ["streams", "paragraphs", "windows", "sampled_windows",
-                                      "sampled_paragraphs"])
-def test_every_strategy_learns(spark, tiny_cfg, tmp_path, strategy):
+@pytest.mark.parametrize("strategy,sets", [
+    ("streams", []), ("paragraphs", []), ("windows", ["data.window_stride=4"]),
+    ("sampled_windows", ["data.window_stride=4", "data.sample_fraction=0.03", "train.local_steps=0"]),
+    ("sampled_paragraphs", ["data.sample_fraction=0.25", "train.local_steps=0"])])
+def test_every_strategy_learns(spark, tiny_cfg, tmp_path, strategy, sets):
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
-        f"data.strategy={strategy}", "train.rounds=12", "data.sample_fraction=0.5", "data.window_stride=4"]))
+        f"data.strategy={strategy}", "train.rounds=12", *sets]))
     run(spark, cfg, tmp_path)
     m = metrics(tmp_path)
     assert len(m) == 12 and [x["round"] for x in m] == list(range(1, 13))
@@ -44,19 +47,83 @@ def test_every_strategy_learns(spark, tiny_cfg, tmp_path, strategy):
     assert m[-1]["bytes_sent"] > m[0]["bytes_sent"] > 0 and m[-1]["bytes_broadcast"] > 0
 
 
-def test_one_partition_equals_the_core_loop_bit_for_bit(spark, tiny_cfg, tmp_path):
-    cfg = config.replace(config.replace(tiny_cfg, "data", partitions=1), "train", rounds=1, local_steps=5)
+def weighted_mean(arrays, weights):
+    """Token-weighted mean in float64, as the all-reduce must form it, cast back to float32."""
+    total = sum(np.float64(w) * a.astype(np.float64) for a, w in zip(arrays, weights))
+    return (total * (1.0 / sum(weights))).astype(np.float32)
+
+
+@pytest.mark.parametrize("strategy", ["streams", "sampled_windows"])
+def test_two_partitions_three_rounds_equal_an_independent_computation(spark, tiny_cfg, tmp_path, strategy):
+    """Averaging, carried hidden state (streams), per-round sampling (sampled_windows), the broadcast
+    round trip and averaged Adam slots with their step counter, bit for bit."""
+    from threadpoolctl import threadpool_limits
+    sampled = strategy == "sampled_windows"
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        f"data.strategy={strategy}", "train.rounds=3", "train.optim_state=average", "optim.name=adam",
+        "data.window_stride=2", "data.sample_fraction=0.01", f"train.local_steps={0 if sampled else 4}"]))
+    tr = run(spark, cfg, tmp_path)
+    data = load_corpus(spark.sparkContext, cfg)
+    parts = sorted(data.train.collect(), key=lambda r: r[0])
+    data.train.unpersist()
+    t = cfg.train
+    model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
+    params = model.init_params(t.seed)
+    slots, step = {"m": np.zeros_like(params), "v": np.zeros_like(params)}, 0
+    states = {pid: model.zero_state(t.batch) for pid, _, _ in parts}
+    with threadpool_limits(1):     # executors run BLAS on one thread (spark.task.cpus = 1)
+        for rnd in (1, 2, 3):
+            outs, counts = [], []
+            for pid, tokens, starts in parts:
+                src = Source(strategy, tokens, starts, t.batch, t.bptt, stride=2, fraction=0.01,
+                             seed=t.seed, partition=pid)
+                batches = src.round_batches(rnd, t.local_steps)
+                windows = len(range(0, len(tokens) - t.bptt, 2))
+                assert len(batches) == (4 if not sampled else math.ceil(math.ceil(0.01 * windows) / t.batch))
+                counts.append(len(batches))
+                st = {k: v.copy() for k, v in slots.items()}
+                st["t"] = step
+                res = train_steps(model, opt, params.copy(), st, batches,
+                                  states[pid] if not sampled else model.zero_state(t.batch),
+                                  lr=cfg.optim.lr, clip_norm=cfg.optim.clip_norm, grad_norm="token")
+                states[pid] = res.state
+                outs.append(res)
+            w = [r.tokens for r in outs]
+            params = weighted_mean([r.params for r in outs], w)
+            slots = {k: weighted_mean([r.opt_state[k] for r in outs], w) for k in slots}
+            step += round(sum(counts) / len(counts))     # Adam's step counter: the partitions' mean steps
+    assert np.array_equal(tr.params, params)
+    ck = checkpoint.load(str(tmp_path / "checkpoint"))
+    assert ck.optim_t == step
+    assert np.array_equal(ck.optim["m"], slots["m"]) and np.array_equal(ck.optim["v"], slots["v"])
+    if not sampled:
+        assert np.array_equal(ck.hidden, np.stack([states[pid] for pid, _, _ in parts]))
+
+
+def test_outer_momentum_applies_the_mean_change_with_velocity(spark, tiny_cfg, tmp_path):
+    from threadpoolctl import threadpool_limits
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "data.partitions=1", "train.rounds=3", "train.outer=momentum", "train.outer_lr=0.7",
+        "train.outer_momentum=0.5", "train.optim_state=reset", "optim.name=sgd", "optim.lr=0.5"]))
     tr = run(spark, cfg, tmp_path)
     data = load_corpus(spark.sparkContext, cfg)
     (pid, tokens, starts), = data.train.collect()
     data.train.unpersist()
-    mcfg = tr.cfg.model
-    model, opt = RNNLM(mcfg), make_optimizer(cfg.optim)
-    p = model.init_params(cfg.train.seed)
-    src = Source("streams", tokens, starts, cfg.train.batch, cfg.train.bptt, seed=cfg.train.seed)
-    train_steps(model, opt, p, opt.init_state(p), src.batches(1, 0, 5), model.zero_state(cfg.train.batch),
-                lr=cfg.optim.lr, clip_norm=cfg.optim.clip_norm, grad_norm="token")
-    assert np.array_equal(tr.params, p)
+    t = cfg.train
+    model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
+    p = model.init_params(t.seed).astype(np.float64)
+    velocity, state = np.zeros_like(p), model.zero_state(t.batch)
+    src = Source("streams", tokens, starts, t.batch, t.bptt, seed=t.seed)
+    with threadpool_limits(1):
+        for rnd in (1, 2, 3):
+            q = p.astype(np.float32)
+            res = train_steps(model, opt, q.copy(), opt.init_state(q), src.round_batches(rnd, t.local_steps), state,
+                              lr=0.5, clip_norm=cfg.optim.clip_norm, grad_norm="token")
+            state = res.state
+            velocity = 0.5 * velocity + (res.params.astype(np.float64) - q)
+            p = q + 0.7 * velocity
+    assert np.abs(tr.params - p).max() < 1e-6
+    assert np.abs(tr.params - res.params).max() > 1e-3     # not the last mean, which plain averaging applies
 
 
 def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_path):

@@ -1,5 +1,6 @@
 """Batch sources of the data strategies, the all-reduce value, and the downloader."""
 import hashlib
+import math
 import pickle
 
 import numpy as np
@@ -7,44 +8,60 @@ import pytest
 
 from rnnlm import download
 from rnnlm.aggregate import Aggregate, merge as comb_op
-from rnnlm.strategies import Source, TooShort, window_offsets
+from rnnlm.strategies import Source, TooShort
 
 TOK = np.arange(100, dtype=np.int32)
 STARTS = np.array([0, 30, 45, 80])          # paragraphs of 30, 15, 35, 20 tokens
 
 
-def test_windows_cover_every_offset_once_per_pass():
+def scored_windows(batches):
+    """Start token of every scored window (column) in ``batches``; unscored columns score nothing."""
+    starts = []
+    for b in batches:
+        assert b.x.shape == (9, 4) and b.reset[0].all() and not b.reset[1:].any()
+        for col in range(b.x.shape[1]):
+            if b.y[0, col] < 0:
+                assert (b.y[:, col] == -1).all()            # a padded slot scores nothing at all
+            else:
+                assert np.array_equal(b.y[:, col], b.x[:, col] + 1)   # next token of the same window
+                starts.append(int(b.x[0, col]))
+    return starts
+
+
+def test_windows_cover_every_offset_exactly_once_per_pass():
     src = Source("windows", TOK, STARTS, B=4, T=9, stride=3)
-    offs = window_offsets(100, 9, 3)
-    assert offs[0] == 0 and offs[-1] <= 90 and np.all(np.diff(offs) == 3)
-    seen = []
-    for k in range(src.steps_per_pass):
-        b = src.round_source(1).batch(k)
-        assert b.x.shape == (9, 4) and np.array_equal(b.y, b.x + 1)   # next token of the same window
-        assert b.reset[0].all() and not b.reset[1:].any()
-        seen += list(b.x[0])
-    assert set(seen) == set(offs.tolist())
+    expected = list(range(0, 100 - 10 + 1, 3))               # 31 windows of 10 tokens: 0, 3, ..., 90
+    one_pass = src.round_batches(1, 0)                       # local_steps = 0: one whole pass
+    assert len(one_pass) == 8                                # ceil(31 / 4): the last step has one padded slot
+    assert scored_windows(one_pass) == expected              # each once, in order, none repeated
+    # K local steps per round continue where the last round stopped, and wrap to a new pass
+    k3 = [b for r in (1, 2, 3) for b in src.round_batches(r, 3)]
+    assert scored_windows(k3[:8]) == expected and scored_windows(k3[8:]) == expected[:4]
 
 
-def test_sampled_windows_are_seeded_per_round_and_partition():
-    a = Source("sampled_windows", TOK, STARTS, B=4, T=9, fraction=0.2, seed=7, partition=1)
-    b = Source("sampled_windows", TOK, STARTS, B=4, T=9, fraction=0.2, seed=7, partition=1)
-    first = [x.x for x in a.batches(3, 0, 5)]
-    assert all(np.array_equal(p, q) for p, q in zip(first, [x.x for x in b.batches(3, 0, 5)]))
-    other_round = [x.x for x in a.batches(4, 0, 5)]
-    other_part = Source("sampled_windows", TOK, STARTS, B=4, T=9, fraction=0.2, seed=7, partition=2)
-    assert not all(np.array_equal(p, q) for p, q in zip(first, other_round))
-    assert not all(np.array_equal(p, q) for p, q in zip(first, [x.x for x in other_part.batches(3, 0, 5)]))
-    starts = {int(s) for x in a.batches(3, 0, 50) for s in x.x[0]}
-    assert len(starts) == int(np.ceil(0.2 * len(window_offsets(100, 9, 1))))   # the round's pool
+def test_sampled_windows_train_on_the_whole_sample_seeded_per_round_and_partition():
+    def pool(rnd, partition=1, fraction=0.2):
+        src = Source("sampled_windows", TOK, STARTS, B=4, T=9, fraction=fraction, seed=7, partition=partition)
+        return scored_windows(src.round_batches(rnd, 0))
+    first = pool(3)
+    assert len(first) == len(set(first)) == math.ceil(0.2 * 91)          # 91 windows at stride 1
+    assert set(first) <= set(range(91))
+    assert first == pool(3)                                              # a retried task draws the same
+    assert set(first) != set(pool(4)) and set(first) != set(pool(3, partition=2))
+    assert len(pool(3, fraction=0.5)) == math.ceil(0.5 * 91)             # the fraction sets the round's work
+    assert sorted(pool(5, fraction=1.0)) == list(range(91))
+    src = Source("sampled_windows", TOK, STARTS, B=4, T=9, fraction=0.2)
+    assert src.round_tokens(0) == math.ceil(0.2 * 91) * 9
 
 
 def test_paragraph_lanes_reset_at_starts_and_never_score_across():
     src = Source("paragraphs", TOK, STARTS, B=2, T=10)
-    b0 = src.batches(1, 0, 1)[0]
-    xs = np.concatenate([b.x for b in src.batches(1, 0, src.steps_per_pass)])
-    ys = np.concatenate([b.y for b in src.batches(1, 0, src.steps_per_pass)])
-    rs = np.concatenate([b.reset for b in src.batches(1, 0, src.steps_per_pass)])
+    one_pass = src.round_batches(1, 0)
+    assert len(one_pass) == src.steps_per_pass
+    b0 = one_pass[0]
+    xs = np.concatenate([b.x for b in one_pass])
+    ys = np.concatenate([b.y for b in one_pass])
+    rs = np.concatenate([b.reset for b in one_pass])
     assert b0.reset[0].all()
     for lane in range(2):
         for t in np.nonzero(rs[:, lane])[0]:
@@ -56,9 +73,29 @@ def test_paragraph_lanes_reset_at_starts_and_never_score_across():
     assert (ys >= 0).sum() == 100 - 4                            # every in-paragraph successor once
 
 
-def test_sampled_paragraphs_and_too_short():
-    a = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=0.5, seed=1)
-    assert np.array_equal(a.batches(2, 0, 1)[0].x, a.batches(2, 0, 1)[0].x)
+def paragraphs_in(batches):
+    """Paragraph ids whose first token starts a lane segment, and the tokens scored."""
+    firsts = [int(b.x[t, lane]) for b in batches for t, lane in zip(*np.nonzero(b.reset))
+              if int(b.x[t, lane]) in STARTS]
+    return sorted(STARTS.tolist().index(f) for f in firsts), sum(int((b.y >= 0).sum()) for b in batches)
+
+
+def test_sampled_paragraphs_train_on_the_whole_sample():
+    lengths = np.diff(np.append(STARTS, 100))
+    seen = []
+    for rnd in range(1, 9):
+        src = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=0.5, seed=1)
+        picked, scored = paragraphs_in(src.round_batches(rnd, 0))
+        assert len(picked) == 2 and len(set(picked)) == 2               # ceil(0.5 * 4) paragraphs, each once
+        assert scored == sum(lengths[i] - 1 for i in picked)             # every in-paragraph successor once
+        assert (picked, scored) == paragraphs_in(src.round_batches(rnd, 0))
+        seen.append(tuple(picked))
+    assert len(set(seen)) > 1                                            # rounds draw different samples
+    whole = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=1.0, seed=1)
+    assert paragraphs_in(whole.round_batches(1, 0)) == ([0, 1, 2, 3], 100 - 4)
+
+
+def test_too_short():
     with pytest.raises(TooShort):
         Source("windows", TOK[:5], np.array([0]), B=2, T=9)
     with pytest.raises(TooShort):
@@ -85,6 +122,23 @@ def test_aggregate_is_the_weighted_mean_whatever_the_order():
         assert np.array_equal(a.mean("p"), outs[0].mean("p"))
         assert a.mean("p")[0] == np.float32(ref)
         assert a.stats["tokens"] == 26 and a.stats["compute_s"] == 3.0 and sorted(a.local) == [0, 1, 2, 3]
+
+
+def test_a_failed_partition_merges_with_healthy_ones_at_any_depth():
+    vals = {0: (3, 0.5), 1: (5, -1.0), 3: (2, 4.0)}
+    failed = Aggregate.contribution(0.0, {}, {2: {"error": "loss became nan at local step 1"}})
+    hop = lambda a: pickle.loads(pickle.dumps(a))          # noqa: E731  (a hop between processes)
+    parts = lambda: {**{pid: hop(leaf(w, v, pid)) for pid, (w, v) in vals.items()}, 2: hop(failed)}  # noqa: E731
+    ref = sum(w * np.float64(np.float32(v)) for w, v in vals.values()) / 10
+    trees = [lambda p: comb_op(comb_op(p[0], p[1]), comb_op(p[2], p[3])),
+             lambda p: comb_op(hop(comb_op(hop(comb_op(p[2], p[0])), p[1])), p[3]),     # the failure at the bottom
+             lambda p: comb_op(p[0], hop(comb_op(p[1], hop(comb_op(p[3], p[2]))))),
+             lambda p: comb_op(comb_op(comb_op(comb_op(Aggregate(), p[2]), p[1]), p[3]), p[0])]
+    for tree in trees:
+        a = tree(parts())
+        assert a.errors() == ["partition 2: loss became nan at local step 1"]
+        assert a.mean("p")[0] == np.float32(ref) and a.weight == 10
+        assert sorted(a.local) == [0, 1, 2, 3] and a.stats["tokens"] == 10
 
 
 def test_wire_bytes_count_every_pickled_hop():

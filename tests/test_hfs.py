@@ -1,0 +1,202 @@
+"""rnnlm.hfs: where paths go (Hadoop's rules), and crash-safe replacement on both code paths."""
+import os
+
+import pytest
+
+from rnnlm import checkpoint as ckpt
+from rnnlm import config
+from rnnlm.hfs import HadoopFS, resolve
+from rnnlm.model import RNNLM
+from rnnlm.vocab import Vocab
+
+
+def _crc_files(root):
+    """Hadoop's LocalFileSystem leaves a ``.<name>.crc`` beside each file; Python I/O does not."""
+    return [n for _, _, names in os.walk(root) for n in names if n.endswith(".crc")]
+
+
+# ------------------------------------------------------------ resolve (no JVM)
+def test_resolve_plain_path_on_local_default_is_local_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve("runs/x", "file:///") == (True, str(tmp_path / "runs" / "x"))
+    assert resolve("/a/b", "file:///") == (True, "/a/b")
+    assert resolve("runs/x", "file:/") == (True, str(tmp_path / "runs" / "x"))
+
+
+def test_resolve_plain_path_on_hdfs_default_goes_to_hadoop():
+    assert resolve("runs/x", "hdfs://nn:8020") == (False, "runs/x")
+    assert resolve("/data/x", "hdfs://nn:8020") == (False, "/data/x")
+
+
+def test_resolve_file_uri_is_local_whatever_the_default():
+    for default in ("file:///", "hdfs://nn:8020"):
+        assert resolve("file:///x/y", default) == (True, "/x/y")
+        assert resolve("file:/x/y", default) == (True, "/x/y")
+        assert resolve("file://localhost/x/y", default) == (True, "/x/y")
+
+
+def test_resolve_other_schemes_go_to_hadoop():
+    for default in ("file:///", "hdfs://nn:8020"):
+        assert resolve("hdfs://h/x", default) == (False, "hdfs://h/x")
+        assert resolve("s3a://bucket/k", default) == (False, "s3a://bucket/k")
+
+
+# ------------------------------------------------------- default filesystem
+def test_plain_path_uses_python_io_on_local_default(spark, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fs = HadoopFS(spark.sparkContext, "runs/x")
+    assert fs.local and fs.fs is None
+    fs.write_atomic("runs/x/metrics.jsonl", b"a\n")
+    fs.append("runs/x/metrics.jsonl", b"b\n", None)
+    assert (tmp_path / "runs" / "x" / "metrics.jsonl").read_bytes() == b"a\nb\n"
+    assert _crc_files(tmp_path) == []
+
+
+def test_file_uri_uses_python_io(spark, tmp_path):
+    root = f"file://{tmp_path}/run"
+    fs = HadoopFS(spark.sparkContext, root)
+    assert fs.local
+    fs.write_atomic(f"{root}/metrics.jsonl", b"m")
+    fs.write_dir_atomic(f"{root}/checkpoint", {"a": b"1"})
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == b"m"
+    assert fs.read(f"{root}/checkpoint/a") == b"1"
+    assert _crc_files(tmp_path) == []
+
+
+def test_plain_path_follows_hadoop_default_fs(spark, tmp_path, monkeypatch):
+    """With a non-local fs.defaultFS, a scheme-less path must not land on the driver's disk."""
+    monkeypatch.chdir(tmp_path)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    before = conf.get("fs.defaultFS")
+    conf.set("fs.defaultFS", "nofs://x")
+    try:
+        with pytest.raises(Exception, match="No FileSystem for scheme"):
+            fs = HadoopFS(spark.sparkContext, "some/relative/path")
+            fs.write_atomic("some/relative/path/metrics.jsonl", b"lost")
+    finally:
+        conf.set("fs.defaultFS", before)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_forcing_python_io_refuses_a_remote_path(spark):
+    with pytest.raises(ValueError, match="not a local path"):
+        HadoopFS(spark.sparkContext, "hdfs://h/x", local=True)
+
+
+# ---------------------------------------------------- crash-safe replacement
+def _store(kind, spark, tmp_path):
+    """(HadoopFS, root): Python I/O on a plain path, or Hadoop's client on a ``file://`` one."""
+    if kind == "python":
+        return HadoopFS(spark.sparkContext, str(tmp_path)), str(tmp_path)
+    root = f"file://{tmp_path}"
+    fs = HadoopFS(spark.sparkContext, root, local=False)
+    assert not fs.local and fs.fs is not None
+    return fs, root
+
+
+@pytest.fixture(params=["python", "hadoop"])
+def store(request, spark, tmp_path):
+    return _store(request.param, spark, tmp_path)
+
+
+def test_read_recovers_file_from_backup(store):
+    fs, root = store
+    p = f"{root}/metrics.jsonl"
+    fs.write_atomic(p, b"old")
+    fs.rename(p, f"{p}.old")              # the state a crash between the two renames leaves
+    assert fs.read(p) == b"old"
+    assert fs.exists(p) and not fs.exists(f"{p}.old")
+
+
+def test_restore_recovers_directory_from_backup(store):
+    fs, root = store
+    d = f"{root}/checkpoint"
+    fs.write_dir_atomic(d, {"a": b"1"})
+    fs.rename(d, f"{d}.old")
+    assert not fs.exists(d)
+    assert fs.restore(d)
+    assert fs.read(f"{d}/a") == b"1" and not fs.exists(f"{d}.old")
+    assert not fs.restore(f"{root}/nothing")
+
+
+def _die_on_rename_into_place(fs, monkeypatch):
+    """Make the writer crash at its rename of the temporary into place."""
+    if fs.local:
+        real = os.rename
+        monkeypatch.setattr(os, "rename", lambda s, d: _die() if ".tmp-" in str(s) else real(s, d))
+    else:
+        real = fs.rename
+        monkeypatch.setattr(fs, "rename", lambda s, d: _die() if ".tmp-" in s else real(s, d))
+
+
+def _die():
+    raise RuntimeError("crash")
+
+
+def _crash_then_recover(fs, p, write, read, monkeypatch):
+    write(b"old")
+    with monkeypatch.context() as m:
+        _die_on_rename_into_place(fs, m)
+        with pytest.raises(RuntimeError, match="crash"):
+            write(b"new")
+    assert fs.exists(f"{p}.old")          # a fixed name a later process finds
+    assert read() == b"old"
+    write(b"new")                           # and the next write completes cleanly
+    assert read() == b"new" and not fs.exists(f"{p}.old")
+
+
+def test_crash_in_write_dir_atomic_keeps_old_directory(store, monkeypatch):
+    fs, root = store
+    d = f"{root}/checkpoint"
+    _crash_then_recover(fs, d, lambda data: fs.write_dir_atomic(d, {"a": data}),
+                        lambda: fs.restore(d) and fs.read(f"{d}/a"), monkeypatch)
+
+
+def test_crash_in_hadoop_write_atomic_keeps_old_file(spark, tmp_path, monkeypatch):
+    # (the Python I/O path replaces a file with one os.replace: there is no gap)
+    fs, root = _store("hadoop", spark, tmp_path)
+    p = f"{root}/metrics.jsonl"
+    _crash_then_recover(fs, p, lambda data: fs.write_atomic(p, data), lambda: fs.read(p), monkeypatch)
+
+
+def test_delete_removes_backup_too(store):
+    fs, root = store
+    p = f"{root}/m"
+    fs.write_atomic(p, b"x")
+    fs.rename(p, f"{p}.old")
+    fs.delete(p)
+    assert fs.read(p) is None
+
+
+# -------------------------------------------------------------- checkpoint
+@pytest.fixture
+def ck():
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4", "optim.name=sgd"]), "model",
+                         vocab_size=len(vocab))
+    return ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab,
+                           position={"round": 1})
+
+
+def test_checkpoint_save_uses_the_hfs_directory_writer(tmp_path, ck, monkeypatch):
+    from rnnlm import hfs
+    calls = []
+    real = hfs.LocalFS.write_dir_atomic
+    monkeypatch.setattr(hfs.LocalFS, "write_dir_atomic", lambda self, d, f: calls.append(d) or real(self, d, f))
+    ckpt.save(str(tmp_path / "c"), ck)
+    assert calls == [str(tmp_path / "c")]
+
+
+def test_checkpoint_load_recovers_from_a_crashed_save(tmp_path, ck, monkeypatch):
+    path = str(tmp_path / "c")
+    ckpt.save(path, ck)
+    newer = ckpt.Checkpoint(params=ck.params + 1, config=ck.config, vocab=ck.vocab, position={"round": 2})
+    real = os.rename
+    with monkeypatch.context() as m:
+        m.setattr(os, "rename", lambda s, d: _die() if ".tmp-" in str(s) else real(s, d))
+        with pytest.raises(RuntimeError, match="crash"):
+            ckpt.save(path, newer)
+    assert ckpt.load(path).position == {"round": 1}
+    ckpt.save(path, newer)
+    assert ckpt.load(path).position == {"round": 2}
+    assert os.listdir(tmp_path) == ["c"]
