@@ -3,9 +3,11 @@ import argparse
 import gzip
 import os
 
+import numpy as np
 import pytest
 
-from rnnlm import cli
+from rnnlm import backend, checkpoint, cli
+from rnnlm.model import RNNLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
@@ -62,16 +64,61 @@ def test_gzip_corpus_is_read(spark, tmp_path, capsys):
     with gzip.open(tmp_path / "h.txt.gz", "wb") as f:
         f.write(text)
     assert train(tmp_path / "o", *demo(f"data.train={tmp_path}/h.txt.gz")) == 0
-    assert "vocab 4" in capsys.readouterr().out          # the same ~45 characters as the plain text
+    distinct = len(set(text.decode())) + 1                # every character of the text, and U+FFFD
+    assert f"vocab {distinct} |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("sets,needle", [
     (["model.hiden=3"], "unknown config key model.hiden"),
     (["train.rounds=two"], "train.rounds = 'two': expected int"),
     (["data.strategy=random"], "expected one of streams"),
+    (["data.vocab_size=1"], "data.vocab_size must be 0 (no cap) or > 2"),
+    (["train.seed=-1"], "train.seed must be >= 0"),
+    (["optim.beta1=1"], "optim.beta1 must be in [0, 1)"),
+    (["train.rounds=0", "train.epochs=0"], "set train.rounds or train.epochs"),
+    (["data.strategy=sampled_windows", "train.local_steps=5"], "contradicts data.strategy"),
+    (["optim.schedule=plateau", "data.valid="], "set data.valid"),
 ])
 def test_config_errors(spark, tmp_path, capsys, sets, needle):
-    one_error(capsys, train(tmp_path / "o", *sets), needle)
+    # caught before the corpus is read: the training path does not exist
+    one_error(capsys, train(tmp_path / "o", *sets, f"data.train={tmp_path}/absent.txt"), needle)
+
+
+@pytest.mark.skipif(backend.gpu_available(), reason="a usable GPU is present")
+def test_gpu_without_cupy_is_one_line(spark, tmp_path, capsys):
+    err = one_error(capsys, train(tmp_path / "o", *demo("train.device=gpu")), "device='gpu'")
+    assert "partition 0" in err
+
+
+def test_one_diverging_partition_in_a_deep_tree_is_one_line(spark, tmp_path, capsys):
+    # 8 partitions and depth 2: treeAggregate merges on executors before the driver (3 + 3 + 2)
+    sets = (*demo(), "data.partitions=8", "train.tree_depth=2", "train.checkpoint_every=1", "model.hidden=8",
+            "train.bptt=4", "train.batch=2", "train.local_steps=2", "data.paragraphs=line")
+    out = tmp_path / "run"
+    assert train(out, *sets) == 0
+    capsys.readouterr()
+    ck = checkpoint.load(str(out / "checkpoint"))
+    ck.hidden[5] = np.nan                 # partition 5 carries a poisoned state into round 2; the rest are healthy
+    checkpoint.save(str(out / "checkpoint"), ck)
+    before = {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")}
+    err = one_error(capsys, train(out, *sets, "train.rounds=2", resume=True),
+                    "round 2: partition 5: loss became nan", "last good checkpoint is kept")
+    assert "partition 4" not in err
+    assert {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")} == before
+
+
+def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(out, *demo()) == 0
+    ck = checkpoint.load(str(out / "checkpoint"))
+    views = RNNLM(ck.config.model).layout.views(ck.params)
+    views["Wo"] *= 1e5                     # confidently wrong: losses in the thousands of nats
+    checkpoint.save(str(out / "checkpoint"), ck)
+    capsys.readouterr()
+    a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=os.path.join(ROOT, "rnnlm/data/harbour_valid.txt"),
+                           streams=None, master=None)
+    assert cli.guarded(lambda: cli.evaluate(a)) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "ppl=inf"
 
 
 def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_path, capsys):

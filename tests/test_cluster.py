@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 
 import numpy as np
@@ -102,7 +101,6 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
     probe = subprocess.run([str(wrapper), "-c", "import numpy\ntry:\n import rnnlm\nexcept ImportError:\n print('no')"],
                            capture_output=True, text=True, cwd="/")
     assert probe.stdout.strip() == "no", (probe.stdout, probe.stderr)
-    assert sysconfig.get_paths()["purelib"]   # (the driver keeps its normal interpreter)
 
     zip_path = tmp_path / "rnnlm.zip"
     subprocess.run([sys.executable, "jobs/package.py", "--out", str(zip_path)], cwd=ROOT, check=True)

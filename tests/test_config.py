@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from rnnlm import config
@@ -23,6 +25,19 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["model.cell=gru"], "expected one of lstm, rnn"),
     ("", ["model"], "expected section.key=value"),
     ("", ["model.dropout=1.5"], "model.dropout must be in"),
+    ("", ["data.min_count=0"], "data.min_count must be >= 1"),
+    ("", ["data.eval_streams=0"], "data.eval_streams must be > 0"),
+    ("", ["data.sample_fraction=0"], "data.sample_fraction must be in"),
+    ("", ["optim.momentum=1.0"], "optim.momentum must be in"),
+    ("", ["optim.beta2=1.5"], "optim.beta2 must be in"),
+    ("", ["optim.eps=0"], "optim.eps must be > 0"),
+    ("", ["optim.lr=inf"], "optim.lr must be > 0"),
+    ("", ["optim.min_lr=2", "optim.lr=1"], "optim.min_lr must be in"),
+    ("", ["optim.decay_after=-1"], "optim.decay_after must be >= 0"),
+    ("", ["train.local_steps=-1"], "train.local_steps must be >= 0"),
+    ("", ["train.outer_momentum=1"], "train.outer_momentum must be in"),
+    ("", ["train.epochs=nan"], "train.rounds and train.epochs must be >= 0"),
+    ("", ["model.init_scale=0"], "model.init_scale must be > 0"),
     ("[model\n", [], "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):
@@ -40,6 +55,6 @@ def test_missing_file():
 
 def test_frozen():
     c = config.load()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         c.model.hidden = 3
     assert config.replace(c, "model", hidden=7).model.hidden == 7 and c.model.hidden == 128

@@ -16,7 +16,17 @@ def test_paragraph_modes(spark, tmp_path):
     sc = spark.sparkContext
     assert corpus.paragraphs(sc, str(f), "blank_line", "word").collect() == ["a b\nc d", "e f", "g"]
     assert corpus.paragraphs(sc, str(f), "line", "word").collect() == ["a b", "c d", "e f", "g"]
-    assert corpus.paragraphs(sc, str(f), "blank_line", "char").collect()[1] == "e f\n"
+    assert corpus.paragraphs(sc, str(f), "blank_line", "char").collect()[1] == "e f\n\n"
+
+
+def test_character_paragraphs_keep_every_character_of_the_raw_text(spark, tmp_path):
+    raw = "First line,\nsecond line.\n\nAnother one.\n\n\nAfter two blank lines.\n\nLast.\n"
+    f = tmp_path / "t.txt"
+    f.write_text(raw)
+    sc = spark.sparkContext
+    # blank lines stay in the stream, as in the raw text; only the file's end gains one line break
+    assert "".join(corpus.paragraphs(sc, str(f), "blank_line", "char").collect()) == raw + "\n"
+    assert "".join(corpus.paragraphs(sc, str(f), "line", "char").collect()) == raw
 
 
 def test_spark_vocabulary_equals_the_local_one(spark):

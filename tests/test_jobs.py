@@ -1,13 +1,29 @@
 """The command-line jobs, run as a user would."""
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+
+import numpy as np
+
+from rnnlm import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+
+
+TINY = ["model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3"]
+
+
+def sets(*items):
+    return [a for s in (*TINY, *items) for a in ("--set", s)]
 
 
 def test_demo_then_generate(tmp_path):
@@ -27,3 +43,51 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
     assert r.returncode == 2 and "checkpoint not found" in r.stderr
     r = run("jobs/demo.py", "--set", f"data.train={tmp_path / 'none.txt'}")
     assert r.returncode == 2 and "No such file" in r.stderr
+
+
+def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp_path):
+    held = tmp_path / "held.txt"          # several paragraphs: a layout by partitions would cut it in two
+    shutil.copy(os.path.join(ROOT, "rnnlm/data/harbour.txt"), held)
+    test = tmp_path / "test.txt"
+    shutil.copy(held, test)
+    r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "run"), "--samples", "0",
+            *sets("train.rounds=4", "data.partitions=2", f"data.valid={held}", f"data.test={test}"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    logged = json.loads(open(tmp_path / "run" / "metrics.jsonl").read().splitlines()[-1])
+    # another machine: the checkpoint alone, elsewhere; the training run's test file is gone
+    shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved")
+    test.unlink()
+    for where in ("moved", "run/checkpoint"):
+        e = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / where), "--data", str(held))
+        assert e.returncode == 0, e.stderr[-2000:]
+        last = e.stdout.strip().splitlines()[-1]
+        assert last.startswith("ppl=") and float(last[4:]) == round(logged["valid_ppl"], 4), (last, logged)
+        assert f"test_bpc {logged['valid_bpc']:.4f}" in e.stdout
+    two = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"), "--data", str(held), "--streams", "2")
+    assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
+                             "--samples", "0", *sets("train.rounds=400", "train.checkpoint_every=1", "data.valid=")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "checkpoint" / "MANIFEST.json").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
+    assert len(lines) == 1 and "interrupted in round" in lines[0] and "last good checkpoint is kept" in lines[0], err
+    assert "Traceback" not in err, err[-3000:]
+    ck = checkpoint.load(str(out / "checkpoint"))
+    assert 3 <= ck.position["round"] < 400 and np.isfinite(ck.params).all()
+    # and the run resumes from it
+    r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(out), "--samples", "0", "--resume",
+            *sets(f"train.rounds={ck.position['round'] + 1}", "train.checkpoint_every=1", "data.valid="))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert checkpoint.load(str(out / "checkpoint")).position["round"] == ck.position["round"] + 1

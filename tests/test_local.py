@@ -107,3 +107,36 @@ def test_evaluate_matches_model_loss_on_one_stream():
     ref, count, _ = m.loss(p, x, y, m.zero_state(1))
     assert n == count == 100 and total == pytest.approx(ref, rel=1e-5)
     assert math.isfinite(total)
+
+
+def test_a_nan_gradient_with_a_finite_loss_stops_the_loop_before_the_update():
+    vocab, m, opt, p, st = _setup(np)
+    before = p.copy()
+    real = m.loss_and_grad
+
+    def poisoned(params, grads, *a, **k):
+        out = real(params, grads, *a, **k)
+        grads[7] = np.nan                   # the loss stays finite; only the gradient is poisoned
+        return out
+    m.loss_and_grad = poisoned
+    blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
+    with pytest.raises(FloatingPointError, match="gradient norm became nan at local step 0"):
+        train_steps(m, opt, p, st, blk.batches(0, 2), m.zero_state(2), lr=0.1, clip_norm=5.0)
+    assert np.array_equal(p, before)
+
+
+def test_word_generation_continues_the_prime_inside_its_sentence():
+    text = "\n".join(["the cat sat on the mat", "a dog ran to the park"] * 30) + "\n"
+    vocab = Vocab.build(text, "word")
+    assert vocab.encode("the cat", open_end=True).tolist() == [vocab.index["the"], vocab.index["cat"]]
+    assert vocab.encode("the cat\n", open_end=True)[-1] == vocab.index["<eos>"]
+    m = RNNLM(ModelConfig(cell="lstm", vocab_size=len(vocab), embed=16, hidden=32), xp=np)
+    opt = make_optimizer(OptimConfig(name="adam", lr=0.01))
+    p = m.init_params(0)
+    blk = StreamBlock(vocab.encode(text), B=4, T=10)
+    res = train_steps(m, opt, p, opt.init_state(p), blk.batches(0, 300), m.zero_state(4), lr=0.01,
+                      grad_norm="token")
+    out = generate(m, res.params, vocab, prime="the cat sat on the", length=1, argmax=True)
+    assert out == "mat"                                  # with <eos> after the prime it would start a sentence
+    assert vocab.join("the cat sat on the", out) == "the cat sat on the mat"
+    assert vocab.join("the cat\n", "a dog") == "the cat\na dog"

@@ -139,7 +139,7 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     for pid, tokens, starts in parts:
         p = model.init_params(cfg.train.seed)
         src = Source("paragraphs", tokens, starts, 4, 300, seed=cfg.train.seed, partition=pid)
-        r = train_steps(model, opt, p, opt.init_state(p), src.batches(1, 0, 2), model.zero_state(4),
+        r = train_steps(model, opt, p, opt.init_state(p), src.round_batches(1, 2), model.zero_state(4),
                         lr=cfg.optim.lr, clip_norm=cfg.optim.clip_norm, grad_norm="token")
         results.append(r.params.astype(np.float64))
         weights.append(r.tokens)
@@ -154,20 +154,21 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
 @pytest.mark.parametrize("settings,uri", [
     (["train.optim_state=average"], False),
     (["train.optim_state=local", "train.outer=nesterov", "model.dropout=0.2"], True),
-    (["train.optim_state=reset", "optim.schedule=plateau", "train.eval_every=1",
-      "data.valid=rnnlm/data/harbour_valid.txt", "data.strategy=sampled_windows"], True),
+    (["train.optim_state=reset", "optim.schedule=plateau", "train.eval_every=1", "train.local_steps=0",
+      "data.valid=rnnlm/data/harbour_valid.txt", "data.strategy=sampled_windows", "data.sample_fraction=0.02"], True),
+    (["model.dtype=float64", "train.outer=momentum"], False),
 ])
 def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, uri):
-    """With ``uri`` the run writes through Hadoop's FileSystem (file://), else Python I/O."""
+    """``file://`` URIs and plain paths both resolve to the local disk (Python I/O; tests/test_hfs.py
+    covers Hadoop's client)."""
     base = config.apply_overrides(tiny_cfg.to_dict(), settings)
     four = config.from_dict(config.apply_overrides(base, ["train.rounds=4"]))
     two = config.from_dict(config.apply_overrides(base, ["train.rounds=2"]))
     prefix = "file://" if uri else ""
     a = run(spark, four, f"{prefix}{tmp_path / 'a'}")
     run(spark, two, f"{prefix}{tmp_path / 'b'}")
-    if not uri:   # (Hadoop's local filesystem checksums its files: no editing behind its back)
-        with open(tmp_path / "b" / "metrics.jsonl", "a") as f:
-            f.write('{"round": 3, "train_lo')      # a line cut short by a crash is dropped
+    with open(tmp_path / "b" / "metrics.jsonl", "a") as f:
+        f.write('{"round": 3, "train_lo')      # a line cut short by a crash is dropped
     b = run(spark, four, f"{prefix}{tmp_path / 'b'}", resume=True)
     assert np.array_equal(a.params, b.params)
     ma, mb = metrics(tmp_path / "a"), metrics(tmp_path / "b")
@@ -198,3 +199,22 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(spark, tiny_cf
     assert len(m) >= 1 and all(np.isfinite(x["train_loss"]) for x in m)
     ck = checkpoint.load(str(tmp_path / "checkpoint"))
     assert ck.position["round"] == m[-1]["round"] and np.isfinite(ck.params).all()
+
+
+def test_an_update_that_overflows_is_not_accepted(spark, tiny_cfg, tmp_path):
+    # the loss before the one update is finite; the update itself overflows float32
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "optim.name=sgd", "optim.lr=3e38", "optim.clip_norm=0.0", "train.grad_norm=batch",
+        "train.rounds=1", "train.local_steps=1", "train.checkpoint_every=1"]))
+    with pytest.raises(TrainingError, match="parameters are no longer finite.*no checkpoint was written yet"):
+        run(spark, cfg, tmp_path)
+    assert not (tmp_path / "checkpoint").exists()
+    assert not (tmp_path / "metrics.jsonl").exists() or metrics(tmp_path) == []
+
+
+def test_test_metrics_do_not_need_validation_data(spark, tiny_cfg, tmp_path):
+    cfg = config.replace(tiny_cfg, "data", valid="", test="rnnlm/data/harbour_valid.txt")
+    run(spark, cfg, tmp_path)
+    last = metrics(tmp_path)[-1]
+    assert "test_loss" in last and "test_bpc" in last and "valid_loss" not in last
+    assert 1.0 < last["test_loss"] < 4.0

@@ -1,0 +1,57 @@
+"""Task functions called in-process, as an executor's Python worker calls them."""
+import numpy as np
+
+from rnnlm import config, executor
+from rnnlm.model import RNNLM
+
+
+class Bc:
+    """A broadcast handle as a task sees one."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Untouchable:
+    @property
+    def value(self):
+        raise AssertionError("a task read another partition's broadcast")
+
+
+def cfg_for(vocab_size, *sets):
+    return config.load(None, ["model.hidden=8", f"model.vocab_size={vocab_size}", "optim.name=adam",
+                              "optim.lr=0.01", "train.bptt=5", "train.batch=2", "train.local_steps=3",
+                              "train.grad_norm=token", "train.rounds=1", *sets])
+
+
+def run_task(cfg, params, pid, tokens, bc_local=None):
+    task = executor.round_task(cfg.to_json(), Bc({"params": params, "opt": None}), bc_local or {}, 1, 0.01)
+    (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
+    assert not agg.errors()
+    return agg.dense["params"]
+
+
+def test_memo_never_serves_another_partitions_data():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 20, 200).astype(np.int32)
+    b = a.copy()
+    b[100:] = rng.integers(0, 20, 100)            # same partition, length and first 64 tokens: other data
+    assert len(a) == len(b) and a[:64].sum() == b[:64].sum() and not np.array_equal(a, b)
+    cfg = cfg_for(20)
+    params = RNNLM(cfg.model).init_params(1)
+    executor._MEMO.clear()
+    run_task(cfg, params, 0, a)
+    after_a = run_task(cfg, params, 0, b)
+    executor._MEMO.clear()
+    fresh = run_task(cfg, params, 0, b)
+    assert np.array_equal(after_a, fresh)
+
+
+def test_a_task_reads_only_its_own_partitions_broadcast():
+    cfg = cfg_for(20, "train.optim_state=local")
+    params = RNNLM(cfg.model).init_params(1)
+    tokens = np.arange(200, dtype=np.int32) % 20
+    state = {"t": 3, "m": np.zeros_like(params), "v": np.full_like(params, 1e-4)}
+    mine = run_task(cfg, params, 0, tokens, {0: Bc({"opt": state}), 1: Untouchable()})
+    fresh = run_task(cfg, params, 0, tokens, {1: Untouchable()})
+    assert not np.array_equal(mine, fresh)         # partition 0's own optimizer state was used
