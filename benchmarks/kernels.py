@@ -84,9 +84,10 @@ def make_rnnlm_step(xp, shape, B):
     import numpy as np
 
     from rnnlm.config import ModelConfig, OptimConfig
-    from rnnlm.local import Batch, train_steps
-    from rnnlm.model import RNNLM
-    from rnnlm.optim import make_optimizer
+    from rnnlm.core.local import train_steps
+    from rnnlm.core.strategies import Batch
+    from rnnlm.core.model import RNNLM
+    from rnnlm.core.optim import make_optimizer
     cell, V, E, H, L, T, _ = shape
     m = RNNLM(ModelConfig(cell=cell, vocab_size=V, embed=E, hidden=H, layers=L), xp=xp)
     opt = make_optimizer(OptimConfig(name="sgd", clip_norm=5.0))
@@ -154,7 +155,7 @@ def main(argv=None):
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)   # before NumPy loads OpenBLAS
     import torch
 
-    from rnnlm import backend
+    from rnnlm.core import backend
     torch.set_num_threads(a.threads)
     xp = backend.get_xp(a.device)
     tdev = "cuda" if a.device == "gpu" else "cpu"

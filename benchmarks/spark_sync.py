@@ -28,8 +28,9 @@ sys.path.insert(0, ROOT)
 
 def sweep(master, partitions, steps, rounds, data_path, out_json):
     """Run in a child process: train a few rounds per K on one corpus load."""
-    from rnnlm import config, session
-    from rnnlm.trainer import Trainer, load_corpus
+    from rnnlm import config
+    from rnnlm.spark import session
+    from rnnlm.spark.trainer import Trainer, load_corpus
     spark = session.get_spark("rnnlm-bench", master, {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),

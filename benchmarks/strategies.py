@@ -34,8 +34,9 @@ def main(argv=None):
     ap.add_argument("--valid", default=os.path.join(ROOT, "data/tinyshakespeare.valid.txt"))
     a = ap.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from rnnlm import config, session
-    from rnnlm.trainer import Trainer
+    from rnnlm import config
+    from rnnlm.spark import session
+    from rnnlm.spark.trainer import Trainer
     spark = session.get_spark("rnnlm-strategies", "local[2]", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     results = {}

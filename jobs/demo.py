@@ -11,8 +11,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from rnnlm import config  # noqa: E402
-from rnnlm.generate import generate  # noqa: E402
-from rnnlm.single import train  # noqa: E402
+from rnnlm.core.generate import generate  # noqa: E402
+from rnnlm.core.single import train  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -11,9 +11,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rnnlm import checkpoint  # noqa: E402
-from rnnlm.generate import generate  # noqa: E402
-from rnnlm.model import RNNLM  # noqa: E402
+from rnnlm.core import checkpoint  # noqa: E402
+from rnnlm.core.generate import generate  # noqa: E402
+from rnnlm.core.model import RNNLM  # noqa: E402
 
 
 def main(argv=None) -> int:

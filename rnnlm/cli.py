@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import sys
 
-from . import checkpoint, config, corpus
-from .hfs import HadoopFS
-from .metrics import loss_fields
-from .trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
-from .vocab import VocabError
+from .core import checkpoint
+from . import config
+from .spark import corpus
+from .spark.hfs import HadoopFS
+from .core.metrics import loss_fields
+from .spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from .core.vocab import VocabError
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError)
@@ -31,15 +33,15 @@ def guarded(fn) -> int:
 
 
 def _session(app: str, master):
-    from .session import get_spark
+    from .spark.session import get_spark
     spark = get_spark(app, master)
     spark.sparkContext.setLogLevel("WARN")
     return spark
 
 
 def train(a) -> int:
-    from .generate import generate
-    from .model import RNNLM
+    from .core.generate import generate
+    from .core.model import RNNLM
     cfg = config.load(a.config, a.set)
     spark = _session("rnnlm-train", a.master)
     try:

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from rnnlm import backend
+from rnnlm.core import backend
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # Spark stays on loopback
 
@@ -26,7 +26,7 @@ def rng():
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] SparkSession shared by every Spark test (as pyspark.testing does)."""
-    from rnnlm.session import get_spark
+    from rnnlm.spark.session import get_spark
     s = get_spark("rnnlm-tests", "local[2]", {"spark.ui.enabled": "false"})
     s.sparkContext.setLogLevel("ERROR")
     yield s

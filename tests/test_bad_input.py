@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from rnnlm import backend, checkpoint, cli
-from rnnlm.model import RNNLM
+from rnnlm.core import backend, checkpoint
+from rnnlm import cli
+from rnnlm.core.model import RNNLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]

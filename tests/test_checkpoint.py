@@ -6,11 +6,11 @@ import pickle
 import numpy as np
 import pytest
 
-from rnnlm import checkpoint as ckpt
+from rnnlm.core import checkpoint as ckpt
 from rnnlm import config
-from rnnlm.model import RNNLM
-from rnnlm.optim import make_optimizer
-from rnnlm.vocab import Vocab
+from rnnlm.core.model import RNNLM
+from rnnlm.core.optim import make_optimizer
+from rnnlm.core.vocab import Vocab
 
 
 @pytest.fixture

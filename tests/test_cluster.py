@@ -12,7 +12,7 @@ import numpy as np
 import pyspark
 import pytest
 
-from rnnlm import checkpoint
+from rnnlm.core import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_HOME = os.path.dirname(pyspark.__file__)

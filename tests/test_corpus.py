@@ -3,8 +3,8 @@ import os
 
 import numpy as np
 
-from rnnlm import corpus
-from rnnlm.vocab import Vocab
+from rnnlm.spark import corpus
+from rnnlm.core.vocab import Vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")

@@ -1,8 +1,9 @@
 """Task functions called in-process, as an executor's Python worker calls them."""
 import numpy as np
 
-from rnnlm import config, executor
-from rnnlm.model import RNNLM
+from rnnlm import config
+from rnnlm.spark import executor
+from rnnlm.core.model import RNNLM
 
 
 class Bc:

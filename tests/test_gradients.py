@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from rnnlm import backend
+from rnnlm.core import backend
 from rnnlm.config import ModelConfig
-from rnnlm.model import RNNLM
+from rnnlm.core.model import RNNLM
 
 
 def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4):

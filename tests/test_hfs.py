@@ -1,13 +1,13 @@
-"""rnnlm.hfs: where paths go (Hadoop's rules), and crash-safe replacement on both code paths."""
+"""rnnlm.spark.hfs: where paths go (Hadoop's rules), and crash-safe replacement on both code paths."""
 import os
 
 import pytest
 
-from rnnlm import checkpoint as ckpt
+from rnnlm.core import checkpoint as ckpt
 from rnnlm import config
-from rnnlm.hfs import HadoopFS, resolve
-from rnnlm.model import RNNLM
-from rnnlm.vocab import Vocab
+from rnnlm.spark.hfs import HadoopFS, resolve
+from rnnlm.core.model import RNNLM
+from rnnlm.core.vocab import Vocab
 
 
 def _crc_files(root):
@@ -179,7 +179,7 @@ def ck():
 
 
 def test_checkpoint_save_uses_the_hfs_directory_writer(tmp_path, ck, monkeypatch):
-    from rnnlm import hfs
+    from rnnlm.spark import hfs
     calls = []
     real = hfs.LocalFS.write_dir_atomic
     monkeypatch.setattr(hfs.LocalFS, "write_dir_atomic", lambda self, d, f: calls.append(d) or real(self, d, f))

@@ -4,13 +4,14 @@ import math
 import numpy as np
 import pytest
 
-from rnnlm import backend
+from rnnlm.core import backend
 from rnnlm.config import ModelConfig, OptimConfig
-from rnnlm.generate import generate
-from rnnlm.local import StreamBlock, evaluate, train_steps
-from rnnlm.model import RNNLM
-from rnnlm.optim import clip_grads, make_optimizer
-from rnnlm.vocab import Vocab
+from rnnlm.core.generate import generate
+from rnnlm.core.local import evaluate, train_steps
+from rnnlm.core.strategies import StreamBlock
+from rnnlm.core.model import RNNLM
+from rnnlm.core.optim import clip_grads, make_optimizer
+from rnnlm.core.vocab import Vocab
 
 TEXT = ("the quick brown fox jumps over the lazy dog. " * 12).strip()
 

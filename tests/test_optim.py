@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from rnnlm.config import OptimConfig
-from rnnlm.optim import clip_grads, make_optimizer
-from rnnlm.schedule import Schedule
+from rnnlm.core.optim import clip_grads, make_optimizer
+from rnnlm.core.schedule import Schedule
 
 
 def run(name, grads_seq, lr=0.1, **kw):

@@ -6,12 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from rnnlm import checkpoint, config
-from rnnlm.local import train_steps
-from rnnlm.model import RNNLM
-from rnnlm.optim import make_optimizer
-from rnnlm.strategies import Source
-from rnnlm.trainer import Trainer, TrainingError, load_corpus
+from rnnlm.core import checkpoint
+from rnnlm import config
+from rnnlm.core.local import train_steps
+from rnnlm.core.model import RNNLM
+from rnnlm.core.optim import make_optimizer
+from rnnlm.core.strategies import Source
+from rnnlm.spark.trainer import Trainer, TrainingError, load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

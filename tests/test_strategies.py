@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rnnlm import download
-from rnnlm.aggregate import Aggregate, merge as comb_op
-from rnnlm.strategies import Source, TooShort
+from rnnlm.exchange.aggregate import Aggregate, merge as comb_op
+from rnnlm.core.strategies import Source, TooShort
 
 TOK = np.arange(100, dtype=np.int32)
 STARTS = np.array([0, 30, 45, 80])          # paragraphs of 30, 15, 35, 20 tokens

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rnnlm.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, VocabError
+from rnnlm.core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, VocabError
 
 
 def test_word_vocab_ranks_caps_and_unknowns():

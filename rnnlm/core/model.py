@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import backend, cells
-from .config import ModelConfig
+from ..config import ModelConfig
 from .layout import Layout
 
 
@@ -52,7 +52,7 @@ class RNNLM:
     cfg : ModelConfig
         ``cfg.vocab_size`` must be set.
     xp : module, optional
-        NumPy or CuPy, from :func:`rnnlm.backend.get_xp`.
+        NumPy or CuPy, from :func:`rnnlm.core.backend.get_xp`.
     dtype : str, optional
         Overrides ``cfg.dtype`` (``"float64"`` for gradient checks).
     """

@@ -13,17 +13,21 @@ import json
 import math
 import os
 import pickle
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checkpoint, config, corpus, executor
-from .aggregate import Aggregate, merge
+from ..core import checkpoint
+from .. import config
+from . import corpus, executor
+from ..exchange.aggregate import Aggregate, merge
 from .hfs import HadoopFS
-from .metrics import due, log_line, loss_fields
-from .model import RNNLM
-from .schedule import Schedule
+from ..core.metrics import due, log_line, loss_fields
+from ..core.model import RNNLM
+from ..core.schedule import Schedule
 
 # a change in any of these makes a resumed run a different experiment
 _RESUME_KEYS = {"data": None, "model": None, "optim": None,
@@ -200,15 +204,20 @@ class Trainer:
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
+        stop = _StopRequest(self.log)
         try:
             while st.round < rounds:
                 self._round(cfg, data, st, rounds)
-                if due(st.round, cfg.train.checkpoint_every, rounds):
+                if due(st.round, cfg.train.checkpoint_every, rounds) or stop.requested:
                     self._checkpoint(cfg, data.vocab, st)
+                if stop.requested and st.round < rounds:
+                    raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.ck_path} "
+                                      "(--resume continues)")
         except KeyboardInterrupt:
-            # a checkpoint write is atomic, so whatever was last written is whole
+            # a second Ctrl-C: PySpark cancelled the jobs; checkpoint writes are atomic, so the last is whole
             raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}") from None
         finally:
+            stop.release()
             for rdd in (data.train, data.valid, data.test) if owned else ():
                 if rdd is not None:
                     rdd.unpersist()
@@ -317,6 +326,31 @@ class Trainer:
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                       "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+
+
+class _StopRequest:
+    """Ctrl-C asks the run to stop after the current round (with a checkpoint); a second
+    Ctrl-C stops it at once through PySpark's own handler, which cancels the running jobs.
+
+    Interrupting a py4j call midway, as PySpark's handler does, logs py4j errors and leaves
+    a half-done round; letting the round finish costs at most one round's time.
+    """
+
+    def __init__(self, log):
+        self.requested, self._log, self._previous = False, log, None
+        if threading.current_thread() is threading.main_thread():   # signals reach the main thread only
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested and callable(self._previous):
+            self._previous(signum, frame)
+            raise KeyboardInterrupt
+        self.requested = True
+        self._log("Ctrl-C: stopping after this round with a checkpoint (Ctrl-C again to stop now)")
+
+    def release(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _steps(t) -> str:

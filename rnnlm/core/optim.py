@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from . import backend
-from .config import OptimConfig
+from ..config import OptimConfig
 
 
 def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> tuple:

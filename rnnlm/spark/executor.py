@@ -14,13 +14,14 @@ import time
 
 import numpy as np
 
-from . import backend, config
-from .aggregate import Aggregate
-from .local import evaluate, train_steps
-from .metrics import EVAL_BPTT
-from .model import RNNLM
-from .optim import make_optimizer
-from .strategies import Source, TooShort
+from ..core import backend
+from .. import config
+from ..exchange.aggregate import Aggregate
+from ..core.local import evaluate, train_steps
+from ..core.metrics import EVAL_BPTT
+from ..core.model import RNNLM
+from ..core.optim import make_optimizer
+from ..core.strategies import Source, TooShort
 
 # Per-process memo of what a task derives from its inputs alone (the model object with its
 # buffers, a partition's batch source): results do not depend on it, only start-up time does.

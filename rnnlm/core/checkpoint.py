@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import config as config_mod
-from .hfs import LocalFS
+from .. import config as config_mod
+from .files import LocalFS
 from .model import RNNLM
 from .vocab import Vocab, VocabError
 
@@ -83,7 +83,7 @@ def to_files(ck: Checkpoint) -> dict:
 def save(path: str, ck: Checkpoint) -> None:
     """Write ``ck`` to directory ``path`` atomically (an existing one is replaced).
 
-    The directory is written by :meth:`rnnlm.hfs.LocalFS.write_dir_atomic`, as the
+    The directory is written by :meth:`rnnlm.core.files.LocalFS.write_dir_atomic`, as the
     trainer's local checkpoints are: a crash leaves the old or the new checkpoint,
     the old one possibly as ``<path>.old``, which :func:`load` moves back.
     """

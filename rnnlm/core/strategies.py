@@ -1,6 +1,6 @@
 """How one partition's tokens become training batches (seed 001, section 5.2).
 
-Every source maps (round, step) to a :class:`~rnnlm.local.Batch` with no other
+Every source maps (round, step) to a :class:`Batch` with no other
 state, so a retried Spark task or a resumed run draws exactly the same data.
 A partition holds its tokens as one int32 array plus paragraph start offsets.
 
@@ -29,10 +29,56 @@ of the last step that run past the pool's end are padded and not scored.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from .local import Batch, StreamBlock
+
+@dataclass
+class Batch:
+    """One truncated-BPTT chunk: inputs, targets (-1 = not scored), resets; all (T, B)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    reset: np.ndarray | None = None
+
+
+class StreamBlock:
+    """A token array cut into B contiguous streams (the Zaremba / char-rnn batching).
+
+    Step ``k`` reads positions ``[kT, kT + T]`` of every stream; after the last full
+    chunk the pass restarts at 0 with the streams' states reset. Batches depend only
+    on ``k``, so a retried or resumed run sees the same data.
+
+    Parameters
+    ----------
+    tokens : int array (n,)
+    B, T : int
+        Streams and chunk length; each stream needs at least T + 1 tokens.
+    """
+
+    def __init__(self, tokens, B: int, T: int):
+        n = len(tokens) // B
+        if n < T + 1:
+            raise ValueError(f"{len(tokens)} tokens cannot fill {B} streams of {T + 1} tokens")
+        self.B, self.T = B, T
+        self.streams = np.ascontiguousarray(np.asarray(tokens[:n * B]).reshape(B, n).T)  # (n, B)
+        self.steps_per_pass = (n - 1) // T
+
+    def batch(self, k: int) -> Batch:
+        j = k % self.steps_per_pass
+        a = j * self.T
+        x = self.streams[a:a + self.T]                                  # (T, B)
+        y = self.streams[a + 1:a + self.T + 1]
+        reset = None
+        if j == 0:
+            reset = np.zeros(x.shape, dtype=bool)
+            reset[0] = True
+        return Batch(x, y, reset)
+
+    def batches(self, first: int, count: int):
+        return (self.batch(k) for k in range(first, first + count))
+
 
 STRATEGIES = ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs")
 _SAMPLE_KEY = 0x5A11

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .config import OptimConfig
+from ..config import OptimConfig
 
 
 class Schedule:

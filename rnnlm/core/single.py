@@ -7,8 +7,10 @@ from __future__ import annotations
 import math
 import time
 
-from . import backend, checkpoint, config
-from .local import StreamBlock, evaluate, train_steps
+from . import backend, checkpoint
+from .. import config
+from .local import evaluate, train_steps
+from .strategies import StreamBlock
 from .metrics import EVAL_BPTT, due, log_line, loss_fields
 from .model import RNNLM
 from .optim import make_optimizer

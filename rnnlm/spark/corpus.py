@@ -10,7 +10,7 @@ from operator import add
 
 import numpy as np
 
-from .vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
+from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 
 _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
 
@@ -40,7 +40,7 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     ``<eos>`` at every line end from the tokenizer, and blank lines carry no word.
     Character paragraphs keep their line breaks, the blank line that ends them
     included, so the characters of the corpus are those of the raw text (as
-    ``rnnlm.single`` and published character-level figures read it): a
+    ``rnnlm.core.single`` and published character-level figures read it): a
     blank-line paragraph ends with ``\\n\\n``, a line with ``\\n``, and an
     empty line is a paragraph ``\\n`` of its own. (Only two normalisations
     remain: blank-line paragraphs of whitespace alone, and the last

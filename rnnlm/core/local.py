@@ -1,63 +1,18 @@
 """The local training loop the Spark executors run: no Spark, no I/O.
 
-:func:`train_steps` runs a number of optimizer steps over batches drawn from a
-block of token streams, carrying hidden state, and returns the new parameters,
-optimizer state and carried state with the tokens processed and the summed loss.
+:func:`train_steps` runs a number of optimizer steps over batches (from
+:mod:`rnnlm.core.strategies`), carrying hidden state, and returns the new
+parameters, optimizer state and carried state with the tokens processed and the
+summed loss.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import numpy as np
 
 from .optim import clip_factor
-
-
-@dataclass
-class Batch:
-    """One truncated-BPTT chunk: inputs, targets (-1 = not scored), resets; all (T, B)."""
-
-    x: np.ndarray
-    y: np.ndarray
-    reset: np.ndarray | None = None
-
-
-class StreamBlock:
-    """A token array cut into B contiguous streams (the Zaremba / char-rnn batching).
-
-    Step ``k`` reads positions ``[kT, kT + T]`` of every stream; after the last full
-    chunk the pass restarts at 0 with the streams' states reset. Batches depend only
-    on ``k``, so a retried or resumed run sees the same data.
-
-    Parameters
-    ----------
-    tokens : int array (n,)
-    B, T : int
-        Streams and chunk length; each stream needs at least T + 1 tokens.
-    """
-
-    def __init__(self, tokens, B: int, T: int):
-        n = len(tokens) // B
-        if n < T + 1:
-            raise ValueError(f"{len(tokens)} tokens cannot fill {B} streams of {T + 1} tokens")
-        self.B, self.T = B, T
-        self.streams = np.ascontiguousarray(np.asarray(tokens[:n * B]).reshape(B, n).T)  # (n, B)
-        self.steps_per_pass = (n - 1) // T
-
-    def batch(self, k: int) -> Batch:
-        j = k % self.steps_per_pass
-        a = j * self.T
-        x = self.streams[a:a + self.T]                                  # (T, B)
-        y = self.streams[a + 1:a + self.T + 1]
-        reset = None
-        if j == 0:
-            reset = np.zeros(x.shape, dtype=bool)
-            reset[0] = True
-        return Batch(x, y, reset)
-
-    def batches(self, first: int, count: int):
-        return (self.batch(k) for k in range(first, first + count))
+from .strategies import StreamBlock
 
 
 @dataclass

@@ -1,0 +1,133 @@
+"""Local files written crash-safely, and the replacement logic every filesystem shares.
+
+Replacing a file or directory is crash-safe on any filesystem, including object
+stores without an atomic overwrite: the new content is written under a temporary
+name, the old one is moved to the fixed backup name ``<path>.old``, the new one is
+renamed into place and the backup is deleted. A crash between the two renames leaves
+only ``<path>.old``; readers (:meth:`read`, :meth:`restore`) move it back first.
+One process is assumed to write a given path at a time. :class:`rnnlm.spark.hfs.HadoopFS`
+runs the same logic over Hadoop's FileSystem client.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+BACKUP = ".old"
+
+
+def backup(path: str) -> str:
+    """The fixed name ``path`` is moved to while it is being replaced."""
+    return path + BACKUP
+
+
+def _local_write(p: str, data: bytes, mode: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    with open(p, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class ReplaceSafely:
+    """Crash-safe replacement and recovery, written once over a few primitives.
+
+    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove`` and
+    ``_read`` (bytes, or None when the file is missing).
+    """
+
+    def restore(self, p: str) -> bool:
+        """Finish an interrupted replacement of ``p``: move ``<p>.old`` back if ``p`` is missing.
+
+        Returns
+        -------
+        bool
+            Whether ``p`` exists now.
+        """
+        if self.exists(p):
+            return True
+        if not self.exists(backup(p)):
+            return False
+        try:
+            self.rename(backup(p), p)
+        except OSError:
+            pass            # another reader restored it first
+        return self.exists(p)
+
+    def read(self, p: str) -> bytes | None:
+        """The file's bytes (restored from ``<p>.old`` if need be), or None when it does not exist."""
+        data = self._read(p)
+        if data is None and self.restore(p):
+            data = self._read(p)
+        return data
+
+    def delete(self, p: str) -> None:
+        """Delete file or directory ``p``, and its backup (or :meth:`read` would bring it back)."""
+        self._remove(p)
+        self._remove(backup(p))
+
+    def write_atomic(self, p: str, data: bytes) -> None:
+        """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""
+        tmp = f"{p}.tmp-{os.getpid()}"
+        self.write(tmp, data)
+        self._replace(tmp, p)
+
+    def write_dir_atomic(self, d: str, files: dict) -> None:
+        """Write ``{name: bytes}`` as directory ``d``, replacing it only once complete."""
+        tmp = f"{d}.tmp-{os.getpid()}"
+        self._remove(tmp)
+        self.mkdirs(tmp)
+        for name, data in files.items():
+            self.write(f"{tmp}/{name}", data)
+        self._replace(tmp, d)
+
+    def _replace(self, tmp: str, p: str) -> None:
+        # Never delete p before the new content is in place: move it to the fixed
+        # backup name, which a later reader finds if we die between the renames.
+        old = backup(p)
+        if self.exists(p):
+            self._remove(old)          # p is whole, so a backup left by an earlier crash is stale
+            self.rename(p, old)
+        self.rename(tmp, p)
+        self._remove(old)
+
+
+class LocalFS(ReplaceSafely):
+    """The local disk through Python's file I/O (same methods as :class:`HadoopFS`)."""
+
+    def exists(self, p: str) -> bool:
+        return os.path.exists(p)
+
+    def mkdirs(self, p: str) -> None:
+        os.makedirs(p, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(src, dst)
+
+    def write(self, p: str, data: bytes) -> None:
+        """Write ``data`` to ``p`` (overwriting), flushed to disk."""
+        _local_write(p, data, "wb")
+
+    def write_atomic(self, p: str, data: bytes) -> None:
+        """Replace file ``p`` by ``data`` in one ``os.replace`` (atomic on POSIX)."""
+        tmp = f"{p}.tmp-{os.getpid()}"
+        self.write(tmp, data)
+        os.replace(tmp, p)
+        self._remove(backup(p))         # stale: p is whole
+
+    def append(self, p: str, data: bytes, whole=None) -> None:
+        """Append ``data`` to ``p`` (``whole`` is unused: local files can be appended to)."""
+        _local_write(p, data, "ab")
+
+    def _remove(self, p: str) -> None:
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            os.remove(p)
+
+    def _read(self, p: str) -> bytes | None:
+        try:
+            with open(p, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
