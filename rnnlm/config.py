@@ -86,11 +86,23 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ExchangeConfig:
+    """What partitions send of their change (see :mod:`rnnlm.exchange.plan`)."""
+    embed: str = "dense"           # dense | rows, with +fp16 or +bf16 (e.g. rows+fp16)
+    softmax: str = "dense"         # Wo and bo
+    hidden: str = "dense"          # every other slot
+    frequent: float = 0.0          # p: the most frequent fraction of the vocabulary, always in softmax rows
+    random: float = 0.0            # q: a seeded fraction of rows (softmax V_beta; hidden rows)
+    seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
+
+
+@dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,7 +125,11 @@ _CHOICES = {
     ("train", "device"): ("cpu", "gpu", "auto"),
     ("train", "outer"): ("average", "momentum", "nesterov"),
     ("train", "optim_state"): ("average", "reset", "local"),
+    ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
 }
+_BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows") for codec in ("", "+fp16", "+bf16"))
+for _group in ("embed", "softmax", "hidden"):
+    _CHOICES[("exchange", _group)] = _BLOCK_SPECS
 
 
 def _sections() -> dict:
@@ -228,8 +244,12 @@ SAMPLED = ("sampled_windows", "sampled_paragraphs")
 
 def validate(cfg: Config) -> None:
     """Range checks that types alone cannot express (every numeric option)."""
-    d, m, t, o = cfg.data, cfg.model, cfg.train, cfg.optim
+    d, m, t, o, x = cfg.data, cfg.model, cfg.train, cfg.optim, cfg.exchange
     checks = [
+        (0.0 <= x.frequent <= 1.0, "exchange.frequent must be in [0, 1]"),
+        (0.0 <= x.random <= 1.0, "exchange.random must be in [0, 1]"),
+        (not x.hidden.startswith("rows") or x.random > 0,
+         "exchange.hidden = rows sends a seeded exchange.random fraction of rows: set exchange.random > 0"),
         (d.vocab_size == 0 or d.vocab_size > 2, "data.vocab_size must be 0 (no cap) or > 2"),
         (d.min_count >= 1, "data.min_count must be >= 1"),
         (d.window_stride > 0, "data.window_stride must be > 0"),

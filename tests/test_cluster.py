@@ -55,12 +55,15 @@ def rounds_done(out):
 @pytest.mark.slow
 def test_killed_executor_does_not_change_the_result(tmp_path):
     master = "local-cluster[2,1,1024]"
-    ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8"), cwd=ROOT, env=env(),
+    # compressed row exchange: a retried task must reproduce its rows and codecs exactly too
+    sparse = ("exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=dense+bf16",
+              "exchange.random=0.1")
+    ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]
     assert executor_pids() == []
     log = open(tmp_path / "kill.log", "w+")
-    proc = subprocess.Popen(train_cmd(tmp_path / "kill", master, "train.rounds=8"), cwd=ROOT, env=env(),
+    proc = subprocess.Popen(train_cmd(tmp_path / "kill", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                             stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300

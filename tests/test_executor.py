@@ -2,6 +2,7 @@
 import numpy as np
 
 from rnnlm import config
+from rnnlm.exchange import plan
 from rnnlm.spark import executor
 from rnnlm.core.model import RNNLM
 
@@ -29,7 +30,7 @@ def run_task(cfg, params, pid, tokens, bc_local=None):
     task = executor.round_task(cfg.to_json(), Bc({"params": params, "opt": None}), bc_local or {}, 1, 0.01)
     (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
     assert not agg.errors()
-    return agg.dense["params"]
+    return params + plan.mean_change(RNNLM(cfg.model).layout, agg, np.float32)
 
 
 def test_memo_never_serves_another_partitions_data():

@@ -90,7 +90,7 @@ def test_two_partitions_three_rounds_equal_an_independent_computation(spark, tin
                 states[pid] = res.state
                 outs.append(res)
             w = [r.tokens for r in outs]
-            params = weighted_mean([r.params for r in outs], w)
+            params = params + weighted_mean([r.params - params for r in outs], w)   # the mean change
             slots = {k: weighted_mean([r.opt_state[k] for r in outs], w) for k in slots}
             step += round(sum(counts) / len(counts))     # Adam's step counter: the partitions' mean steps
     assert np.array_equal(tr.params, params)
@@ -158,6 +158,8 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     (["train.optim_state=reset", "optim.schedule=plateau", "train.eval_every=1", "train.local_steps=0",
       "data.valid=rnnlm/data/harbour_valid.txt", "data.strategy=sampled_windows", "data.sample_fraction=0.02"], True),
     (["model.dtype=float64", "train.outer=momentum"], False),
+    (["exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=rows+bf16",
+      "exchange.random=0.3", "exchange.frequent=0.1", "exchange.seed_groups=one"], False),
 ])
 def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, uri):
     """``file://`` URIs and plain paths both resolve to the local disk (Python I/O; tests/test_hfs.py

@@ -1,13 +1,13 @@
 """The value that ``treeAggregate`` combines: a small structure of blocks.
 
-Each partition contributes named **dense blocks** (the parameters, optimizer
-accumulators), a weight (tokens processed) and scalar statistics; merging two
-values forms the weight-averaged blocks. Partitions send float32 blocks; merged
-values hold float64 weighted sums, so the average does not depend on the order
-in which Spark happens to merge (float32 rounding would). Sparse row blocks and
-compressed blocks are meant to join ``dense`` as further block kinds. A partition
-that fails (a non-finite loss) sends no blocks, only its error, and merges with
-healthy partitions at any level of the tree.
+Each partition contributes named **blocks** (:mod:`rnnlm.exchange.blocks`: its
+change to each parameter slot, all rows or some, in a codec; optimizer
+accumulators), a weight (tokens processed), the ids of the words it read, and
+scalar statistics; merging two values forms the weight-averaged blocks. Merged
+values hold float64 weighted sums, so the average does not depend on the order in
+which Spark happens to merge (float32 rounding would). A partition that fails (a
+non-finite loss) sends no blocks, only its error, and merges with healthy
+partitions at any level of the tree.
 
 ``wire_bytes`` is measured, not estimated: every time a value is pickled to
 cross a process boundary (executor to executor in the tree, or to the driver)
@@ -19,6 +19,8 @@ import pickle
 
 import numpy as np
 
+from .blocks import Block, Sum
+
 
 class Aggregate:
     """A weighted sum of per-partition contributions.
@@ -27,44 +29,48 @@ class Aggregate:
     ----------
     weight : float
         Sum of the contributions' weights (tokens processed).
-    dense : dict of str -> array
-        Block name -> weighted sum (float64 once merged, float32 as sent by a leaf).
+    dense : dict of str -> Block or Sum
+        Block name -> the block as a leaf sent it, or the weighted :class:`Sum` once merged
+        (a plain array given to :meth:`contribution` travels as an ``f32`` block).
+    words : int32 array
+        The sorted ids of the words the partitions read this round (their union).
     local : dict of int -> dict
         Per-partition values that are gathered, not averaged (carried hidden
         states, optimizer state kept per partition).
     stats : dict of str -> float
-        ``tokens``, ``loss_sum``, ``steps`` (summed) and ``compute_s`` (max).
+        ``tokens``, ``loss_sum``, ``steps`` and per-group block counts (summed), ``compute_s`` (max).
     wire_bytes : int
         Serialised bytes of every hop this value and its parts made.
     """
 
-    __slots__ = ("weight", "dense", "leaf", "local", "stats", "wire_bytes")
+    __slots__ = ("weight", "dense", "leaf", "words", "local", "stats", "wire_bytes")
 
     def __init__(self):
         self.weight = 0.0
         self.dense = {}
-        self.leaf = False          # dense blocks are unweighted float32 values (a leaf)
+        self.leaf = False          # blocks are unweighted, as sent (a leaf)
+        self.words = np.zeros(0, np.int32)
         self.local = {}
         self.stats = {"tokens": 0, "loss_sum": 0.0, "steps": 0, "compute_s": 0.0}
         self.wire_bytes = 0
 
     @classmethod
-    def contribution(cls, weight, dense: dict, local: dict | None = None, **stats):
+    def contribution(cls, weight, dense: dict, local: dict | None = None, words=None, **stats):
         """One partition's result: ``dense`` blocks as they are (weighted on merge)."""
         a = cls()
-        a.weight, a.dense, a.leaf = float(weight), dict(dense), True
+        a.weight, a.leaf = float(weight), True
+        a.dense = {k: v if isinstance(v, Block) else Block(v, v.shape) for k, v in dense.items()}
+        if words is not None:
+            a.words = np.unique(np.asarray(words, np.int32))
         a.local = dict(local or {})
         a.stats.update(stats)
         return a
 
     def _sums(self):
-        # weighted float64 sums of the dense blocks (one pass each: convert and scale)
+        # weighted float64 sums of the blocks (one pass each: decode and scale)
         if self.leaf:
-            self.dense = {k: np.multiply(v, self.weight, dtype=np.float64) for k, v in self.dense.items()}
+            self.dense = {k: Sum.of(b, self.weight) for k, b in self.dense.items()}
             self.leaf = False
-        else:
-            # sums that arrived from another process sit in read-only buffers (one copy, then in place)
-            self.dense = {k: v if v.flags.writeable else v.copy() for k, v in self.dense.items()}
         return self.dense
 
     def merge(self, other: "Aggregate") -> "Aggregate":
@@ -81,15 +87,13 @@ class Aggregate:
             if mine.keys() != other.dense.keys():
                 raise ValueError(f"cannot merge blocks {sorted(mine)} with {sorted(other.dense)}")
             for k, v in other.dense.items():
-                if other.leaf:
-                    mine[k] += np.multiply(v, other.weight, dtype=np.float64)
-                else:
-                    mine[k] += v
+                mine[k] = mine[k].add(Sum.of(v, other.weight) if other.leaf else v)
             self.weight += other.weight
+        if len(other.words):
+            self.words = np.union1d(self.words, other.words).astype(np.int32)
         self.local.update(other.local)
-        for k in ("tokens", "loss_sum", "steps"):
-            self.stats[k] += other.stats[k]
-        self.stats["compute_s"] = max(self.stats["compute_s"], other.stats["compute_s"])
+        for k, v in other.stats.items():     # counts add up; compute time is the slowest task's
+            self.stats[k] = max(self.stats.get(k, 0), v) if k == "compute_s" else self.stats.get(k, 0) + v
         self.wire_bytes += other.wire_bytes
         return self
 
@@ -98,17 +102,14 @@ class Aggregate:
         return [f"partition {pid}: {v['error']}" for pid, v in sorted(self.local.items()) if "error" in v]
 
     def mean(self, name: str, dtype=np.float32) -> np.ndarray:
-        """The weight-averaged block ``name``."""
-        v = self.dense[name]
-        if self.leaf:
-            return v.astype(dtype)
-        return np.multiply(v, 1.0 / self.weight, out=np.empty(v.shape, dtype), casting="same_kind")
+        """The weight-averaged block ``name`` as a full (R, C) array (rows nobody sent are 0)."""
+        return self._sums()[name].dense(1.0 / self.weight, dtype)
 
     def __reduce_ex__(self, protocol):
         # Protocol 5 hands the arrays' memory out of band: the outer pickle copies it once, and
         # the size of this hop is the header plus those buffers, measured without a second copy.
         buffers = []
-        head = pickle.dumps((self.weight, self.dense, self.leaf, self.local, self.stats),
+        head = pickle.dumps((self.weight, self.dense, self.leaf, self.words, self.local, self.stats),
                             protocol=5, buffer_callback=buffers.append)
         size = len(head) + sum(b.raw().nbytes for b in buffers)
         if protocol < 5:
@@ -118,7 +119,7 @@ class Aggregate:
 
 def _rebuild(head, buffers, wire_bytes) -> Aggregate:
     a = Aggregate.__new__(Aggregate)
-    a.weight, a.dense, a.leaf, a.local, a.stats = pickle.loads(head, buffers=buffers)
+    a.weight, a.dense, a.leaf, a.words, a.local, a.stats = pickle.loads(head, buffers=buffers)
     a.wire_bytes = wire_bytes
     return a
 

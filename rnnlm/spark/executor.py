@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core import backend
 from .. import config
+from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from ..core.local import evaluate, train_steps
 from ..core.metrics import EVAL_BPTT
@@ -122,23 +123,27 @@ def round_task(cfg_json: str, bc, bc_local: dict, rnd: int, lr: float):
             state = mine.get("state") if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
+            batches = src.round_batches(rnd, t.local_steps)
             try:
-                res = train_steps(model, opt, params, opt_state, src.round_batches(rnd, t.local_steps), state,
+                res = train_steps(model, opt, params, opt_state, batches, state,
                                   lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
                                   grad_norm=t.grad_norm, dropout_rng=drop)
             except FloatingPointError as e:
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
                 continue
-            dense = {"params": backend.to_numpy(res.params)}
+            words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
+            change = backend.to_numpy(res.params) - payload["params"]    # what this partition did this round
+            dense, block_stats = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
+                                             cfg.data.partitions)
             local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}
             host_opt = {k: (backend.to_numpy(v) if k != "t" else v) for k, v in res.opt_state.items()}
             if t.optim_state == "average":
                 dense.update({f"opt.{k}": v for k, v in host_opt.items() if k != "t"})
             elif t.optim_state == "local":
                 local["opt"] = host_opt
-            yield Aggregate.contribution(res.tokens, dense, {pid: local}, tokens=res.tokens,
+            yield Aggregate.contribution(res.tokens, dense, {pid: local}, words=words, tokens=res.tokens,
                                          loss_sum=res.loss_sum, steps=res.steps,
-                                         compute_s=time.perf_counter() - t0)
+                                         compute_s=time.perf_counter() - t0, **block_stats)
     return run
 
 

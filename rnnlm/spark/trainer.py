@@ -23,6 +23,7 @@ import numpy as np
 from ..core import checkpoint
 from .. import config
 from . import corpus, executor
+from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
@@ -200,6 +201,7 @@ class Trainer:
         owned = data is None
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
+        self.layout = RNNLM(cfg.model).layout
         st = st or self._fresh(cfg)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
@@ -263,7 +265,11 @@ class Trainer:
              "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
              "round_bytes_sent": agg.wire_bytes, "wall_s": round(st.wall_s, 3),
              "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
-             "train_loss": loss, "lr": lr}
+             "train_loss": loss, "lr": lr, "unique_words": int(len(agg.words))}
+        # what travelled per parameter group (seed 002's U against N: unique_words against tokens)
+        m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
+        sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
+        m["compression"] = round(self.layout.size * 4 * cfg.data.partitions / max(1, sent), 3)
         if due(r, t.eval_every, rounds):
             if data.valid is not None:
                 vl = self.evaluate(cfg, st.params, data.valid)
@@ -275,7 +281,7 @@ class Trainer:
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.log(log_line(m, skip=("bytes", "round_")))
+        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_")))
 
     def _kept(self) -> str:
         if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
@@ -287,11 +293,10 @@ class Trainer:
 
     def _apply(self, cfg, st: RunState, agg: Aggregate):
         t, dtype = cfg.train, st.params.dtype      # the configured model.dtype, end to end
-        avg = agg.mean("params", dtype)
+        delta = plan.mean_change(self.layout, agg, dtype)      # partitions send changes, not weights
         if t.outer == "average":
-            st.params = avg
+            st.params = st.params + delta
         else:
-            delta = avg - st.params
             if st.velocity is None:
                 st.velocity = np.zeros_like(delta)
             st.velocity *= t.outer_momentum

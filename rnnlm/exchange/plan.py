@@ -1,0 +1,102 @@
+"""What each partition sends of its change: per parameter group, all rows or some, in a codec.
+
+Groups (the ``[exchange]`` configuration section): ``embed`` (the input table),
+``softmax`` (``Wo`` and ``bo``), ``hidden`` (every other slot). A group's spec is
+``dense`` or ``rows``, optionally with a codec: ``dense+fp16``, ``rows+bf16``...
+Rows are chosen per matrix kind as seed 000 (section 3) says:
+
+``embed``    the rows that changed this round (the words the partition read, and
+             with a momentum or Adam optimizer the rows its state still moves):
+             exact, nothing is left behind
+``softmax``  V_all = the words of the round's batches (V_base) U the
+             ``exchange.frequent`` most frequent words (ids are frequency ranks:
+             V_alpha) U a seeded ``exchange.random`` fraction (V_beta)
+``hidden``   a seeded ``exchange.random`` fraction of each matrix's rows
+
+The change of rows a partition does not send is dropped (seed 000's choice: those
+rows are averaged as unchanged). Random rows are drawn from ``(seed, round, group)``
+where partitions in the same shared-seed group (seed 002, section III-B) draw the
+same rows, so the union that travels stays small: ``exchange.seed_groups`` = ``one``
+(all partitions alike), ``partition`` (each its own), ``log2`` (ceil(log2 P)
+groups) or ``pow064`` (ceil(P^0.64), seed 002's power law).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .blocks import Block
+
+GROUP_OF = {"embed": "embed", "Wo": "softmax", "bo": "softmax"}   # every other slot: hidden
+_KEY = 0xEC
+
+
+def group_of(slot: str) -> str:
+    return GROUP_OF.get(slot, "hidden")
+
+
+def parse(spec: str) -> tuple:
+    """``"rows+fp16"`` -> (True, "fp16"); ``"dense"`` -> (False, "f32")."""
+    kind, _, codec = spec.partition("+")
+    return kind == "rows", codec or "f32"
+
+
+def seed_groups(how: str, partitions: int) -> int:
+    """How many distinct random-row seeds ``partitions`` partitions use."""
+    return {"one": 1, "partition": partitions, "log2": max(1, math.ceil(math.log2(partitions))),
+            "pow064": math.ceil(partitions ** 0.64)}[how]
+
+
+def _random_rows(n: int, fraction: float, seed: int, rnd: int, group: int, salt: int) -> np.ndarray:
+    if fraction <= 0:
+        return np.zeros(0, np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, rnd, group, salt, _KEY]))
+    return rng.choice(n, size=math.ceil(fraction * n), replace=False)
+
+
+def select_rows(group: str, slot_index: int, change, ex, words, seed: int, rnd: int, seed_group: int):
+    """The sorted row ids of one slot's ``change`` (R, ...) a partition sends."""
+    R = change.shape[0]
+    if group == "embed":
+        return np.flatnonzero(np.any(change.reshape(R, -1) != 0, axis=1)).astype(np.int32)
+    rand = _random_rows(R, ex.random, seed, rnd, seed_group, slot_index)
+    if group == "softmax":
+        top = np.arange(min(R, math.ceil(ex.frequent * R)))
+        return np.union1d(np.union1d(words, top), rand).astype(np.int32)
+    return np.unique(rand).astype(np.int32)
+
+
+def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int) -> tuple:
+    """One partition's change (P,) as blocks named ``params.<slot>``, and per-group statistics.
+
+    Returns
+    -------
+    blocks : dict of str -> Block
+    stats : dict of str -> int
+        ``rows_sent.<group>``, ``rows_total.<group>`` and ``block_bytes.<group>``.
+    """
+    g = pid % seed_groups(ex.seed_groups, partitions)
+    blocks, stats = {}, {}
+    for i, slot in enumerate(layout):
+        group = group_of(slot.name)
+        rows, codec = parse(getattr(ex, group))
+        view = change[slot.offset:slot.end].reshape(slot.shape)
+        if rows:
+            ids = select_rows(group, i, view, ex, words, seed, rnd, g)
+            b = Block(view[ids], slot.shape, ids, codec)
+        else:
+            b = Block(view, slot.shape, None, codec)
+        blocks[f"params.{slot.name}"] = b
+        for k, v in (("rows_sent", b.rows), ("rows_total", slot.shape[0]),
+                     ("block_bytes", b.data.nbytes + (0 if b.ids is None else b.ids.nbytes))):
+            stats[f"{k}.{group}"] = stats.get(f"{k}.{group}", 0) + int(v)
+    return blocks, stats
+
+
+def mean_change(layout, agg, dtype) -> np.ndarray:
+    """The token-weighted mean change (P,) from an aggregate of :func:`encode`'d blocks."""
+    out = np.empty(layout.size, dtype)
+    for slot in layout:
+        out[slot.offset:slot.end] = agg.mean(f"params.{slot.name}", dtype).reshape(-1)
+    return out

@@ -1,0 +1,125 @@
+"""The exchange layer: codecs, row blocks and their merge, row selection, and sparse training on Spark."""
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.exchange import plan
+from rnnlm.exchange.aggregate import Aggregate, merge
+from rnnlm.exchange.blocks import Block, Sum
+from rnnlm.spark.trainer import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("top", [1e-8, 3e-3, 1.0, 7e4, 1e9])
+def test_fp16_scaling_round_trips_within_its_bound_and_never_overflows(top):
+    rng = np.random.default_rng(1)
+    v = (rng.standard_normal((50, 7)) * top / 4).astype(np.float32)
+    v[3, 2] = top
+    b = Block(v, v.shape, codec="fp16")
+    assert b.data.dtype == np.float16 and b.data.nbytes == v.nbytes // 2
+    got = pickle.loads(pickle.dumps(b)).decode()
+    assert np.isfinite(got).all()
+    assert (np.abs(got - v) <= np.abs(v) * 2.0 ** -11 + top * 2.0 ** -24).all()
+    # what an unscaled cast does at the extremes: overflow, or lose the small values
+    if top > 65504 or top < 1e-7:
+        with np.errstate(over="ignore"):
+            plain = v.astype(np.float16).astype(np.float32)
+        assert not np.isfinite(plain).all() or (np.abs(plain - v) > np.abs(v) * 2.0 ** -11 + top * 2.0 ** -24).any()
+
+
+def test_bf16_truncates_to_the_upper_half():
+    v = np.array([[1.0, -3.14159, 1e-30, 3e38]], np.float32)
+    b = Block(v, v.shape, codec="bf16")
+    got = b.decode()
+    assert b.data.dtype == np.uint16 and (np.abs(got - v) <= np.abs(v) * 2.0 ** -7).all()
+    assert got[0, 0] == 1.0 and np.isfinite(got).all()
+
+
+def rows_leaf(pid, weight, ids, rng, shape=(20, 3)):
+    vals = rng.standard_normal((len(ids), shape[1])).astype(np.float32)
+    full = np.zeros(shape, np.float32)
+    full[ids] = vals
+    return (Aggregate.contribution(weight, {"w": Block(vals, shape, np.array(ids, np.int32))}, {pid: {}}),
+            Aggregate.contribution(weight, {"w": full}, {pid: {}}))
+
+
+def test_row_blocks_merge_as_a_union_in_any_order_and_equal_the_dense_mean():
+    rng = np.random.default_rng(0)
+    ids = [[1, 4, 7], [4, 5], [0, 19], [7, 8, 9, 4]]
+    leaves = [rows_leaf(i, w, r, rng) for i, (w, r) in enumerate(zip((3, 5, 7, 11), ids))]
+    hop = lambda a: pickle.loads(pickle.dumps(a))          # noqa: E731
+    sparse = [lambda p: merge(merge(p[0], p[1]), merge(p[2], p[3])),
+              lambda p: merge(hop(merge(hop(merge(p[3], p[1])), p[0])), p[2]),
+              lambda p: merge(merge(merge(merge(Aggregate(), p[2]), p[0]), p[3]), p[1])]
+    dense = merge(merge(leaves[0][1], leaves[1][1]), merge(leaves[2][1], leaves[3][1])).mean("w")
+    union = sorted(set(sum(ids, [])))
+    for tree in sparse:
+        a = tree([hop(s) for s, _ in leaves])
+        assert a.dense["w"].ids.tolist() == union                   # no level grows past the union
+        assert np.array_equal(a.mean("w"), dense)
+    half = merge(hop(leaves[0][0]), hop(leaves[1][0]))
+    assert hop(half).dense["w"].ids.tolist() == [1, 4, 5, 7]
+
+
+def test_a_sum_of_rows_folds_into_a_dense_sum():
+    s = Sum((4, 2), None, np.ones((4, 2)))
+    s.add(Sum((4, 2), np.array([1, 3], np.int32), np.full((2, 2), 2.0)))
+    assert s.values.tolist() == [[1, 1], [3, 3], [1, 1], [3, 3]]
+
+
+class Ex:
+    def __init__(self, **kw):
+        self.__dict__.update(dict(config.ExchangeConfig().__dict__, **kw))
+
+
+def test_softmax_rows_are_words_frequent_and_seeded_random_shared_within_a_seed_group():
+    change = np.zeros((1000, 4), np.float32)
+    words = np.array([5, 500, 999])
+    ex = Ex(frequent=0.01, random=0.02)
+    rows = plan.select_rows("softmax", 7, change, ex, words, seed=3, rnd=2, seed_group=0)
+    assert set(words) | set(range(10)) <= set(rows.tolist()) and len(rows) <= 3 + 10 + 20
+    again = plan.select_rows("softmax", 7, change, ex, words, seed=3, rnd=2, seed_group=0)
+    other_group = plan.select_rows("softmax", 7, change, ex, words, seed=3, rnd=2, seed_group=1)
+    other_round = plan.select_rows("softmax", 7, change, ex, words, seed=3, rnd=3, seed_group=0)
+    assert np.array_equal(rows, again) and not np.array_equal(rows, other_group)
+    assert not np.array_equal(rows, other_round)
+    assert [plan.seed_groups(h, 8) for h in ("one", "partition", "log2", "pow064")] == [1, 8, 3, 4]
+    change[[2, 9]] = 1.0
+    assert plan.select_rows("embed", 0, change, ex, words, 3, 2, 0).tolist() == [2, 9]   # exactly what changed
+
+
+def train(spark, tmp_path, name, *sets):
+    cfg = config.load(os.path.join(ROOT, "conf/demo.toml"), [
+        f"data.train={ROOT}/rnnlm/data/harbour.txt", "data.valid=", "data.level=word", "model.embed=16",
+        "model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3", "train.rounds=6",
+        "train.eval_every=0", "optim.name=sgd", "optim.lr=0.5", "train.optim_state=reset", *sets])
+    tr = Trainer(spark, cfg, str(tmp_path / name), log=lambda s: None)
+    tr.run()
+    return tr, [json.loads(x) for x in open(tmp_path / name / "metrics.jsonl")]
+
+
+def test_rows_on_the_input_embedding_alone_equal_dense_exchange(spark, tmp_path):
+    dense, md = train(spark, tmp_path, "dense")
+    rows, mr = train(spark, tmp_path, "rows", "exchange.embed=rows")
+    assert np.abs(dense.params - rows.params).max() < 1e-6        # exact up to float32 rounding
+    assert [x["train_loss"] for x in md] == pytest.approx([x["train_loss"] for x in mr], rel=1e-5)
+    assert mr[-1]["bytes_sent"] < md[-1]["bytes_sent"]
+    last = mr[-1]
+    assert 0 < last["rows_sent.embed"] < last["rows_total.embed"] and last["rows_sent.softmax"] == last[
+        "rows_total.softmax"]
+    assert last["unique_words"] <= last["rows_sent.embed"]                # SGD: the rows read are the rows changed
+
+
+def test_sparse_and_compressed_exchange_learns_with_fewer_bytes(spark, tmp_path):
+    _, md = train(spark, tmp_path, "dense")
+    _, ms = train(spark, tmp_path, "sparse", "exchange.embed=rows+fp16", "exchange.softmax=rows+fp16",
+                  "exchange.hidden=dense+bf16", "exchange.frequent=0.05", "exchange.random=0.05")
+    assert ms[-1]["train_loss"] < ms[0]["train_loss"] - 0.1                # it learns...
+    assert abs(ms[-1]["train_loss"] - md[-1]["train_loss"]) < 0.02           # ...about as dense exchange does
+    assert ms[-1]["bytes_sent"] < 0.6 * md[-1]["bytes_sent"]
+    assert ms[-1]["compression"] > 1.8 and md[-1]["compression"] == pytest.approx(1.0, rel=0.01)
