@@ -83,6 +83,8 @@ class TrainConfig:
     eval_every: int = 10           # rounds; 0 = only at the end
     checkpoint_every: int = 0      # rounds; 0 = only at the end
     device: str = "cpu"            # cpu | gpu | auto
+    rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
+    rebase_fraction: float = 0.5   # ... or when the rows changed since the base reach this fraction
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,8 @@ def validate(cfg: Config) -> None:
         (t.rounds >= 0 and 0 <= t.epochs < math.inf, "train.rounds and train.epochs must be >= 0"),
         (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),
         (t.tree_depth >= 1, "train.tree_depth must be >= 1"),
+        (t.rebase_every >= 0, "train.rebase_every must be >= 0"),
+        (0 < t.rebase_fraction <= 1, "train.rebase_fraction must be in (0, 1]"),
         (0 < t.outer_lr < math.inf, "train.outer_lr must be > 0"),
         (0.0 <= t.outer_momentum < 1.0, "train.outer_momentum must be in [0, 1)"),
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),

@@ -123,3 +123,26 @@ def test_sparse_and_compressed_exchange_learns_with_fewer_bytes(spark, tmp_path)
     assert abs(ms[-1]["train_loss"] - md[-1]["train_loss"]) < 0.02           # ...about as dense exchange does
     assert ms[-1]["bytes_sent"] < 0.6 * md[-1]["bytes_sent"]
     assert ms[-1]["compression"] > 1.8 and md[-1]["compression"] == pytest.approx(1.0, rel=0.01)
+
+
+def test_changed_rows_rebuild_the_parameters_bit_for_bit():
+    from rnnlm.core.layout import Layout
+    from rnnlm.exchange import rebase
+    layout = Layout([("embed", (50, 4)), ("W", (6, 3)), ("b", (6,))])
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal(layout.size).astype(np.float32)
+    params = base.copy()
+    params[4 * 7:4 * 8] += 1e-7                       # one embedding row, a change below float32's spacing at 1
+    params[200:218] *= 1.5                            # all of W
+    rows = rebase.changed_rows(layout, params, base)
+    assert rows["embed"][0].tolist() == [7] and rows["W"][0] is None and "b" not in rows
+    assert np.array_equal(rebase.rebuild(layout, base, rows), params)
+    assert rebase.size(rows) < 0.25 * layout.size
+
+
+def test_the_broadcast_shrinks_to_the_rows_that_changed(spark, tmp_path):
+    _, md = train(spark, tmp_path, "dense")
+    _, mr = train(spark, tmp_path, "rows", "exchange.embed=rows", "exchange.softmax=rows", "exchange.frequent=0.05")
+    assert all(x["rebased"] for x in md)                          # dense: every row changes, every round re-bases
+    assert not mr[1]["rebased"] and mr[1]["round_bytes_broadcast"] < 0.45 * md[1]["round_bytes_broadcast"]
+    assert mr[-1]["bytes_broadcast"] < 0.75 * md[-1]["bytes_broadcast"]     # a ~500-word vocabulary: re-bases often

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core import backend
 from .. import config
-from ..exchange import plan
+from ..exchange import plan, rebase
 from ..exchange.aggregate import Aggregate
 from ..core.local import evaluate, train_steps
 from ..core.metrics import EVAL_BPTT
@@ -88,13 +88,15 @@ def probe_task(cfg_json: str):
     return run
 
 
-def round_task(cfg_json: str, bc, bc_local: dict, rnd: int, lr: float):
+def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
     """One round on one partition from the broadcast state.
 
-    ``bc`` holds what every partition reads (parameters, averaged optimizer
-    state); ``bc_local`` maps a partition to a broadcast of what it alone
-    carries (hidden state, optimizer state kept per partition), so an executor
-    fetches only its own partitions' share.
+    ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc``
+    holds what every partition reads this round (the rows that differ from the base,
+    see :mod:`rnnlm.exchange.rebase`; averaged optimizer state); ``bc_local``
+    maps a partition to a broadcast of what it alone carries (hidden state,
+    optimizer state kept per partition), so an executor fetches only its own
+    partitions' share.
     """
     def run(it):
         cfg = config.from_json(cfg_json)
@@ -106,11 +108,12 @@ def round_task(cfg_json: str, bc, bc_local: dict, rnd: int, lr: float):
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
             return
         payload = bc.value
+        model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
+        host = rebase.rebuild(model.layout, bc_base.value, payload["rows"])     # the driver's parameters
         for pid, tokens, starts in it:
             t0 = time.perf_counter()
-            model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
             opt = make_optimizer(cfg.optim)
-            params = xp.array(payload["params"])
+            params = xp.array(host)
             mine = bc_local[pid].value if pid in bc_local else {}
             if t.optim_state == "local" and "opt" in mine:
                 opt_state = _to_xp(xp, mine["opt"])
@@ -132,7 +135,7 @@ def round_task(cfg_json: str, bc, bc_local: dict, rnd: int, lr: float):
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
                 continue
             words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
-            change = backend.to_numpy(res.params) - payload["params"]    # what this partition did this round
+            change = backend.to_numpy(res.params) - host    # what this partition did this round
             dense, block_stats = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
                                              cfg.data.partitions)
             local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}

@@ -25,6 +25,7 @@ from .. import config
 from . import corpus, executor
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
+from ..exchange.rebase import ParamsBroadcast
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
 from ..core.model import RNNLM
@@ -202,6 +203,7 @@ class Trainer:
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         self.layout = RNNLM(cfg.model).layout
+        self.params_bc = ParamsBroadcast(self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         st = st or self._fresh(cfg)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
@@ -220,6 +222,7 @@ class Trainer:
             raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}") from None
         finally:
             stop.release()
+            self.params_bc.close()
             for rdd in (data.train, data.valid, data.test) if owned else ():
                 if rdd is not None:
                     rdd.unpersist()
@@ -232,19 +235,20 @@ class Trainer:
         sched = Schedule(cfg.optim, st.schedule)
         epoch = st.tokens / data.tokens
         lr = sched.lr(epoch)
-        payload = {"params": st.params, "opt": st.opt if t.optim_state == "average" else None}
         local = {pid: {"state": s} for pid, s in st.states.items()}
         if t.optim_state == "local":
             for pid, o in st.opt_local.items():
                 local.setdefault(pid, {})["opt"] = o
         t0 = time.perf_counter()
+        bc_base, rows, rebased = self.params_bc.round(st.params)
+        payload = {"rows": rows, "opt": st.opt if t.optim_state == "average" else None}
         bcs = [sc.broadcast(payload)]
         bc_local = {pid: sc.broadcast(v) for pid, v in local.items()}
         bcs += bc_local.values()
-        bc_bytes = sum(_broadcast_bytes(b) for b in bcs)
+        bc_bytes = sum(_broadcast_bytes(b) for b in bcs) + (_broadcast_bytes(bc_base) if rebased else 0)
         sc.setJobDescription(f"rnnlm round {r}/{rounds}: {_steps(t)} + treeAggregate")
         try:
-            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bcs[0], bc_local, r, lr))
+            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr))
                    .treeAggregate(Aggregate(), merge, merge, depth=t.tree_depth))
         finally:
             for b in bcs:
@@ -263,7 +267,8 @@ class Trainer:
         st.wall_s += time.perf_counter() - t0
         m = {"round": r, "epoch": round(st.tokens / data.tokens, 5), "tokens": st.tokens, "syncs": r,
              "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
-             "round_bytes_sent": agg.wire_bytes, "wall_s": round(st.wall_s, 3),
+             "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
+             "wall_s": round(st.wall_s, 3),
              "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
              "train_loss": loss, "lr": lr, "unique_words": int(len(agg.words))}
         # what travelled per parameter group (seed 002's U against N: unique_words against tokens)
@@ -281,7 +286,7 @@ class Trainer:
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_")))
+        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased")))
 
     def _kept(self) -> str:
         if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
