@@ -1,6 +1,7 @@
 """Synchronisation cost and scaling of the Spark trainer on the ptb-small model.
 
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
+                                    [--exchange dense,sparse]
 
 Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
@@ -10,6 +11,8 @@ broadcast + tasks + treeAggregate + update), median over rounds after the first.
 Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition on
 ``local[1]`` (same per-partition batch, K=20), and their ratio.
 
+``--exchange`` names the settings compared (``EXCHANGES``: ``dense`` ships every
+change as float32, ``sparse`` is conf/ptb_word_small_sparse.toml's exchange).
 Each master runs in its own process (one SparkContext per process).
 """
 from __future__ import annotations
@@ -25,8 +28,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+EXCHANGES = {"dense": "conf/ptb_word_small.toml", "sparse": "conf/ptb_word_small_sparse.toml"}   # their [exchange]
 
-def sweep(master, partitions, steps, rounds, data_path, out_json):
+
+def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense"):
     """Run in a child process: train a few rounds per K on one corpus load."""
     from rnnlm import config
     from rnnlm.spark import session
@@ -37,6 +42,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json):
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
                         "train.batch=20",   # the ptb-small shape of benchmarks/kernels.py (T=20, B=20)
                         "train.eval_every=0", "train.checkpoint_every=0"])
+    base = config.replace(base, "exchange", **config.load(os.path.join(ROOT, EXCHANGES[exchange])).exchange.__dict__)
     data = load_corpus(spark.sparkContext, base)
     rows = []
     for k in steps:
@@ -47,22 +53,23 @@ def sweep(master, partitions, steps, rounds, data_path, out_json):
             ms = tr.metrics[1:]                       # the first round warms up workers and caches
             frac = statistics.median(1 - m["compute_s"] / m["round_s"] for m in ms)
             tok_s = sum(m["tokens"] - p["tokens"] for p, m in zip(tr.metrics, ms)) / sum(m["round_s"] for m in ms)
-            rows.append({"master": master, "partitions": partitions, "local_steps": k,
+            rows.append({"master": master, "partitions": partitions, "local_steps": k, "exchange": exchange,
                          "round_s": statistics.median(m["round_s"] for m in ms),
                          "compute_s": statistics.median(m["compute_s"] for m in ms),
                          "sync_fraction": frac, "tokens_per_s": tok_s,
-                         "bytes_per_round": ms[-1]["round_bytes_sent"]})
+                         "bytes_per_round": ms[-1]["round_bytes_sent"],
+                         "broadcast_per_round": statistics.median(m["round_bytes_broadcast"] for m in ms)})
     spark.stop()
     with open(out_json, "w") as f:
         json.dump(rows, f)
 
 
-def child(master, partitions, steps, rounds, data_path):
+def child(master, partitions, steps, rounds, data_path, exchange="dense"):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     subprocess.run([sys.executable, __file__, "--child", master, str(partitions), ",".join(map(str, steps)),
-                    str(rounds), data_path, path], check=True, env=env, cwd=ROOT)
+                    str(rounds), data_path, path, exchange], check=True, env=env, cwd=ROOT)
     with open(path) as f:
         rows = json.load(f)
     os.remove(path)
@@ -71,27 +78,36 @@ def child(master, partitions, steps, rounds, data_path):
 
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, master, parts, steps, rounds, data_path, out = sys.argv
-        return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out)
+        _, _, master, parts, steps, rounds, data_path, out, exchange = sys.argv
+        return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out, exchange)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", default="1,5,20,50")
     ap.add_argument("--data", default=os.path.join(ROOT, "data/ptb.train.txt"))
+    ap.add_argument("--exchange", default="dense,sparse", help=f"any of {', '.join(EXCHANGES)}")
+    ap.add_argument("--no-scaling", action="store_true", help="skip part 2")
     a = ap.parse_args(argv)
     steps = [int(s) for s in a.steps.split(",")]
-    print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N)")
-    print(f"{'master':26s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} {'MB/round':>9s}")
+    exchanges = a.exchange.split(",")
+    print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N); MB sent by workers and "
+          "broadcast per round")
+    print(f"{'master':26s} {'exchange':8s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} "
+          f"{'MB sent':>8s} {'MB bcast':>8s}")
     for master in ("local[2]", "local-cluster[2,1,2048]"):
-        for r in child(master, 2, steps, a.rounds, a.data):
-            print(f"{master:26s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
-                  f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:9.1f}", flush=True)
-    two = child("local[2]", 2, [20, 50], a.rounds + 1, a.data)
-    one = child("local[1]", 1, [20, 50], a.rounds + 1, a.data)
-    for t2, t1 in zip(two, one):
-        r2, r1 = t2["tokens_per_s"], t1["tokens_per_s"]
-        print(f"# scaling at K={t1['local_steps']}: local[1] x 1 partition {r1:.0f} tok/s, "
-              f"local[2] x 2 partitions {r2:.0f} tok/s, ratio {r2 / r1:.3f}")
-    print(f"scaling_2_vs_1={two[0]['tokens_per_s'] / one[0]['tokens_per_s']:.3f}")
+        for ex in exchanges:
+            for r in child(master, 2, steps, a.rounds, a.data, ex):
+                print(f"{master:26s} {ex:8s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
+                      f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
+                      f"{r['broadcast_per_round'] / 1e6:8.2f}", flush=True)
+    if a.no_scaling:
+        return
+    for ex in exchanges:
+        two = child("local[2]", 2, [20], a.rounds + 1, a.data, ex)
+        one = child("local[1]", 1, [20], a.rounds + 1, a.data, ex)
+        r2, r1 = two[0]["tokens_per_s"], one[0]["tokens_per_s"]
+        print(f"# scaling at K=20, {ex}: local[1] x 1 partition {r1:.0f} tok/s, "
+              f"local[2] x 2 partitions {r2:.0f} tok/s, ratio {r2 / r1:.3f}", flush=True)
+        print(f"scaling_2_vs_1[{ex}]={r2 / r1:.3f}")
 
 
 if __name__ == "__main__":
