@@ -1,7 +1,7 @@
 """Synchronisation cost and scaling of the Spark trainer on the ptb-small model.
 
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
-                                    [--exchange dense,sparse]
+                                    [--exchange dense,sparse] [--bytes-at 2,4,8]
 
 Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
@@ -58,7 +58,8 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
                          "compute_s": statistics.median(m["compute_s"] for m in ms),
                          "sync_fraction": frac, "tokens_per_s": tok_s,
                          "bytes_per_round": ms[-1]["round_bytes_sent"],
-                         "broadcast_per_round": statistics.median(m["round_bytes_broadcast"] for m in ms)})
+                         "broadcast_per_round": statistics.median(m["round_bytes_broadcast"] for m in ms),
+                         "unique_words": statistics.median(m["unique_words"] for m in ms)})
     spark.stop()
     with open(out_json, "w") as f:
         json.dump(rows, f)
@@ -86,7 +87,17 @@ def main(argv=None):
     ap.add_argument("--data", default=os.path.join(ROOT, "data/ptb.train.txt"))
     ap.add_argument("--exchange", default="dense,sparse", help=f"any of {', '.join(EXCHANGES)}")
     ap.add_argument("--no-scaling", action="store_true", help="skip part 2")
+    ap.add_argument("--bytes-at", default="", help="only part 3: bytes per round at these partition counts "
+                    "(e.g. 2,4,8; K=20, local[2]: bytes are measured at pickling, whatever the master)")
     a = ap.parse_args(argv)
+    if a.bytes_at:
+        print(f"{'P':>3s} {'exchange':8s} {'MB sent':>8s} {'MB bcast':>8s} {'unique words':>12s}")
+        for p in (int(x) for x in a.bytes_at.split(",")):
+            for ex in a.exchange.split(","):
+                r, = child("local[2]", p, [20], a.rounds, a.data, ex)
+                print(f"{p:3d} {ex:8s} {r['bytes_per_round'] / 1e6:8.2f} {r['broadcast_per_round'] / 1e6:8.2f} "
+                      f"{r['unique_words']:12.0f}", flush=True)
+        return
     steps = [int(s) for s in a.steps.split(",")]
     exchanges = a.exchange.split(",")
     print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N); MB sent by workers and "
