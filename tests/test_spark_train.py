@@ -186,6 +186,8 @@ def test_resume_with_incompatible_config_is_refused(spark, tiny_cfg, tmp_path):
     other = config.replace(tiny_cfg, "model", hidden=32)
     with pytest.raises(TrainingError, match="cannot resume: model.hidden is 32 here but 16"):
         run(spark, other, tmp_path, resume=True)
+    with pytest.raises(TrainingError, match="cannot resume: exchange.embed is 'rows' here but 'dense'"):
+        run(spark, config.replace(tiny_cfg, "exchange", embed="rows"), tmp_path, resume=True)
     with pytest.raises(TrainingError, match="already holds a run"):
         run(spark, tiny_cfg, tmp_path)
     assert open(tmp_path / "metrics.jsonl").read() == before
