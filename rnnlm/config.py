@@ -90,12 +90,13 @@ class TrainConfig:
 @dataclass(frozen=True)
 class ExchangeConfig:
     """What partitions send of their change (see :mod:`rnnlm.exchange.plan`)."""
-    embed: str = "dense"           # dense | rows, with +fp16 or +bf16 (e.g. rows+fp16)
+    embed: str = "dense"           # dense | rows, with +fp16, +bf16 or +onebit (e.g. rows+fp16)
     softmax: str = "dense"         # Wo and bo
     hidden: str = "dense"          # every other slot
     frequent: float = 0.0          # p: the most frequent fraction of the vocabulary, always in softmax rows
     random: float = 0.0            # q: a seeded fraction of rows (softmax V_beta; hidden rows)
     seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
+    feedback: bool = False         # keep what was not sent (rows, codec error) and send it later
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ _CHOICES = {
     ("train", "optim_state"): ("average", "reset", "local"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
 }
-_BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows") for codec in ("", "+fp16", "+bf16"))
+_BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows") for codec in ("", "+fp16", "+bf16", "+onebit"))
 for _group in ("embed", "softmax", "hidden"):
     _CHOICES[("exchange", _group)] = _BLOCK_SPECS
 
@@ -252,6 +253,8 @@ def validate(cfg: Config) -> None:
         (0.0 <= x.random <= 1.0, "exchange.random must be in [0, 1]"),
         (not x.hidden.startswith("rows") or x.random > 0,
          "exchange.hidden = rows sends a seeded exchange.random fraction of rows: set exchange.random > 0"),
+        (x.feedback or "onebit" not in (x.embed + x.softmax + x.hidden),
+         "exchange onebit sends signs: without exchange.feedback = true the rest of the change is lost"),
         (d.vocab_size == 0 or d.vocab_size > 2, "data.vocab_size must be 0 (no cap) or > 2"),
         (d.min_count >= 1, "data.min_count must be >= 1"),
         (d.window_stride > 0, "data.window_stride must be > 0"),

@@ -53,11 +53,15 @@ def rounds_done(out):
 
 
 @pytest.mark.slow
-def test_killed_executor_does_not_change_the_result(tmp_path):
-    master = "local-cluster[2,1,1024]"
+@pytest.mark.parametrize("sparse", [
     # compressed row exchange: a retried task must reproduce its rows and codecs exactly too
-    sparse = ("exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=dense+bf16",
-              "exchange.random=0.1")
+    ("exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=dense+bf16", "exchange.random=0.1"),
+    # error feedback: the lost executor's residuals are recomputed from their lineage
+    ("exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+     "exchange.random=0.1", "exchange.feedback=true", "train.checkpoint_every=5"),
+], ids=["rows-fp16", "onebit-feedback"])
+def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
+    master = "local-cluster[2,1,1024]"
     ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]

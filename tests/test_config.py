@@ -38,6 +38,9 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["train.outer_momentum=1"], "train.outer_momentum must be in"),
     ("", ["train.epochs=nan"], "train.rounds and train.epochs must be >= 0"),
     ("", ["model.init_scale=0"], "model.init_scale must be > 0"),
+    ("", ["exchange.hidden=dense+onebit"], "without exchange.feedback = true"),
+    ("", ["exchange.softmax=rows+fp8"], "expected one of dense, dense[+]fp16"),
+    ("", ["exchange.random=1.5"], "exchange.random must be in"),
     ("[model\n", [], "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):

@@ -48,22 +48,87 @@ def rows_leaf(pid, weight, ids, rng, shape=(20, 3)):
             Aggregate.contribution(weight, {"w": full}, {pid: {}}))
 
 
+def hop(a):
+    return pickle.loads(pickle.dumps(a))
+
+
 def test_row_blocks_merge_as_a_union_in_any_order_and_equal_the_dense_mean():
     rng = np.random.default_rng(0)
     ids = [[1, 4, 7], [4, 5], [0, 19], [7, 8, 9, 4]]
     leaves = [rows_leaf(i, w, r, rng) for i, (w, r) in enumerate(zip((3, 5, 7, 11), ids))]
-    hop = lambda a: pickle.loads(pickle.dumps(a))          # noqa: E731
-    sparse = [lambda p: merge(merge(p[0], p[1]), merge(p[2], p[3])),
-              lambda p: merge(hop(merge(hop(merge(p[3], p[1])), p[0])), p[2]),
-              lambda p: merge(merge(merge(merge(Aggregate(), p[2]), p[0]), p[3]), p[1])]
     dense = merge(merge(leaves[0][1], leaves[1][1]), merge(leaves[2][1], leaves[3][1])).mean("w")
     union = sorted(set(sum(ids, [])))
-    for tree in sparse:
-        a = tree([hop(s) for s, _ in leaves])
-        assert a.dense["w"].ids.tolist() == union                   # no level grows past the union
-        assert np.array_equal(a.mean("w"), dense)
+    # Spark's tree: nodes {0, 2} and {1, 3} (index modulo the level's width) merge in whatever
+    # order their inputs arrive, each node's sum crosses to the driver, which merges in node order
+    node = lambda p, a, b, first: merge(hop(p[a]), hop(p[b])) if first else merge(hop(p[b]), hop(p[a]))  # noqa: E731
+    results = []
+    for first in (True, False):
+        for zero_first in (True, False):
+            p = [s for s, _ in leaves]
+            left, right = hop(node(p, 0, 2, first)), hop(node(p, 1, 3, not first))
+            a = merge(merge(Aggregate(), left), right) if zero_first else merge(left, right)
+            assert a.dense["w"].ids.tolist() == union                   # no level grows past the union
+            results.append(a.mean("w"))
+    assert all(np.array_equal(r, results[0]) for r in results)          # arrival order does not matter
+    assert np.allclose(results[0], dense, rtol=1e-6, atol=1e-7)         # f32 hops: float32 rounding only
+    flat = merge(merge(merge(merge(Aggregate(), hop(leaves[2][0])), hop(leaves[0][0])), hop(leaves[3][0])),
+                 hop(leaves[1][0]))
+    assert np.array_equal(flat.mean("w"), dense)                        # no hop between merges: exact
     half = merge(hop(leaves[0][0]), hop(leaves[1][0]))
     assert hop(half).dense["w"].ids.tolist() == [1, 4, 5, 7]
+
+
+@pytest.mark.parametrize("codec,width", [("f32", 4), ("fp16", 2), ("bf16", 2), ("onebit", 2)])
+def test_a_merged_level_travels_at_the_sent_precision(codec, width):
+    rng = np.random.default_rng(5)
+    shape = (400, 64)
+    leaves = [Aggregate.contribution(w, {"w": Block(rng.standard_normal(shape).astype(np.float32), shape,
+                                                    codec=codec)}) for w in (700, 300)]
+    exact = merge(hop(leaves[0]), hop(leaves[1]))
+    want = exact.mean("w")
+    sent = hop(merge(hop(leaves[0]), hop(leaves[1])))
+    values = shape[0] * shape[1]
+    assert hop(exact).wire_bytes - exact.wire_bytes < values * width + 4096      # not float64 (8 bytes a value)
+    assert hop(exact).wire_bytes - exact.wire_bytes > values * width
+    got = sent.mean("w")
+    bound = {"f32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7, "onebit": 2.0 ** -10}[codec]
+    assert np.all(np.abs(got - want) <= np.abs(want) * bound + np.abs(want).max() * 2.0 ** -23)
+    assert np.isfinite(got).all()
+    f64 = Aggregate.contribution(1, {"w": rng.standard_normal(shape)})          # a float64 model stays float64
+    both = merge(hop(f64), hop(f64))
+    assert np.array_equal(hop(both).mean("w", np.float64), both.mean("w", np.float64))
+
+
+def test_onebit_sends_signs_and_two_means_per_row():
+    v = np.array([[1.0, 3.0, -2.0, 0.0, -4.0], [-1.0, -1.0, -1.0, -1.0, -1.0]], np.float32)
+    b = hop(Block(v, v.shape, codec="onebit"))
+    assert np.array_equal(b.decode(), np.float32([[4 / 3, 4 / 3, -3, 4 / 3, -3], [-1] * 5]))
+    assert b.nbytes == 2 * 1 + 2 * 2 * 4                                   # 5 sign bits per row in one byte
+    vec = np.array([[0.5], [1.5], [-2.0]], np.float32)                      # a vector: one group, not one per value
+    assert Block(vec, (3,), codec="onebit").decode().ravel().tolist() == [1.0, 1.0, -2.0]
+    big = np.random.default_rng(0).standard_normal((100, 200)).astype(np.float32)
+    assert Block(big, big.shape, codec="onebit").nbytes * 24 < big.nbytes      # 1 + 64/200 bits a value
+
+
+def test_error_feedback_transmits_the_whole_change_with_a_bounded_residual():
+    from rnnlm.core.layout import Layout
+    layout = Layout([("embed", (30, 8)), ("Wx0", (16, 8)), ("b0", (16,)), ("Wo", (30, 8)), ("bo", (30,))])
+    ex = Ex(embed="rows+onebit", softmax="rows+onebit", hidden="dense+onebit", random=0.2, feedback=True)
+    rng = np.random.default_rng(3)
+    change = rng.standard_normal(layout.size).astype(np.float32) * 1e-2        # the same change every round
+    residual, sent, norms = None, np.zeros(layout.size, np.float64), []
+    for rnd in range(1, 201):
+        blocks, _, residual = plan.encode(layout, change, ex, np.array([1, 2]), 5, rnd, 0, 2, residual)
+        for slot in layout:
+            b = blocks[f"params.{slot.name}"]
+            view = sent[slot.offset:slot.end].reshape(slot.shape[0], -1)
+            view[slice(None) if b.ids is None else b.ids] += b.decode()
+        assert np.allclose(sent + residual, change.astype(np.float64) * rnd, atol=1e-4)   # nothing is lost
+        norms.append(np.abs(residual).max())
+    assert max(norms[100:]) <= 1.5 * max(norms[:100])                         # bounded, not growing
+    assert np.abs(sent / 200 - change).max() < 0.15 * np.abs(change).max()     # the whole change arrives
+    without, _, none = plan.encode(layout, change, Ex(embed="rows+bf16", random=0.2), np.array([1]), 5, 1, 0, 2)
+    assert none is None
 
 
 def test_a_sum_of_rows_folds_into_a_dense_sum():

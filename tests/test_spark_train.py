@@ -160,6 +160,9 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     (["model.dtype=float64", "train.outer=momentum"], False),
     (["exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=rows+bf16",
       "exchange.random=0.3", "exchange.frequent=0.1", "exchange.seed_groups=one"], False),
+    # error feedback: residuals live in Spark, are checkpointed at rounds 2 and 3 here, 3 and 4 there
+    (["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+      "exchange.random=0.2", "exchange.feedback=true", "train.checkpoint_every=3"], True),
 ])
 def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, uri):
     """``file://`` URIs and plain paths both resolve to the local disk (Python I/O; tests/test_hfs.py

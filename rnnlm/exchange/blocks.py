@@ -11,6 +11,11 @@ carries all its rows or only some (sorted ``ids``), with the values in a codec:
            an element comes back within ``|v| 2^-11 + max|v| 2^-24`` of ``v``
 ``bf16``   float32 truncated to its upper 16 bits (no scale needed: bfloat16
            keeps float32's exponent); within ``|v| 2^-7``
+``onebit`` one sign bit per value and, per row, two floats: the means of the
+           row's non-negative and of its negative values (Seide et al.'s 1-bit
+           SGD; a vector is one row). Only useful with error feedback
+           (``exchange.feedback``): the quantisation error is carried to the next
+           round, see :func:`rnnlm.exchange.plan.encode`
 =========  ===================================================================
 
 Merging never happens in a codec: a leaf's block is decoded once into a
@@ -18,6 +23,14 @@ float64 weighted :class:`Sum`; sums of row blocks merge as the union of their id
 with the values of shared rows added (seed 002's all-gather of indices followed
 by an all-reduce over the union), so a level of the tree never holds more rows
 than the union of what its partitions sent.
+
+A merged sum that crosses a process boundary (an intermediate level of a deep
+``treeAggregate``) travels in its blocks' codec, not in float64 (``onebit`` sums
+as ``fp16``: a sum of signs is no longer two-valued). Within a node sums add in
+float64, so the node's result does not depend on the order Spark merges in; it is
+rounded to the codec once, when it leaves. Which partitions meet at a node is
+fixed by Spark's tree (partition index modulo the level's width), so the result
+is a function of the partitions' values, the partition count and the tree depth.
 """
 from __future__ import annotations
 
@@ -25,7 +38,7 @@ import math
 
 import numpy as np
 
-CODECS = ("f32", "fp16", "bf16")
+CODECS = ("f32", "fp16", "bf16", "onebit")
 FP16_TOP = 2.0 ** 15        # scaled magnitudes stay below this (float16's largest is 65504)
 
 
@@ -47,7 +60,7 @@ class Block:
     shape : tuple
         The slot's full shape (R, ...); rows index its first axis.
     ids : int32 array (n,) or None
-    codec : {"f32", "fp16", "bf16"}
+    codec : {"f32", "fp16", "bf16", "onebit"}
     """
 
     __slots__ = ("shape", "ids", "codec", "data", "scale")
@@ -64,8 +77,10 @@ class Block:
         if codec == "fp16":
             self.scale = fp16_scale(values)
             self.data = (values * np.float32(self.scale)).astype(np.float16)
-        else:
+        elif codec == "bf16":
             self.data = (values.view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            self.data, self.scale = _onebit(values)
 
     def decode(self) -> np.ndarray:
         """The values (n, C) as float32."""
@@ -73,11 +88,22 @@ class Block:
             return self.data
         if self.codec == "fp16":
             return self.data.astype(np.float32) / np.float32(self.scale)
-        return (self.data.astype(np.uint32) << 16).view(np.float32)
+        if self.codec == "bf16":
+            return (self.data.astype(np.uint32) << 16).view(np.float32)
+        n, C = self.rows, int(np.prod(self.shape[1:], dtype=np.int64))
+        groups = self.scale.shape[0]                                   # n rows, or 1 for a vector
+        pos = np.unpackbits(self.data, axis=1, count=n * C // groups).astype(bool)
+        return np.where(pos, self.scale[:, :1], self.scale[:, 1:]).reshape(n, C)
 
     @property
     def rows(self) -> int:
         return self.shape[0] if self.ids is None else len(self.ids)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payload: values, row ids, per-row scales."""
+        extra = self.scale.nbytes if isinstance(self.scale, np.ndarray) else 0
+        return self.data.nbytes + extra + (0 if self.ids is None else self.ids.nbytes)
 
     def __getstate__(self):
         return self.shape, self.ids, self.codec, self.data, self.scale
@@ -86,17 +112,40 @@ class Block:
         self.shape, self.ids, self.codec, self.data, self.scale = s
 
 
+def _onebit(values):
+    """(sign bits (g, ceil(m/8)) uint8, scales (g, 2) float32) of ``values`` (n, C).
+
+    A row's groups are its values (g = n); a vector's (C = 1) are the whole block
+    (g = 1), since a per-value scale would send more than float32.
+    """
+    g = values.reshape(1, -1) if values.shape[1] == 1 else values                     # (g, m)
+    pos = g >= 0
+    npos = pos.sum(axis=1)
+    sum_pos = np.where(pos, g, 0).sum(axis=1, dtype=np.float64)
+    sum_neg = g.sum(axis=1, dtype=np.float64) - sum_pos
+    scales = np.stack([sum_pos / np.maximum(npos, 1), sum_neg / np.maximum(g.shape[1] - npos, 1)], axis=1)
+    return np.packbits(pos, axis=1), scales.astype(np.float32)
+
+
+# the codec a merged sum travels in, per leaf codec (float64 models keep float64)
+_SUM_WIRE = {"f32": "f32", "fp16": "fp16", "bf16": "bf16", "onebit": "fp16"}
+
+
 class Sum:
-    """A float64 weighted sum of blocks of one slot: all rows, or the union of some."""
+    """A float64 weighted sum of blocks of one slot: all rows, or the union of some.
 
-    __slots__ = ("shape", "ids", "values")
+    ``wire`` is the codec it travels in when pickled (see the module's docstring).
+    """
 
-    def __init__(self, shape, ids, values):
-        self.shape, self.ids, self.values = shape, ids, values
+    __slots__ = ("shape", "ids", "values", "wire")
+
+    def __init__(self, shape, ids, values, wire="f32"):
+        self.shape, self.ids, self.values, self.wire = shape, ids, values, wire
 
     @classmethod
     def of(cls, block: Block, weight: float) -> "Sum":
-        return cls(block.shape, block.ids, np.multiply(block.decode(), weight, dtype=np.float64))
+        wire = "f64" if block.data.dtype == np.float64 else _SUM_WIRE[block.codec]
+        return cls(block.shape, block.ids, np.multiply(block.decode(), weight, dtype=np.float64), wire)
 
     def add(self, other: "Sum") -> "Sum":
         """Fold ``other`` in (in place where the shapes allow) and return the result."""
@@ -130,7 +179,9 @@ class Sum:
         return out.reshape(self.shape)
 
     def __getstate__(self):
-        return self.shape, self.ids, self.values
+        values = self.values if self.wire == "f64" else self.values.astype(np.float32)
+        return self.wire, Block(values, self.shape, self.ids, "f32" if self.wire == "f64" else self.wire)
 
     def __setstate__(self, s):
-        self.shape, self.ids, self.values = s
+        self.wire, b = s
+        self.shape, self.ids, self.values = b.shape, b.ids, b.decode().astype(np.float64)

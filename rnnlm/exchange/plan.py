@@ -13,8 +13,13 @@ Rows are chosen per matrix kind as seed 000 (section 3) says:
              V_alpha) U a seeded ``exchange.random`` fraction (V_beta)
 ``hidden``   a seeded ``exchange.random`` fraction of each matrix's rows
 
-The change of rows a partition does not send is dropped (seed 000's choice: those
-rows are averaged as unchanged). Random rows are drawn from ``(seed, round, group)``
+What a partition does not send is dropped by default (seed 000's choice: rows not
+sent are averaged as unchanged, codec rounding is lost). With ``exchange.feedback``
+it is kept instead, as the partition's **residual** (error feedback, Seide et al.):
+the change of rows not sent and the codec's error on the rows sent are added to the
+next round's change, so over rounds the whole change arrives. Rows are still chosen
+from this round's change (the embedding's touched rows, the round's words), so a
+row's residual waits until the row is sent again. ``onebit`` requires feedback. Random rows are drawn from ``(seed, round, group)``
 where partitions in the same shared-seed group (seed 002, section III-B) draw the
 same rows, so the union that travels stays small: ``exchange.seed_groups`` = ``one``
 (all partitions alike), ``partition`` (each its own), ``log2`` (ceil(log2 P)
@@ -67,31 +72,42 @@ def select_rows(group: str, slot_index: int, change, ex, words, seed: int, rnd: 
     return np.unique(rand).astype(np.int32)
 
 
-def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int) -> tuple:
+def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int,
+           residual=None) -> tuple:
     """One partition's change (P,) as blocks named ``params.<slot>``, and per-group statistics.
+
+    Parameters
+    ----------
+    residual : array (P,) or None
+        With ``ex.feedback``: what earlier rounds did not send (None: nothing yet).
 
     Returns
     -------
     blocks : dict of str -> Block
     stats : dict of str -> int
         ``rows_sent.<group>``, ``rows_total.<group>`` and ``block_bytes.<group>``.
+    residual : array (P,) float32 or None
+        With ``ex.feedback``, what this round did not send (change + residual - sent).
     """
     g = pid % seed_groups(ex.seed_groups, partitions)
     blocks, stats = {}, {}
+    if ex.feedback:
+        total = change.astype(np.float32) if residual is None else change + residual      # (P,)
+        left = total.copy()
     for i, slot in enumerate(layout):
         group = group_of(slot.name)
         rows, codec = parse(getattr(ex, group))
         view = change[slot.offset:slot.end].reshape(slot.shape)
-        if rows:
-            ids = select_rows(group, i, view, ex, words, seed, rnd, g)
-            b = Block(view[ids], slot.shape, ids, codec)
-        else:
-            b = Block(view, slot.shape, None, codec)
+        send = total[slot.offset:slot.end].reshape(slot.shape) if ex.feedback else view
+        ids = select_rows(group, i, view, ex, words, seed, rnd, g) if rows else None
+        b = Block(send if ids is None else send[ids], slot.shape, ids, codec)
+        if ex.feedback:
+            kept = left[slot.offset:slot.end].reshape(slot.shape[0], -1)                # (R, C)
+            kept[slice(None) if ids is None else ids] -= b.decode()
         blocks[f"params.{slot.name}"] = b
-        for k, v in (("rows_sent", b.rows), ("rows_total", slot.shape[0]),
-                     ("block_bytes", b.data.nbytes + (0 if b.ids is None else b.ids.nbytes))):
+        for k, v in (("rows_sent", b.rows), ("rows_total", slot.shape[0]), ("block_bytes", b.nbytes)):
             stats[f"{k}.{group}"] = stats.get(f"{k}.{group}", 0) + int(v)
-    return blocks, stats
+    return blocks, stats, (left if ex.feedback else None)
 
 
 def mean_change(layout, agg, dtype) -> np.ndarray:

@@ -61,10 +61,13 @@ class ParamsBroadcast:
         Re-base at least every this many rounds (0: only by size).
     fraction : float
         Re-base when a round's rows would reach this fraction of the model.
+    retire : callable, optional
+        Receives a replaced base instead of it being destroyed (error feedback's
+        lineage may still read it, see :mod:`rnnlm.spark.residuals`).
     """
 
-    def __init__(self, sc, layout, every: int, fraction: float):
-        self.sc, self.layout, self.every, self.fraction = sc, layout, every, fraction
+    def __init__(self, sc, layout, every: int, fraction: float, retire=None):
+        self.sc, self.layout, self.every, self.fraction, self.retire = sc, layout, every, fraction, retire
         self.base, self.bc_base, self.age = None, None, 0
         self.rebases = 0
 
@@ -73,6 +76,9 @@ class ParamsBroadcast:
         rows = None if self.base is None else changed_rows(self.layout, params, self.base)
         if (rows is None or size(rows) >= self.fraction * self.layout.size
                 or (self.every and self.age >= self.every)):
+            if self.retire is not None and self.bc_base is not None:
+                self.retire([self.bc_base])
+                self.bc_base = None
             self.close()
             self.base, self.age = params.copy(), 0
             self.bc_base = self.sc.broadcast(self.base)

@@ -97,20 +97,28 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
     maps a partition to a broadcast of what it alone carries (hidden state,
     optimizer state kept per partition), so an executor fetches only its own
     partitions' share.
+
+    With ``exchange.feedback`` the task reads ``((pid, tokens, starts), (pid, residual))``
+    (the data zipped with :class:`rnnlm.spark.residuals.Residuals`' RDD) and yields,
+    after its contribution, ``(pid, new residual)``, which stays in Spark as the next
+    round's input (see :func:`fold`).
     """
     def run(it):
         cfg = config.from_json(cfg_json)
-        t = cfg.train
+        t, feedback = cfg.train, cfg.exchange.feedback
+        items = (_unzip(x) if feedback else (x, None) for x in it)
         try:
             xp = task_xp(t.device)
         except RuntimeError as e:
-            for pid, _, _ in it:
+            for (pid, _, _), residual in items:
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+                if feedback:
+                    yield pid, residual
             return
         payload = bc.value
         model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
         host = rebase.rebuild(model.layout, bc_base.value, payload["rows"])     # the driver's parameters
-        for pid, tokens, starts in it:
+        for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
             opt = make_optimizer(cfg.optim)
             params = xp.array(host)
@@ -133,11 +141,13 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
                                   grad_norm=t.grad_norm, dropout_rng=drop)
             except FloatingPointError as e:
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+                if feedback:
+                    yield pid, residual
                 continue
             words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
             change = backend.to_numpy(res.params) - host    # what this partition did this round
-            dense, block_stats = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
-                                             cfg.data.partitions)
+            dense, block_stats, left = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
+                                                   cfg.data.partitions, residual)
             local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}
             host_opt = {k: (backend.to_numpy(v) if k != "t" else v) for k, v in res.opt_state.items()}
             if t.optim_state == "average":
@@ -147,7 +157,29 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
             yield Aggregate.contribution(res.tokens, dense, {pid: local}, words=words, tokens=res.tokens,
                                          loss_sum=res.loss_sum, steps=res.steps,
                                          compute_s=time.perf_counter() - t0, **block_stats)
+            if feedback:
+                yield pid, left
     return run
+
+
+def _unzip(item):
+    (pid, tokens, starts), (rpid, residual) = item
+    if rpid != pid:         # RDD.zip pairs partitions by position: a mismatch is a bug, not bad input
+        raise AssertionError(f"partition {pid} zipped with the residual of partition {rpid}")
+    return (pid, tokens, starts), residual
+
+
+def fold(acc: Aggregate, x) -> Aggregate:
+    """``treeAggregate``'s seqOp: contributions merge, residuals ``(pid, array)`` are skipped.
+
+    A contribution read back from Spark's cache (feedback mode persists the round's
+    output) was pickled to the executor's own block manager, not sent anywhere: that
+    hop is not counted.
+    """
+    if not isinstance(x, Aggregate):
+        return acc
+    x.wire_bytes = 0
+    return acc.merge(x)
 
 
 def eval_task(cfg_json: str, bc):

@@ -26,6 +26,7 @@ from . import corpus, executor
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import ParamsBroadcast
+from . import residuals as residuals_mod
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
 from ..core.model import RNNLM
@@ -54,6 +55,7 @@ class RunState:
     opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
+    residual: dict = field(default_factory=dict)       # pid -> error feedback residual (from a checkpoint)
     schedule: dict = field(default_factory=dict)
     round: int = 0
     tokens: int = 0
@@ -167,10 +169,11 @@ class Trainer:
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"])
         # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity"
-        slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith("outer.")}
+        slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith(("outer.", "feedback."))}
         if slots:
             st.opt = dict(slots, t=ck.optim_t)
         st.velocity = ck.optim.get("outer.velocity")
+        st.residual = residuals_mod.from_optim(ck.optim)
         for k, v in ck.optim.items():
             if "/" in k:
                 pid, slot = k[1:].split("/", 1)
@@ -203,8 +206,10 @@ class Trainer:
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         self.layout = RNNLM(cfg.model).layout
-        self.params_bc = ParamsBroadcast(self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         st = st or self._fresh(cfg)
+        self.residuals = residuals_mod.Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
+        self.params_bc = ParamsBroadcast(self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction,
+                                         retire=self.residuals.keep if self.residuals else None)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
@@ -223,6 +228,8 @@ class Trainer:
         finally:
             stop.release()
             self.params_bc.close()
+            if self.residuals is not None:
+                self.residuals.close()
             for rdd in (data.train, data.valid, data.test) if owned else ():
                 if rdd is not None:
                     rdd.unpersist()
@@ -247,13 +254,21 @@ class Trainer:
         bcs += bc_local.values()
         bc_bytes = sum(_broadcast_bytes(b) for b in bcs) + (_broadcast_bytes(bc_base) if rebased else 0)
         sc.setJobDescription(f"rnnlm round {r}/{rounds}: {_steps(t)} + treeAggregate")
-        try:
-            agg = (data.train.mapPartitions(executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr))
-                   .treeAggregate(Aggregate(), merge, merge, depth=t.tree_depth))
-        finally:
-            for b in bcs:
-                b.unpersist()
-                b.destroy()
+        task = executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr)
+        if self.residuals is not None:
+            # residuals re-seeded from a checkpoint travel now, one broadcast per partition
+            bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
+            self.residuals.pending_broadcast = []
+            self.residuals.keep(bcs)          # the residuals' lineage reads them until the next checkpoint
+            agg = self.residuals.run_round(task, t.tree_depth, Aggregate(), merge)
+        else:
+            try:
+                agg = data.train.mapPartitions(task).treeAggregate(Aggregate(), executor.fold, merge,
+                                                                   depth=t.tree_depth)
+            finally:
+                for b in bcs:
+                    b.unpersist()
+                    b.destroy()
         errors = agg.errors()
         loss = agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
         if errors or not math.isfinite(loss):
@@ -328,6 +343,9 @@ class Trainer:
             optim.update({f"p{pid}/{k}": v for k, v in d.items() if k != "t"})
         if st.velocity is not None:
             optim["outer.velocity"] = st.velocity
+        if self.residuals is not None:
+            st.residual = self.residuals.collect()
+            optim.update(residuals_mod.to_optim(st.residual))
         opt_t = (st.opt or next(iter(st.opt_local.values()), {})).get("t", 0)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
         ck = checkpoint.Checkpoint(
@@ -336,6 +354,8 @@ class Trainer:
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                       "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+        if self.residuals is not None:
+            self.residuals.truncate(st.residual)
 
 
 class _StopRequest:
