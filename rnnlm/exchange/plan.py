@@ -19,7 +19,8 @@ it is kept instead, as the partition's **residual** (error feedback, Seide et al
 the change of rows not sent and the codec's error on the rows sent are added to the
 next round's change, so over rounds the whole change arrives. Rows are still chosen
 from this round's change (the embedding's touched rows, the round's words), so a
-row's residual waits until the row is sent again. ``onebit`` requires feedback. Random rows are drawn from ``(seed, round, group)``
+row's residual waits until the row is sent again. ``onebit`` requires feedback.
+Random rows are drawn from ``(seed, round, group)``
 where partitions in the same shared-seed group (seed 002, section III-B) draw the
 same rows, so the union that travels stays small: ``exchange.seed_groups`` = ``one``
 (all partitions alike), ``partition`` (each its own), ``log2`` (ceil(log2 P)
