@@ -76,9 +76,6 @@ class ParamsBroadcast:
         rows = None if self.base is None else changed_rows(self.layout, params, self.base)
         if (rows is None or size(rows) >= self.fraction * self.layout.size
                 or (self.every and self.age >= self.every)):
-            if self.retire is not None and self.bc_base is not None:
-                self.retire([self.bc_base])
-                self.bc_base = None
             self.close()
             self.base, self.age = params.copy(), 0
             self.bc_base = self.sc.broadcast(self.base)
@@ -88,7 +85,9 @@ class ParamsBroadcast:
         return self.bc_base, rows, False
 
     def close(self):
-        if self.bc_base is not None:
+        if self.bc_base is not None and self.retire is not None:
+            self.retire([self.bc_base])
+        elif self.bc_base is not None:
             self.bc_base.unpersist()
             self.bc_base.destroy()
-            self.bc_base = None
+        self.bc_base = None
