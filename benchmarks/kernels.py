@@ -3,10 +3,19 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
 
     python benchmarks/kernels.py [--threads N] [--seconds S] [--shapes a,b]
     python benchmarks/kernels.py --device gpu --batch 128   # CuPy vs PyTorch CUDA
+    python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax (seed 000)
 
 Prints one line per shape and, last, ``min_ratio_vs_torch=<number>``.
 Character models take one-hot inputs in both (PyTorch: an LSTM whose input
 width is V, fed ``one_hot(x)``), so parameters and FLOPs are identical.
+
+``--sampled MU`` instead times rnnlm's full training step against the same step
+with seed 000's sampled softmax (no PyTorch), on the word shapes, over real PTB
+batches (frequency-rank ids; synthetic Zipf targets when the file is missing).
+Each step's sets are built as the trainer would, inside the timed step:
+v_all = the batch's targets, the top 1% ids and a random 1% (beta), and
+v_f = v_all plus a random MU of the vocabulary. Prints one line per shape and,
+last, ``min_sampled_speedup=<number>``.
 """
 from __future__ import annotations
 
@@ -105,6 +114,100 @@ def make_rnnlm_step(xp, shape, B):
     return step
 
 
+PTB_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "ptb.train.txt")
+
+
+def sampled_batches(shape, B, count=64, seed=0):
+    """``count`` consecutive (T, B) batches of frequency-rank ids, and where they came from.
+
+    PTB's training text as the trainer streams it when the file is there, otherwise
+    targets drawn from a Zipf law (``zipf(1.1)`` ranks, clipped to V - 1).
+    """
+    import numpy as np
+
+    from rnnlm.core.strategies import Batch, StreamBlock
+    from rnnlm.core.vocab import Vocab
+    V, T = shape[1], shape[5]
+    if os.path.exists(PTB_TRAIN):
+        text = open(PTB_TRAIN, encoding="utf-8").read()
+        vocab = Vocab.build(text, "word", max_size=V)
+        block = StreamBlock(vocab.encode(text), B, T)
+        return [block.batch(k) for k in range(count)], f"ptb.train.txt (|vocab|={len(vocab)})"
+    r = np.random.default_rng(seed)
+    ids = (np.minimum(r.zipf(1.1, count * T * B + 1), V) - 1).astype(np.int32)
+    out = []
+    for k in range(count):
+        a = ids[k * T * B:(k + 1) * T * B + 1]
+        out.append(Batch(a[:-1].reshape(T, B), a[1:].reshape(T, B)))
+    return out, "synthetic zipf(1.1) ranks"
+
+
+def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0):
+    """One training step per call over ``batches`` in turn; with ``mu``, the sampled softmax.
+
+    Returns the step and a list that collects (|v_all|, |v_f|) of every sampled step.
+    """
+    import math
+
+    import numpy as np
+
+    from rnnlm.config import ModelConfig, OptimConfig
+    from rnnlm.core.local import train_steps
+    from rnnlm.core.model import RNNLM
+    from rnnlm.core.optim import make_optimizer
+    from rnnlm.core.sampled import softmax_sets
+    cell, V, E, H, L, T, _ = shape
+    m = RNNLM(ModelConfig(cell=cell, vocab_size=V, embed=E, hidden=H, layers=L), xp=xp)
+    opt = make_optimizer(OptimConfig(name="sgd", clip_norm=5.0))
+    p = m.init_params(0)
+    st = opt.init_state(p)
+    grads = xp.empty_like(p)
+    state = [m.zero_state(B)]
+    dev = [(xp.asarray(b.x), xp.asarray(b.y), b) for b in batches]
+    r = np.random.default_rng(seed)
+    one = math.ceil(0.01 * V)
+    betas = [np.sort(r.choice(V, one, replace=False)) for _ in batches]   # the exchange's random rows
+    sizes, k = [], [0]
+
+    def sets(_, y):
+        v_all, v_f = softmax_sets(y, V, one, betas[k[0] % len(betas)], mu, r)
+        sizes.append((len(v_all), len(v_f)))
+        return v_all, v_f
+
+    def step():
+        x, y, b = dev[k[0] % len(dev)]
+        batch = [type(b)(x, y, b.reset)]
+        res = train_steps(m, opt, p, st, batch, state[0], lr=0.1, clip_norm=5.0, grads=grads,
+                          softmax_sets=None if mu is None else sets)
+        state[0] = res.state
+        k[0] += 1
+    return step, sizes
+
+
+def sampled_main(a, xp, sync):
+    """Full against sampled softmax training steps on the word shapes (``--sampled MU``)."""
+    import numpy as np
+    peak = matmul_gflops(xp, sync=sync)
+    print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={np.__version__} "
+          f"sampled softmax mu={a.sampled}: v_all = targets + top 1% + random 1%, v_f = v_all + random mu")
+    print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
+    speedups = []
+    for name in (a.shapes or "ptb-small,ptb-medium").split(","):
+        shape = SHAPES[name]
+        B = a.batch or shape[6]
+        toks = shape[5] * B
+        batches, source = sampled_batches(shape, B)
+        full, _ = make_rnnlm_loop(xp, shape, B, batches)
+        samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled)
+        t_f, t_s = interleaved([full, samp], a.seconds, a.rounds, sync)
+        n_all, n_f = np.mean(sizes, axis=0)
+        speedups.append(t_f / t_s)
+        print(f"{name:11s} T={shape[5]:<3d} B={B:<4d} V={shape[1]} full {toks / t_f:9.0f} tok/s  "
+              f"sampled {toks / t_s:9.0f} tok/s  speedup {t_f / t_s:5.2f}  "
+              f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  targets: {source}", flush=True)
+    print(f"min_sampled_speedup={min(speedups):.3f}")
+
+
 def make_torch_step(torch, shape, B, device):
     cell, V, E, H, L, T, _ = shape
     nn = torch.nn
@@ -148,16 +251,23 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--seconds", type=float, default=6.0, help="timing per shape and library")
     ap.add_argument("--rounds", type=int, default=3, help="alternating windows per shape")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=None, help="default: all; ptb-small,ptb-medium with --sampled")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--batch", type=int, default=0, help="override B for every shape")
+    ap.add_argument("--sampled", type=float, default=None, metavar="MU",
+                    help="time full against sampled softmax (v_f adds MU of the vocabulary), no PyTorch")
     a = ap.parse_args(argv)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)   # before NumPy loads OpenBLAS
+    from rnnlm.core import backend
+    xp = backend.get_xp(a.device)
+    if a.sampled is not None:
+        def xp_sync():
+            if a.device == "gpu":
+                xp.cuda.Device().synchronize()
+        return sampled_main(a, xp, xp_sync)
     import torch
 
-    from rnnlm.core import backend
     torch.set_num_threads(a.threads)
-    xp = backend.get_xp(a.device)
     tdev = "cuda" if a.device == "gpu" else "cpu"
 
     def sync():
@@ -168,7 +278,7 @@ def main(argv=None):
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     ratios = []
-    for name in a.shapes.split(","):
+    for name in (a.shapes or ",".join(SHAPES)).split(","):
         shape = SHAPES[name]
         B = a.batch or shape[6]
         toks = shape[5] * B

@@ -97,6 +97,8 @@ class ExchangeConfig:
     random: float = 0.0            # q: a seeded fraction of rows (softmax V_beta; hidden rows)
     seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
     feedback: bool = False         # keep what was not sent (rows, codec error) and send it later
+    sampled_softmax: bool = False  # train with seed 000's sampled softmax (evaluation stays full)
+    mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,7 @@ def validate(cfg: Config) -> None:
     checks = [
         (0.0 <= x.frequent <= 1.0, "exchange.frequent must be in [0, 1]"),
         (0.0 <= x.random <= 1.0, "exchange.random must be in [0, 1]"),
+        (0.0 <= x.mu <= 1.0, "exchange.mu must be in [0, 1]"),
         (not x.hidden.startswith("rows") or x.random > 0,
          "exchange.hidden = rows sends a seeded exchange.random fraction of rows: set exchange.random > 0"),
         (x.feedback or "onebit" not in (x.embed + x.softmax + x.hidden),

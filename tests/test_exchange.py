@@ -211,3 +211,18 @@ def test_the_broadcast_shrinks_to_the_rows_that_changed(spark, tmp_path):
     assert all(x["rebased"] for x in md)                          # dense: every row changes, every round re-bases
     assert not mr[1]["rebased"] and mr[1]["round_bytes_broadcast"] < 0.45 * md[1]["round_bytes_broadcast"]
     assert mr[-1]["bytes_broadcast"] < 0.75 * md[-1]["bytes_broadcast"]     # a ~500-word vocabulary: re-bases often
+
+
+def test_softmax_sampler_shares_words_within_a_seed_group_and_stays_inside_the_rows_sent():
+    ex = Ex(frequent=0.01, random=0.02, mu=0.05, seed_groups="log2")         # 4 partitions: 2 groups
+    targets = np.array([[5, 500], [999, -1]])
+    a, b, c = (plan.SoftmaxSampler(1000, ex, seed=3, rnd=2, pid=p, partitions=4) for p in (0, 2, 1))
+    v_all, v_f = a(0, targets)
+    assert [x.tolist() for x in b(0, targets)] == [v_all.tolist(), v_f.tolist()]    # pids 0, 2: group 0
+    step1 = a(1, targets)[1]
+    assert c(0, targets)[1].tolist() != v_f.tolist() and step1.tolist() != v_f.tolist()
+    assert 50 <= len(v_f) <= 50 + len(v_all) and a.sizes == [2 * len(v_all), len(v_f) + len(step1)]
+    sent = plan.select_rows("softmax", 7, np.zeros((1000, 4)), ex, np.array([5, 500, 999]), 3, 2, 0)
+    assert set(v_all.tolist()) <= set(sent.tolist()) and {5, 500, 999} | set(range(10)) <= set(v_all.tolist())
+    bias = plan.select_rows("softmax", 8, np.zeros(1000), ex, np.array([5, 500, 999]), 3, 2, 0)
+    assert bias.tolist() == sent.tolist()                                     # Wo and bo send the same rows

@@ -12,6 +12,7 @@ from rnnlm.core.local import train_steps
 from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
 from rnnlm.core.strategies import Source
+from rnnlm.spark import executor
 from rnnlm.spark.trainer import Trainer, TrainingError, load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -163,6 +164,9 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     # error feedback: residuals live in Spark, are checkpointed at rounds 2 and 3 here, 3 and 4 there
     (["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
       "exchange.random=0.2", "exchange.feedback=true", "train.checkpoint_every=3"], True),
+    # the sampled softmax draws its words per (round, seed group, step)
+    (["exchange.softmax=rows+fp16", "exchange.sampled_softmax=true", "exchange.mu=0.1", "exchange.frequent=0.1",
+      "exchange.random=0.1", "exchange.seed_groups=log2"], False),
 ])
 def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, uri):
     """``file://`` URIs and plain paths both resolve to the local disk (Python I/O; tests/test_hfs.py
@@ -181,6 +185,33 @@ def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, ur
     assert [x["train_loss"] for x in ma] == [x["train_loss"] for x in mb]
     ck = checkpoint.load(str(tmp_path / "b" / "checkpoint"))
     assert ck.position["round"] == 4 and np.array_equal(ck.params, a.params)
+
+
+def test_sampled_softmax_moves_only_target_rows_and_over_the_whole_vocabulary_is_the_full_softmax(
+        spark, tiny_cfg, tmp_path):
+    sgd = config.apply_overrides(tiny_cfg.to_dict(), ["optim.name=sgd", "optim.lr=0.5", "train.rounds=1"])
+    full = run(spark, config.from_dict(sgd), tmp_path / "full")
+    every = run(spark, config.from_dict(config.apply_overrides(sgd, [
+        "exchange.sampled_softmax=true", "exchange.mu=1.0", "exchange.frequent=1.0"])), tmp_path / "every")
+    assert np.abs(every.params - full.params).max() < 1e-6
+    few_cfg = config.from_dict(config.apply_overrides(sgd, ["exchange.sampled_softmax=true", "exchange.mu=0.0"]))
+    few = run(spark, few_cfg, tmp_path / "few")
+    data = load_corpus(spark.sparkContext, few_cfg)
+    parts = data.train.collect()
+    data.train.unpersist()
+    targets = set()
+    for pid, tokens, starts in parts:
+        for b in executor.make_source(few.cfg, pid, tokens, starts).round_batches(1, few_cfg.train.local_steps):
+            targets |= set(b.y[b.y >= 0].tolist())
+    model = RNNLM(few.cfg.model)
+    init = model.layout.views(model.init_params(few_cfg.train.seed))["Wo"]
+
+    def moved(tr):
+        return set(np.flatnonzero(np.any(model.layout.views(tr.params)["Wo"] != init, axis=1)).tolist())
+    assert moved(few) and moved(few) <= targets               # no other row of Wo got a gradient
+    assert len(moved(full)) == model.V > len(targets)         # the full softmax moves every row
+    m = metrics(tmp_path / "few")[0]
+    assert 0 < m["softmax_v_f"] == m["softmax_v_all"] <= len(targets) and m["seed_groups"] == 2
 
 
 def test_resume_with_incompatible_config_is_refused(spark, tiny_cfg, tmp_path):

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 
+from . import backend
 from .optim import clip_factor
 from .strategies import StreamBlock
 
@@ -27,7 +28,7 @@ class LocalResult:
 
 def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: float,
                 clip_norm: float = 0.0, clip_value: float = 0.0, grad_norm: str = "batch",
-                dropout_rng=None, grads=None) -> LocalResult:
+                dropout_rng=None, grads=None, softmax_sets=None) -> LocalResult:
     """Run one optimizer step per batch, carrying hidden state between them.
 
     Parameters
@@ -45,6 +46,11 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         as Zaremba et al.) or by the tokens scored.
     dropout_rng : xp generator, optional
         Enables dropout when given.
+    softmax_sets : callable, optional
+        ``(step_index, y) -> (v_all, v_f)`` with ``y`` the batch's targets as a NumPy
+        array: each step then trains with the sampled softmax over those sets (see
+        :meth:`RNNLM.loss_and_grad`, :func:`rnnlm.core.sampled.softmax_sets`). None
+        is the full softmax.
 
     Raises
     ------
@@ -60,8 +66,12 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         x, y = xp.asarray(b.x), xp.asarray(b.y)
         reset = None if b.reset is None else xp.asarray(b.reset)
         scale = 1.0 / x.shape[1] if grad_norm == "batch" else None
+        softmax = None
+        if softmax_sets is not None:
+            v_all, v_f = softmax_sets(steps, backend.to_numpy(b.y))
+            softmax = (xp.asarray(v_all), xp.asarray(v_f))
         loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset,
-                                                 grad_scale=scale, rng=dropout_rng)
+                                                 grad_scale=scale, rng=dropout_rng, softmax=softmax)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at local step {steps}")
         norm, factor = clip_factor(grads, clip_norm, clip_value)

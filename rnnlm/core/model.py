@@ -1,7 +1,9 @@
 """The language model: embedding, stacked RNN/LSTM layers, full softmax.
 
 Parameters and gradients are flat buffers described by ``model.layout``;
-:meth:`RNNLM.loss_and_grad` runs truncated BPTT over one (T, B) chunk.
+:meth:`RNNLM.loss_and_grad` runs truncated BPTT over one (T, B) chunk, with the
+full softmax or (in training only) seed 000's sampled softmax over a subset of
+the vocabulary (:mod:`rnnlm.core.sampled` builds the subsets).
 """
 from __future__ import annotations
 
@@ -42,6 +44,14 @@ class _ChunkBuffers:
         self.ones_n = xp.ones(N, dtype=dt)
         self.ones_v = xp.ones(m.V, dtype=dt)
         self.cols = xp.arange(N)
+        self.rows = None                                 # sampled softmax, allocated on first use
+
+    def sampled(self, xp, m):
+        """Allocate (once) the sampled softmax's buffers, full size; a chunk uses ``[:n]``."""
+        if self.rows is None:
+            self.rows = xp.empty(m.V, dtype=xp.int64)    # output rows: v_all, then v_f minus v_all
+            self.Wf = xp.empty((m.V, m.H), dtype=m.dtype)  # gathered Wo rows, then their gradient
+            self.bf = xp.empty(m.V, dtype=m.dtype)       # gathered bo rows, then their gradient
 
 
 class RNNLM:
@@ -114,8 +124,12 @@ class RNNLM:
         return self._buffers[key]
 
     # ---------------------------------------------------------------- forward
-    def _forward(self, p, x, state, reset, rng):
-        """Fill the chunk buffers up to the logits; return (buffers, new state, keep, resets)."""
+    def _forward(self, p, x, state, reset, rng, n_out=None):
+        """Fill the chunk buffers up to the logits; return (buffers, new state, keep, resets).
+
+        ``n_out`` set: logits only for the vocabulary rows ``buf.rows[:n_out]``, into
+        ``buf.logits[:n_out]`` (the sampled softmax); None: all V rows.
+        """
         xp = self.xp
         T, B = x.shape
         N, drop = T * B, (self.dropout if rng is not None else 0.0)
@@ -147,8 +161,16 @@ class RNNLM:
                 act = buf.dropped[layer]
                 self._dropout(rng, act, buf.masks[layer], drop)
             buf.act[layer] = act
-        xp.matmul(p["Wo"], buf.act[-1], out=buf.logits)                 # (V, N)
-        buf.logits += p["bo"][:, None]
+        if n_out is None:
+            xp.matmul(p["Wo"], buf.act[-1], out=buf.logits)             # (V, N)
+            buf.logits += p["bo"][:, None]
+            return buf, new_state, keep, reset_steps
+        rows, Wf, bf = buf.rows[:n_out], buf.Wf[:n_out], buf.bf[:n_out]
+        xp.take(p["Wo"], rows, axis=0, out=Wf)                           # (n_f, H)
+        xp.take(p["bo"], rows, out=bf)                                   # (n_f,)
+        lg = buf.logits[:n_out]                                          # (n_f, N)
+        xp.matmul(Wf, buf.act[-1], out=lg)
+        lg += bf[:, None]
         return buf, new_state, keep, reset_steps
 
     def _dropout(self, rng, a, mask, rate):
@@ -158,21 +180,26 @@ class RNNLM:
         mask *= 1.0 / (1.0 - rate)
         a *= mask
 
-    def _nll(self, buf, y, grad_scale):
+    def _nll(self, buf, y, grad_scale, n_out=None, ypos=None):
         """Log-softmax cross-entropy in place over ``buf.logits``.
 
         Returns the summed NLL (float) and the number of scored tokens; with
         ``grad_scale`` set, leaves ``grad_scale * dNLL/dlogits`` in ``buf.logits``.
+        With ``n_out`` (sampled softmax) only ``buf.logits[:n_out]`` is normalised and
+        ``ypos`` (N,) gives each target's row in it.
         """
         xp = self.xp
-        lg = buf.logits                                                  # (V, N)
         yv = y.reshape(-1)
         valid = yv >= 0
-        yc = xp.where(valid, yv, 0)
+        if n_out is None:
+            lg, ones = buf.logits, buf.ones_v                            # (V, N), (V,)
+            yc = xp.where(valid, yv, 0)
+        else:
+            lg, ones, yc = buf.logits[:n_out], buf.ones_v[:n_out], ypos  # (n_f, N), (n_f,)
         lg -= lg.max(axis=0)
         zy = lg[yc, buf.cols]                                            # (N,)
         xp.exp(lg, out=lg)
-        s = xp.matmul(buf.ones_v, lg)                                    # (N,)
+        s = xp.matmul(ones, lg)                                          # (N,)
         nll = (xp.log(s) - zy) * valid
         loss = float(nll.sum(dtype=np.float64))
         count = int(valid.sum())
@@ -207,30 +234,105 @@ class RNNLM:
         return buf.logits[:, (T - 1) * B:].T.copy(), new_state
 
     # --------------------------------------------------------------- backward
-    def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None):
+    def _softmax_rows(self, buf, softmax, y):
+        """Check ``softmax = (v_all, v_f)`` against ``y`` and lay out ``buf.rows``.
+
+        ``buf.rows[:n_f]`` becomes v_all followed by v_f minus v_all (V_gamma), so
+        the backward pass reads the v_all rows as the contiguous slice ``[:n_all]``.
+        Returns n_all, n_f and each target's row in that layout (N,).
+        """
+        xp, V = self.xp, self.V
+        v_all = xp.asarray(softmax[0]).reshape(-1)
+        v_f = xp.asarray(softmax[1]).reshape(-1)
+        na, nf = int(v_all.size), int(v_f.size)
+        if not 0 < na <= nf <= V:
+            raise ValueError(f"softmax sets: need 0 < |v_all| <= |v_f| <= V={V} (got {na} and {nf})")
+        yv = y.reshape(-1)
+        valid = yv >= 0
+        loc = xp.minimum(xp.searchsorted(v_f, v_all), nf - 1)           # (n_all,) v_all in v_f
+        ypos = xp.minimum(xp.searchsorted(v_all, xp.where(valid, yv, 0)), na - 1)   # (N,)
+        # one device-to-host transfer for every check
+        sets_ok = ((v_f[loc] == v_all).all() & (v_all[1:] > v_all[:-1]).all()
+                   & (v_f[1:] > v_f[:-1]).all() & (v_f[0] >= 0) & (v_f[-1] < V))
+        targets_ok = ((v_all[ypos] == yv) | ~valid).all()
+        ok = backend.to_numpy(xp.stack([sets_ok, targets_ok]))
+        if not ok[0]:
+            raise ValueError(f"softmax sets: v_all and v_f must be sorted unique ids in [0, {V}) "
+                             "with v_all a subset of v_f")
+        if not ok[1]:
+            yh, ah = backend.to_numpy(yv), backend.to_numpy(v_all)
+            missing = np.setdiff1d(yh[yh >= 0], ah)
+            raise ValueError(f"sampled softmax: every scored target must be in v_all; "
+                             f"{missing.size} target id(s) are not, e.g. {missing[:5].tolist()}")
+        buf.sampled(xp, self)
+        buf.rows[:na] = v_all
+        if nf > na:
+            gamma = xp.ones(nf, dtype=bool)
+            gamma[loc] = False
+            buf.rows[na:nf] = v_f[gamma]                                 # V_gamma, sorted
+        return na, nf, ypos
+
+    def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
+                      softmax=None):
         """Forward and backward over one chunk (truncated BPTT).
 
         Writes the gradient of ``grad_scale * summed NLL`` into ``grads`` (P,),
         every slot overwritten. ``grad_scale`` defaults to 1 / tokens scored.
         ``rng`` (an ``xp`` generator) turns dropout on; None means no dropout.
 
+        ``softmax`` None is the full softmax. ``softmax = (v_all, v_f)``, two sorted
+        unique int arrays of vocabulary ids (NumPy or ``xp``) with v_all a subset of
+        v_f, is seed 000's sampled softmax (section 4), with its two samplers:
+
+        * forward: logits only for the rows v_f of ``Wo``/``bo``, normalised over v_f:
+          the loss is ``-log(exp(s_y) / sum_{i in v_f} exp(s_i))``;
+        * backward: only the rows v_all. ``Wo``/``bo``'s gradient is zero outside
+          v_all and, on v_all, the exact gradient of that sampled loss; the gradient
+          into the top layer is ``sum_{i in v_all} dlogit_i * Wo[i]``. The dummy words
+          V_gamma = v_f minus v_all take probability mass in the forward pass but get
+          no backward, so unless v_all == v_f the hidden parameters' gradient is *not*
+          the gradient of the sampled loss (deliberately, as the seed describes).
+
+        The output layer then costs GEMMs of n_f rows forward and n_all rows backward
+        instead of V. Every scored target (y >= 0) must be in v_all.
+
         Returns
         -------
         loss_sum : float, count : int, new_state : array (L, S, H, B)
+
+        Raises
+        ------
+        ValueError
+            A scored target is not in v_all, or the sets are not sorted unique ids
+            with v_all a subset of v_f.
         """
         xp = self.xp
         p, g = self.layout.views(params), self.layout.views(grads)
-        buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng)
-        if grad_scale is None:
-            grad_scale = 1.0 / max(1, int((y >= 0).sum()))
-        loss, count = self._nll(buf, y, grad_scale)
         T, B = x.shape
         N, H = T * B, self.H
-        dlg = buf.logits                                                 # (V, N)
-        xp.matmul(dlg, buf.act[-1].T, out=g["Wo"])                       # (V, H)
-        xp.matmul(dlg, buf.ones_n, out=g["bo"])
+        na = nf = ypos = None
+        if softmax is not None:
+            na, nf, ypos = self._softmax_rows(self._bufs(T, B), softmax, y)
+        buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, nf)
+        if grad_scale is None:
+            grad_scale = 1.0 / max(1, int((y >= 0).sum()))
+        loss, count = self._nll(buf, y, grad_scale, nf, ypos)
         dtop = buf.dh[-1].reshape(H, N)
-        xp.matmul(p["Wo"].T, dlg, out=dtop)                              # (H, N)
+        if softmax is None:
+            dlg = buf.logits                                             # (V, N)
+            xp.matmul(dlg, buf.act[-1].T, out=g["Wo"])                   # (V, H)
+            xp.matmul(dlg, buf.ones_n, out=g["bo"])
+            xp.matmul(p["Wo"].T, dlg, out=dtop)                          # (H, N)
+        else:                                    # v_all's rows only: V_gamma's are dropped
+            dlg, Wa, ba = buf.logits[:na], buf.Wf[:na], buf.bf[:na]      # (n_all, N), (n_all, H)
+            xp.matmul(Wa.T, dlg, out=dtop)                               # (H, N)
+            xp.matmul(dlg, buf.act[-1].T, out=Wa)                        # the weights are spent
+            xp.matmul(dlg, buf.ones_n, out=ba)
+            rows = buf.rows[:na]
+            g["Wo"].fill(0)
+            g["Wo"][rows] = Wa
+            g["bo"].fill(0)
+            g["bo"][rows] = ba
         drop = self.dropout if rng is not None else 0.0
         if drop:
             dtop *= buf.masks[-1]

@@ -32,10 +32,13 @@ import math
 
 import numpy as np
 
+from ..core import sampled
 from .blocks import Block
 
 GROUP_OF = {"embed": "embed", "Wo": "softmax", "bo": "softmax"}   # every other slot: hidden
 _KEY = 0xEC
+_SOFTMAX_SALT = 1 << 20        # Wo and bo draw the same V_beta (hidden slots salt with their index)
+_GAMMA_KEY = 0x5A
 
 
 def group_of(slot: str) -> str:
@@ -61,16 +64,50 @@ def _random_rows(n: int, fraction: float, seed: int, rnd: int, group: int, salt:
     return rng.choice(n, size=math.ceil(fraction * n), replace=False)
 
 
+def _frequent(V: int, ex) -> int:
+    """|V_alpha|: the ``exchange.frequent`` most frequent words are ids ``0 .. n - 1``."""
+    return min(V, math.ceil(ex.frequent * V))
+
+
+def _beta(V: int, ex, seed: int, rnd: int, seed_group: int) -> np.ndarray:
+    """V_beta: the softmax rows a seed group draws this round (the same for ``Wo`` and ``bo``)."""
+    return _random_rows(V, ex.random, seed, rnd, seed_group, _SOFTMAX_SALT)
+
+
 def select_rows(group: str, slot_index: int, change, ex, words, seed: int, rnd: int, seed_group: int):
     """The sorted row ids of one slot's ``change`` (R, ...) a partition sends."""
     R = change.shape[0]
     if group == "embed":
         return np.flatnonzero(np.any(change.reshape(R, -1) != 0, axis=1)).astype(np.int32)
-    rand = _random_rows(R, ex.random, seed, rnd, seed_group, slot_index)
     if group == "softmax":
-        top = np.arange(min(R, math.ceil(ex.frequent * R)))
-        return np.union1d(np.union1d(words, top), rand).astype(np.int32)
-    return np.unique(rand).astype(np.int32)
+        top = np.arange(_frequent(R, ex))
+        return np.union1d(np.union1d(words, top), _beta(R, ex, seed, rnd, seed_group)).astype(np.int32)
+    return np.unique(_random_rows(R, ex.random, seed, rnd, seed_group, slot_index)).astype(np.int32)
+
+
+class SoftmaxSampler:
+    """Seed 000's sampled softmax for one partition's round: ``(step, targets) -> (v_all, v_f)``.
+
+    v_all = the step's targets U V_alpha U V_beta, a subset of the rows the
+    ``softmax`` group sends this round (its V_base is every word of the round);
+    v_f adds V_gamma, ``ceil(exchange.mu * V)`` words drawn from
+    ``(seed, round, seed group, step)``, so partitions of one shared-seed group
+    normalise over the same dummy words. For :func:`rnnlm.core.local.train_steps`;
+    ``sizes`` sums |v_all| and |v_f| over the steps drawn (for the metrics).
+    """
+
+    def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int):
+        self.V, self.mu, self.seed, self.rnd = V, ex.mu, seed, rnd
+        self.group = pid % seed_groups(ex.seed_groups, partitions)
+        self.top, self.beta = _frequent(V, ex), _beta(V, ex, seed, rnd, self.group)
+        self.sizes = [0, 0]
+
+    def __call__(self, step: int, targets):
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rnd, self.group, step, _GAMMA_KEY]))
+        v_all, v_f = sampled.softmax_sets(targets, self.V, self.top, self.beta, self.mu, rng)
+        self.sizes[0] += v_all.size
+        self.sizes[1] += v_f.size
+        return v_all, v_f
 
 
 def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int,

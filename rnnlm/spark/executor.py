@@ -135,10 +135,12 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
             batches = src.round_batches(rnd, t.local_steps)
+            sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions)
+                    if cfg.exchange.sampled_softmax else None)
             try:
                 res = train_steps(model, opt, params, opt_state, batches, state,
                                   lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
-                                  grad_norm=t.grad_norm, dropout_rng=drop)
+                                  grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
             except FloatingPointError as e:
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
                 if feedback:
@@ -154,6 +156,8 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
                 dense.update({f"opt.{k}": v for k, v in host_opt.items() if k != "t"})
             elif t.optim_state == "local":
                 local["opt"] = host_opt
+            if sets is not None:
+                block_stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
             yield Aggregate.contribution(res.tokens, dense, {pid: local}, words=words, tokens=res.tokens,
                                          loss_sum=res.loss_sum, steps=res.steps,
                                          compute_s=time.perf_counter() - t0, **block_stats)

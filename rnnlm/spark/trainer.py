@@ -290,6 +290,10 @@ class Trainer:
         m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
         sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
         m["compression"] = round(self.layout.size * 4 * cfg.data.partitions / max(1, sent), 3)
+        m["seed_groups"] = plan.seed_groups(cfg.exchange.seed_groups, cfg.data.partitions)
+        if cfg.exchange.sampled_softmax:      # mean sampled softmax sets per local step
+            for k in ("softmax_v_all", "softmax_v_f"):
+                m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
         if due(r, t.eval_every, rounds):
             if data.valid is not None:
                 vl = self.evaluate(cfg, st.params, data.valid)
@@ -301,7 +305,8 @@ class Trainer:
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased")))
+        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased",
+                                   "seed_groups", "softmax_v")))
 
     def _kept(self) -> str:
         if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):

@@ -1,0 +1,285 @@
+"""Seed 000's sampled softmax: forward over v_f, backward over v_all (float64 checks)."""
+import numpy as np
+import pytest
+
+from rnnlm.core import backend
+from rnnlm.config import ModelConfig, OptimConfig
+from rnnlm.core.local import train_steps
+from rnnlm.core.model import RNNLM
+from rnnlm.core.optim import make_optimizer
+from rnnlm.core.sampled import softmax_sets
+from rnnlm.core.strategies import StreamBlock
+from test_gradients import _numeric
+
+V = 13
+# targets are drawn from TARGETS; v_all adds a "top" id and a "beta" id; v_f adds dummy words
+TARGETS = [0, 1, 2, 4, 6]
+V_ALL = np.array([0, 1, 2, 3, 4, 6, 9])
+V_F = np.array([0, 1, 2, 3, 4, 6, 7, 9, 11, 12])
+GAMMA = np.setdiff1d(V_F, V_ALL)
+OUTSIDE = np.setdiff1d(np.arange(V), V_F)
+
+
+def _setup(xp, cell="lstm", layers=2, embed=3, T=4, B=3, H=4, reset=True):
+    cfg = ModelConfig(cell=cell, vocab_size=V, embed=embed, hidden=H, layers=layers,
+                      init_scale=0.5, forget_bias=1.0)
+    m = RNNLM(cfg, xp=xp, dtype="float64")
+    r = np.random.default_rng(11)
+    x = xp.asarray(r.integers(0, V, (T, B)))
+    y = r.choice(TARGETS, (T, B))
+    y[1, 0] = -1                                        # an unscored position
+    state = xp.asarray(r.normal(0, 0.5, (layers, m.S, H, B)))
+    rs = None
+    if reset:
+        rs = np.zeros((T, B), bool)
+        rs[2, 1] = True
+        rs = xp.asarray(rs)
+    p = m.init_params(3)
+    p += xp.asarray(r.normal(0, 0.1, p.size))          # non-zero biases too
+    return m, p, x, xp.asarray(y), state, rs
+
+
+def _grad(m, p, x, y, state, reset, softmax):
+    g = m.xp.full(p.shape, np.nan)                      # every slot must be overwritten
+    loss, count, st = m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0, softmax=softmax)
+    return loss, count, backend.to_numpy(st), backend.to_numpy(g)
+
+
+def _reference_sampled_loss(m, p, x, y, state, v_f):
+    """-log softmax over the v_f columns, from ``next_logits`` of every prefix (NumPy)."""
+    yh = backend.to_numpy(y)
+    total = 0.0
+    for t in range(x.shape[0]):
+        logits = backend.to_numpy(m.next_logits(p, x[:t + 1], state)[0])[:, v_f]   # (B, n_f)
+        mx = logits.max(axis=1, keepdims=True)
+        logz = np.log(np.exp(logits - mx).sum(axis=1)) + mx[:, 0]
+        for b in range(x.shape[1]):
+            if yh[t, b] >= 0:
+                col = int(np.searchsorted(v_f, yh[t, b]))
+                assert v_f[col] == yh[t, b]
+                total += logz[b] - logits[b, col]
+    return total
+
+
+def _same(a, b, xp):
+    """Bit for bit on NumPy (the same GEMMs on a gathered copy of Wo); to rounding on CuPy,
+    whose GEMMs may pick kernels by the operands' alignment."""
+    if xp is np:
+        return np.array_equal(a, b)
+    return np.allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("cell,layers,embed", [("lstm", 2, 3), ("rnn", 1, 0)])
+def test_whole_vocabulary_equals_full_softmax(xp, cell, layers, embed):
+    m, p, x, y, state, reset = _setup(xp, cell, layers, embed)
+    full = _grad(m, p, x, y, state, reset, None)
+    every = np.arange(V)
+    for sets in [(every, every), (xp.asarray(every), xp.asarray(every.astype(np.int32)))]:
+        samp = _grad(m, p, x, y, state, reset, sets)
+        assert samp[1] == full[1]
+        assert _same(samp[0], full[0], xp) and _same(samp[2], full[2], xp) and _same(samp[3], full[3], xp)
+
+
+def test_all_of_v_f_with_a_smaller_v_all_keeps_the_loss_and_v_all_rows(xp):
+    m, p, x, y, state, reset = _setup(xp)
+    loss, count, _, g = _grad(m, p, x, y, state, reset, None)
+    s_loss, s_count, _, sg = _grad(m, p, x, y, state, reset, (V_ALL, np.arange(V)))
+    assert s_count == count and s_loss == pytest.approx(loss, rel=1e-13)
+    for name in ("Wo", "bo"):
+        sl = m.layout[name]
+        a = g[sl.offset:sl.end].reshape(sl.shape)
+        b = sg[sl.offset:sl.end].reshape(sl.shape)
+        assert np.allclose(b[V_ALL], a[V_ALL], rtol=1e-12, atol=1e-14), name
+        rest = np.setdiff1d(np.arange(V), V_ALL)
+        assert np.all(b[rest] == 0), name                           # exactly zero outside v_all
+        assert np.abs(a[rest]).max() > 0                            # where the full gradient is not
+
+
+def test_sampled_loss_equals_an_independent_computation(xp):
+    m, p, x, y, state, _ = _setup(xp, reset=False)
+    ref = _reference_sampled_loss(m, p, x, y, state, V_F)
+    loss, count, _, _ = _grad(m, p, x, y, state, None, (V_ALL, V_F))
+    assert count == 11 and loss == pytest.approx(ref, rel=1e-12)
+    full = m.loss(p, x, y, state)[0]
+    assert loss < full - 1e-3                                       # fewer words share the mass
+    # only v_f normalises: v_all alone (a smaller denominator) gives a different loss
+    assert _grad(m, p, x, y, state, None, (V_ALL, V_ALL))[0] == pytest.approx(
+        _reference_sampled_loss(m, p, x, y, state, V_ALL), rel=1e-12)
+    assert abs(_grad(m, p, x, y, state, None, (V_ALL, V_ALL))[0] - loss) > 1e-3
+
+
+def _slot(m, a, name):
+    sl = m.layout[name]
+    return a[sl.offset:sl.end].reshape(sl.shape)
+
+
+@pytest.mark.parametrize("cell,layers,embed", [("lstm", 2, 3), ("rnn", 1, 0)])
+def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers, embed):
+    m, p, x, y, state, _ = _setup(xp, cell, layers, embed, reset=False)
+    ph = backend.to_numpy(p)
+
+    def f(q, v_f):
+        return _reference_sampled_loss(m, xp.asarray(q), x, y, state, v_f)
+
+    # v_all == v_f: the exact gradient of the sampled loss, every parameter
+    num = _numeric(lambda q: f(q, V_F), ph)
+    g = _grad(m, p, x, y, state, None, (V_F, V_F))[3]
+    for slot in m.layout:
+        a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name
+        assert np.abs(b).max() > 0, slot.name
+
+    # v_all strict subset of v_f: Wo / bo rows of v_all still exact, dummy words get no backward
+    g = _grad(m, p, x, y, state, None, (V_ALL, V_F))[3]
+    for name in ("Wo", "bo"):
+        a, b = _slot(m, g, name), _slot(m, num, name)
+        assert np.allclose(a[V_ALL], b[V_ALL], rtol=1e-5, atol=1e-7), name
+        assert np.all(a[GAMMA] == 0) and np.abs(b[GAMMA]).max() > 1e-4, name
+        assert np.all(a[OUTSIDE] == 0) and np.allclose(b[OUTSIDE], 0, atol=1e-9), name
+    hidden = [s for s in m.layout if s.name not in ("Wo", "bo")]
+    for slot in hidden:                     # the dummy words' share of dL/dh is missing
+        a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
+        assert not np.allclose(a, b, rtol=1e-3, atol=1e-5), slot.name
+
+    # ...and it is exactly that share: with the dummy words' Wo rows zeroed, dL/dh has no
+    # contribution from them, so every gradient but Wo's dummy rows matches again
+    q = ph.copy()
+    _slot(m, q, "Wo")[GAMMA] = 0
+    num0 = _numeric(lambda r: f(r, V_F), q)
+    g0 = _grad(m, xp.asarray(q), x, y, state, None, (V_ALL, V_F))[3]
+    for slot in m.layout:
+        a, b = g0[slot.offset:slot.end], num0[slot.offset:slot.end]
+        if slot.name in ("Wo", "bo"):
+            a, b = a.reshape(slot.shape)[V_ALL], b.reshape(slot.shape)[V_ALL]
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name
+
+
+def test_sampled_gradient_with_dropout_and_resets(xp):
+    """Dropout and resets act below the output layer: v_all == v_f stays the exact gradient."""
+    cfg = ModelConfig(cell="lstm", vocab_size=V, embed=3, hidden=4, layers=2, dropout=0.3, init_scale=0.5)
+    m = RNNLM(cfg, xp=xp, dtype="float64")
+    _, p, x, y, state, reset = _setup(xp)
+
+    def run(q, grads):
+        return m.loss_and_grad(q, grads, x, y, state, reset, grad_scale=1.0,
+                               rng=backend.rng_for(xp, 1, 2), softmax=(V_F, V_F))[0]
+    g = xp.zeros_like(p)
+    run(p, g)
+    num = _numeric(lambda q: run(xp.asarray(q), xp.zeros_like(p)), backend.to_numpy(p))
+    assert np.allclose(backend.to_numpy(g), num, rtol=1e-5, atol=1e-7)
+
+
+def test_a_target_outside_v_all_is_rejected(xp):
+    m, p, x, y, state, reset = _setup(xp)
+    g = xp.zeros_like(p)
+    v_all = np.array([0, 1, 2, 3, 6, 9])                # 4 is a target
+    with pytest.raises(ValueError, match="every scored target must be in v_all.*\\[4\\]"):
+        m.loss_and_grad(p, g, x, y, state, reset, softmax=(v_all, V_F))
+    with pytest.raises(ValueError, match="sorted unique"):
+        m.loss_and_grad(p, g, x, y, state, reset, softmax=(V_ALL, V_ALL[::-1]))
+    with pytest.raises(ValueError, match="subset"):
+        m.loss_and_grad(p, g, x, y, state, reset, softmax=(V_ALL, np.setdiff1d(V_F, [9])))
+    with pytest.raises(ValueError, match="subset"):
+        m.loss_and_grad(p, g, x, y, state, reset, softmax=(V_ALL, np.append(V_F, V)))
+    # an unscored target (-1) needs no row
+    y2 = backend.to_numpy(y).copy()
+    y2[y2 == 4] = -1
+    m.loss_and_grad(p, g, x, xp.asarray(y2), state, reset, softmax=(v_all, V_F))
+
+
+def test_softmax_sets_contents():
+    r = np.random.default_rng(0)
+    Vb = 1000
+    targets = r.integers(0, Vb, (20, 5))
+    targets[3, 2] = -1
+    beta = np.array([500, 3, 999, 500])
+    v_all, v_f = softmax_sets(targets, Vb, top=10, beta=beta, mu=0.05, rng=np.random.default_rng(5))
+    for s in (v_all, v_f):
+        assert s.dtype == np.int64 and np.all(np.diff(s) > 0) and s[0] >= 0 and s[-1] < Vb
+    t = targets[targets >= 0]
+    expected = np.unique(np.concatenate([t, np.arange(10), beta]))
+    assert np.array_equal(v_all, expected)
+    assert np.all(np.isin(v_all, v_f))
+    gamma = np.setdiff1d(v_f, v_all)
+    # 50 = ceil(0.05 * 1000) drawn without replacement, less those already in v_all
+    # (|v_all| ~ 100 of 1000: about 5 expected overlaps)
+    assert 35 < len(gamma) <= 50
+    again = softmax_sets(targets, Vb, top=10, beta=beta, mu=0.05, rng=np.random.default_rng(5))
+    assert np.array_equal(again[0], v_all) and np.array_equal(again[1], v_f)
+    other = softmax_sets(targets, Vb, top=10, beta=beta, mu=0.05, rng=np.random.default_rng(6))
+    assert np.array_equal(other[0], v_all) and not np.array_equal(other[1], v_f)
+    # the draw itself: exactly ceil(mu V) distinct ids
+    _, f_only = softmax_sets(np.array([-1]), Vb, top=0, beta=np.array([], int), mu=0.05,
+                             rng=np.random.default_rng(1))
+    assert len(f_only) == 50
+    _, full = softmax_sets(targets, Vb, top=10, beta=beta, mu=1.0, rng=np.random.default_rng(5))
+    assert np.array_equal(full, np.arange(Vb))
+    v0, f0 = softmax_sets(targets, Vb, top=0, beta=np.array([], int), mu=0.0, rng=r)
+    assert np.array_equal(v0, np.unique(t)) and np.array_equal(f0, v0)
+    with pytest.raises(ValueError):
+        softmax_sets(targets, Vb, top=10, beta=np.array([Vb]), mu=0.05, rng=r)
+    with pytest.raises(ValueError):
+        softmax_sets(targets, Vb, top=10, beta=beta, mu=1.5, rng=r)
+
+
+def test_softmax_sets_feed_loss_and_grad(xp):
+    m, p, x, y, state, reset = _setup(xp)
+    v_all, v_f = softmax_sets(y, V, top=2, beta=np.array([9]), mu=0.3, rng=np.random.default_rng(2))
+    g = xp.zeros_like(p)
+    loss, count, _ = m.loss_and_grad(p, g, x, y, state, reset, softmax=(v_all, v_f))
+    assert count == 11 and np.isfinite(loss)
+    gw = _slot(m, backend.to_numpy(g), "Wo")
+    assert np.all(gw[np.setdiff1d(np.arange(V), v_all)] == 0) and np.abs(gw[v_all]).min() > 0
+
+
+def _local_setup(xp, dtype):
+    text = ("the quick brown fox jumps over the lazy dog. " * 6).strip()
+    from rnnlm.core.vocab import Vocab
+    vocab = Vocab.build(text, "char")
+    m = RNNLM(ModelConfig(cell="lstm", vocab_size=len(vocab), embed=8, hidden=16), xp=xp, dtype=dtype)
+    opt = make_optimizer(OptimConfig(name="momentum", lr=0.3))
+    return m, opt, m.init_params(0), StreamBlock(vocab.encode(text), B=4, T=8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_train_steps_with_whole_vocabulary_sets_equals_full(xp, dtype):
+    m, opt, p, blk = _local_setup(xp, dtype)
+    every = np.arange(m.V)
+    seen = []
+
+    def sets(k, y):
+        assert isinstance(y, np.ndarray)
+        seen.append((k, y.copy()))
+        return every, every
+    a = train_steps(m, opt, p.copy(), opt.init_state(p), blk.batches(0, 3), m.zero_state(4), lr=0.3,
+                    clip_norm=1.0)
+    b = train_steps(m, opt, p.copy(), opt.init_state(p), blk.batches(0, 3), m.zero_state(4), lr=0.3,
+                    clip_norm=1.0, softmax_sets=sets)
+    assert [k for k, _ in seen] == [0, 1, 2]
+    assert all(np.array_equal(yk, blk.batch(k).y) for k, yk in seen)
+    assert a.tokens == b.tokens
+    if xp is np:                                        # bit for bit
+        assert a.loss_sum == b.loss_sum
+        assert np.array_equal(a.params, b.params) and np.array_equal(a.state, b.state)
+    else:
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        assert a.loss_sum == pytest.approx(b.loss_sum, rel=tol)
+        assert np.allclose(backend.to_numpy(a.params), backend.to_numpy(b.params), rtol=tol, atol=tol)
+
+
+def test_train_steps_with_sampled_sets_moves_only_v_all_rows_of_wo(xp):
+    m, _, p, blk = _local_setup(xp, "float64")
+    opt = make_optimizer(OptimConfig(name="sgd", lr=0.3))
+    r = np.random.default_rng(4)
+
+    def sets(k, y):
+        return softmax_sets(y, m.V, top=1, beta=np.array([m.V - 1]), mu=0.2, rng=r)
+    used = set()
+    for k in range(2):
+        used.update(sets(k, blk.batch(k).y)[0].tolist())
+    r = np.random.default_rng(4)
+    res = train_steps(m, opt, p.copy(), opt.init_state(p), blk.batches(0, 2), m.zero_state(4), lr=0.3,
+                      softmax_sets=sets)
+    before, after = _slot(m, backend.to_numpy(p), "Wo"), _slot(m, backend.to_numpy(res.params), "Wo")
+    moved = np.flatnonzero(np.any(before != after, axis=1))
+    assert set(moved.tolist()) == used
