@@ -84,7 +84,7 @@ class TrainConfig:
     checkpoint_every: int = 0      # rounds; 0 = only at the end
     device: str = "cpu"            # cpu | gpu | auto
     rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
-    rebase_fraction: float = 0.5   # ... or when the rows changed since the base reach this fraction
+    rebase_fraction: float = 0.5   # ... or when what was sent since the base reaches this fraction of the model
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class ExchangeConfig:
     random: float = 0.0            # q: a seeded fraction of rows (softmax V_beta; hidden rows)
     seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
     feedback: bool = False         # keep what was not sent (rows, codec error) and send it later
+    broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16, delta+onebit (rebase.py)
     sampled_softmax: bool = False  # train with seed 000's sampled softmax (evaluation stays full)
     mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
 
@@ -131,6 +132,7 @@ _CHOICES = {
     ("train", "outer"): ("average", "momentum", "nesterov"),
     ("train", "optim_state"): ("average", "reset", "local"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
+    ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16", "delta+onebit"),
 }
 _BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows") for codec in ("", "+fp16", "+bf16", "+onebit"))
 for _group in ("embed", "softmax", "hidden"):
@@ -289,7 +291,7 @@ def validate(cfg: Config) -> None:
         (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),
         (t.tree_depth >= 1, "train.tree_depth must be >= 1"),
         (t.rebase_every >= 0, "train.rebase_every must be >= 0"),
-        (0 < t.rebase_fraction <= 1, "train.rebase_fraction must be in (0, 1]"),
+        (0 < t.rebase_fraction <= 16, "train.rebase_fraction must be in (0, 16]"),
         (0 < t.outer_lr < math.inf, "train.outer_lr must be > 0"),
         (0.0 <= t.outer_momentum < 1.0, "train.outer_momentum must be in [0, 1)"),
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),

@@ -213,6 +213,69 @@ def test_the_broadcast_shrinks_to_the_rows_that_changed(spark, tmp_path):
     assert mr[-1]["bytes_broadcast"] < 0.75 * md[-1]["bytes_broadcast"]     # a ~500-word vocabulary: re-bases often
 
 
+class _FakeBroadcast:
+    def __init__(self, value):
+        self.value = pickle.loads(pickle.dumps(value))        # what an executor unpickles
+        self.destroyed = False
+
+    def unpersist(self):
+        pass
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class _FakeSC:
+    def broadcast(self, value):
+        return _FakeBroadcast(value)
+
+
+@pytest.mark.parametrize("codec", ["f32", "fp16", "onebit"])
+def test_delta_broadcast_executors_rebuild_the_view_and_the_view_catches_up(codec):
+    from rnnlm.core.layout import Layout
+    from rnnlm.exchange import rebase
+    layout = Layout([("embed", (50, 4)), ("W", (6, 3)), ("b", (6,))])
+    rng = np.random.default_rng(2)
+    params = rng.standard_normal(layout.size).astype(np.float32)
+    db = rebase.DeltaBroadcast(_FakeSC(), layout, every=0, fraction=0.5, codec=codec)
+    first = db.round(params)
+    assert first[2] == [] and first[3] == [first[0]] and np.array_equal(db.view, params)
+    bases, lags = [first[0]], []
+    for r in range(40):
+        if r < 20:                                    # moving, then still: the view must catch up
+            params = params.copy()
+            params[4 * (r % 50):4 * (r % 50) + 4] += 0.01 * rng.standard_normal(4).astype(np.float32)
+            params[200:218] += 0.001 * rng.standard_normal(18).astype(np.float32)
+        bc_base, rows, deltas, new = db.round(params)
+        if bc_base is not bases[-1]:
+            assert bases[-1].destroyed and new[0] is bc_base   # a new base: the old one and its deltas go
+            bases.append(bc_base)
+        view = rebase.rebuild(layout, bc_base.value, rows)     # what an executor rebuilds
+        for d in deltas:
+            rebase.apply_delta(layout, view, d.value)
+        assert np.array_equal(view, db.view)                   # bit for bit
+        lags.append(np.abs(params - db.view).max())
+    # each delta block is a tenth of the model's float32 bytes or less: it re-bases by size
+    assert len(bases) > 2
+    if codec == "onebit":
+        assert max(lags[:20]) < 0.02 and lags[-1] < 0.1 * max(lags[:20])   # the codec's error is sent later
+    elif codec == "fp16":
+        assert max(lags) < 1e-5 and lags[-1] == 0.0
+    else:
+        assert max(lags) == 0.0
+
+
+def test_a_delta_broadcast_in_fp16_trains_like_the_exact_one_for_a_fraction_of_the_bytes(spark, tmp_path):
+    rows = ("exchange.embed=rows", "exchange.softmax=rows", "exchange.frequent=0.05")
+    _, mr = train(spark, tmp_path, "rows", *rows)
+    _, md = train(spark, tmp_path, "delta", *rows, "exchange.broadcast=delta+fp16", "exchange.hidden=dense+fp16",
+                  "train.rebase_fraction=2")
+    # rows re-base every other round (half this small model changes); deltas pile up on the first base
+    assert [x["rebased"] for x in md] == [True] + [False] * 5 and sum(x["rebased"] for x in mr) == 3
+    assert md[-1]["bytes_broadcast"] < 0.7 * mr[-1]["bytes_broadcast"]
+    assert abs(md[-1]["train_loss"] - mr[-1]["train_loss"]) < 0.02
+
+
 def test_softmax_sampler_shares_words_within_a_seed_group_and_stays_inside_the_rows_sent():
     ex = Ex(frequent=0.01, random=0.02, mu=0.05, seed_groups="log2")         # 4 partitions: 2 groups
     targets = np.array([[5, 500], [999, -1]])

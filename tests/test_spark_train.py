@@ -164,6 +164,9 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     # error feedback: residuals live in Spark, are checkpointed at rounds 2 and 3 here, 3 and 4 there
     (["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
       "exchange.random=0.2", "exchange.feedback=true", "train.checkpoint_every=3"], True),
+    # the broadcast as deltas in 1 bit: the checkpoint holds the executors' view (resumed at round 2, not 3)
+    (["exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.broadcast=delta+onebit",
+      "train.checkpoint_every=3", "train.rebase_fraction=0.02"], False),
     # the sampled softmax draws its words per (round, seed group, step)
     (["exchange.softmax=rows+fp16", "exchange.sampled_softmax=true", "exchange.mu=0.1", "exchange.frequent=0.1",
       "exchange.random=0.1", "exchange.seed_groups=log2"], False),
@@ -212,6 +215,22 @@ def test_sampled_softmax_moves_only_target_rows_and_over_the_whole_vocabulary_is
     assert len(moved(full)) == model.V > len(targets)         # the full softmax moves every row
     m = metrics(tmp_path / "few")[0]
     assert 0 < m["softmax_v_f"] == m["softmax_v_all"] <= len(targets) and m["seed_groups"] == 2
+
+
+def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbers(
+        spark, tiny_cfg, tmp_path, monkeypatch):
+    from rnnlm.spark import residuals
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=dense+onebit",
+        "exchange.feedback=true", "train.rounds=5", "train.checkpoint_every=0"]))
+    long = run(spark, cfg, tmp_path / "long")
+    monkeypatch.setattr(residuals, "MAX_LINEAGE", 2)
+    cut = run(spark, cfg, tmp_path / "cut")
+    assert np.array_equal(long.params, cut.params)
+    pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / "cut"))
+    extra = [c["round_bytes_sent"] - x["round_bytes_sent"] for x, c in pairs]
+    # rounds 2 and 4 collect both partitions' float32 residuals (round 5 is the final checkpoint's)
+    assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0]
 
 
 def test_resume_with_incompatible_config_is_refused(spark, tiny_cfg, tmp_path):

@@ -11,10 +11,24 @@ have passed, the current parameters become the new base. With dense exchange eve
 row changes every round, so every round re-bases: the broadcast is what it was.
 Tasks stay pure functions of (broadcasts, round, partition): a retried task reads the
 same base and the same rows.
+
+:class:`DeltaBroadcast` (``exchange.broadcast = "delta+CODEC"``) sends less: per round
+only the change of the parameters since the previous round, in a codec (the blocks of
+:mod:`rnnlm.exchange.blocks`), and executors keep every such delta since the base. The
+driver keeps the executors' **view** (base plus the decoded deltas, added in the same
+order, so both sides hold it bit for bit) next to its own exact parameters; each round's
+delta is ``params - view``, so what a codec rounds away is sent in later rounds (error
+feedback with no state beyond the view). Partitions train from the view; the driver
+applies their mean change to its exact parameters, which evaluation and checkpoints use
+(a checkpoint holds the view too, so a resumed run continues the same numbers).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+from .blocks import Block
 
 
 def changed_rows(layout, params, base) -> dict:
@@ -71,23 +85,103 @@ class ParamsBroadcast:
         self.base, self.bc_base, self.age = None, None, 0
         self.rebases = 0
 
+        self.deltas = []            # DeltaBroadcast's deltas since the base
+        self.nonce = os.urandom(8).hex()
+
     def round(self, params) -> tuple:
-        """(base broadcast, rows for this round, whether a new base was broadcast)."""
+        """``(base broadcast, rows, deltas, new)`` for this round.
+
+        ``rows`` is :func:`changed_rows`' output for the payload, ``deltas`` the delta
+        broadcasts tasks apply in order (:class:`DeltaBroadcast`), ``new`` the
+        broadcasts created now (their bytes travel this round).
+        """
         rows = None if self.base is None else changed_rows(self.layout, params, self.base)
-        if (rows is None or size(rows) >= self.fraction * self.layout.size
-                or (self.every and self.age >= self.every)):
-            self.close()
-            self.base, self.age = params.copy(), 0
-            self.bc_base = self.sc.broadcast(self.base)
-            self.rebases += 1
-            return self.bc_base, {}, True
+        if rows is None or self._due(size(rows)):
+            return self._rebase(params)
         self.age += 1
-        return self.bc_base, rows, False
+        return self.bc_base, rows, [], []
+
+    @property
+    def token(self) -> str:
+        """Names the current base for executors' caches (unique to this object and base)."""
+        return f"{self.nonce}:{self.rebases}"
+
+    def _due(self, amount) -> bool:
+        return (amount >= self.fraction * self.layout.size
+                or bool(self.every and self.age >= self.every))
+
+    def _rebase(self, params) -> tuple:
+        self.close()
+        self.base, self.age = params.copy(), 0
+        self.bc_base = self.sc.broadcast(self.base)
+        self.rebases += 1
+        return self.bc_base, {}, [], [self.bc_base]
 
     def close(self):
-        if self.bc_base is not None and self.retire is not None:
-            self.retire([self.bc_base])
-        elif self.bc_base is not None:
-            self.bc_base.unpersist()
-            self.bc_base.destroy()
-        self.bc_base = None
+        old = [b for b in [self.bc_base, *self.deltas] if b is not None]
+        if self.retire is not None:
+            self.retire(old)
+        else:
+            for b in old:
+                b.unpersist()
+                b.destroy()
+        self.bc_base, self.deltas = None, []
+
+
+def delta_blocks(layout, delta, codec: str) -> dict:
+    """``{slot: Block}`` of the rows of ``delta`` (P,) that are not zero (a slot with more than
+    half of them goes whole)."""
+    out = {}
+    for slot in layout:
+        d = delta[slot.offset:slot.end].reshape(slot.shape[0], -1)                       # (R, C)
+        ids = np.flatnonzero(np.any(d != 0, axis=1)).astype(np.int32)
+        if len(ids):
+            whole = 2 * len(ids) > slot.shape[0]
+            out[slot.name] = Block(d if whole else d[ids], slot.shape, None if whole else ids, codec)
+    return out
+
+
+def apply_delta(layout, view, blocks: dict) -> None:
+    """Add :func:`delta_blocks`' decoded values to ``view`` (P,) in place."""
+    for slot in layout:
+        if slot.name in blocks:
+            b = blocks[slot.name]
+            v = view[slot.offset:slot.end].reshape(slot.shape[0], -1)
+            if b.ids is None:
+                v += b.decode()
+            else:
+                v[b.ids] += b.decode()
+
+
+class DeltaBroadcast(ParamsBroadcast):
+    """Per round the change since the last round in a codec; executors keep every delta since the base.
+
+    Each round sends ``Q(params - view)`` and adds it to ``view``, the parameters
+    executors rebuild (base plus the decoded deltas). A new base is the current
+    view, so re-basing changes bytes, never numbers: it happens when the deltas'
+    bytes since the base reach ``fraction`` of the model's float32 bytes or every
+    ``every`` rounds. The view is all the state a resumed run needs (checkpointed
+    as ``outer.view``).
+    """
+
+    def __init__(self, sc, layout, every: int, fraction: float, codec: str, view=None, retire=None):
+        super().__init__(sc, layout, every, fraction, retire)
+        self.codec, self.sent = codec, 0
+        self.view = None if view is None else np.array(view)
+
+    def round(self, params) -> tuple:
+        if self.view is None:
+            self.view = params.copy()
+        new = []
+        if self.base is None or self._due(self.sent / 4):
+            self.sent = 0
+            new += self._rebase(self.view)[3]
+        else:
+            self.age += 1
+        blocks = delta_blocks(self.layout, params - self.view, self.codec)
+        if blocks:
+            apply_delta(self.layout, self.view, blocks)
+            self.sent += sum(b.nbytes for b in blocks.values())
+            self.deltas.append(self.sc.broadcast(blocks))
+            new.append(self.deltas[-1])
+        return self.bc_base, {}, list(self.deltas), new

@@ -88,12 +88,14 @@ def probe_task(cfg_json: str):
     return run
 
 
-def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
+def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float, deltas=()):
     """One round on one partition from the broadcast state.
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc``
     holds what every partition reads this round (the rows that differ from the base,
-    see :mod:`rnnlm.exchange.rebase`; averaged optimizer state); ``bc_local``
+    see :mod:`rnnlm.exchange.rebase`; averaged optimizer state); ``deltas`` are the
+    broadcasts of :class:`rnnlm.exchange.rebase.DeltaBroadcast`, added to the base in
+    order (an executor caches its sum, the view, per base); ``bc_local``
     maps a partition to a broadcast of what it alone carries (hidden state,
     optimizer state kept per partition), so an executor fetches only its own
     partitions' share.
@@ -117,7 +119,7 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
             return
         payload = bc.value
         model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
-        host = rebase.rebuild(model.layout, bc_base.value, payload["rows"])     # the driver's parameters
+        host = _view(model.layout, bc_base, payload, deltas)      # the parameters the driver sent
         for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
             opt = make_optimizer(cfg.optim)
@@ -164,6 +166,22 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float):
             if feedback:
                 yield pid, left
     return run
+
+
+def _view(layout, bc_base, payload, deltas):
+    """Base + rows, + the deltas in order; the sum so far is cached per base (``payload["base"]``),
+    so a round adds only its new delta (a from-scratch sum in the same order is the same bits)."""
+    key = ("view", payload["base"])
+    done, view = _MEMO.pop(key, (None, None))
+    if done is None or done > len(deltas):
+        done, view = 0, rebase.rebuild(layout, bc_base.value, payload["rows"])
+    for d in deltas[done:]:
+        rebase.apply_delta(layout, view, d.value)
+    if deltas:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = (len(deltas), view)
+    return view
 
 
 def _unzip(item):

@@ -20,9 +20,15 @@ partition, zipped with the corpus' partitions:
   cached rounds before are released. A resumed run starts from the same
   broadcasts, so resume reproduces the uninterrupted run's numbers.
 
-What it costs: lineage (and kept broadcasts) of at most ``train.checkpoint_every``
-rounds; per checkpoint, the residuals once to the driver and once back (counted in
-the next round's broadcast bytes).
+* a lineage also ends after :data:`MAX_LINEAGE` rounds without a checkpoint
+  (:meth:`Residuals.trim`), the same way: Spark serialises a task's whole RDD chain
+  recursively, and PTB small's 232 rounds between checkpoints overflowed the
+  driver's stack (``StackOverflowError`` at round 135).
+
+What it costs: lineage (and kept broadcasts) of at most ``MAX_LINEAGE`` rounds; per
+truncation, the residuals once to the driver (counted in that round's bytes sent,
+except at a checkpoint, which any trainer pays) and once back (counted in the next
+round's broadcast bytes).
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from pyspark import StorageLevel
 from .executor import fold
 
 KEY = "feedback.p"         # optim.npz key prefix of a partition's residual
+MAX_LINEAGE = 48           # rounds; three RDDs each (zip, mapPartitions, filter)
 
 
 def _is_residual(x) -> bool:
@@ -67,6 +74,7 @@ class Residuals:
         self._kept += bcs.values()
         self.pending_broadcast = list(bcs.values())
         self.rdd = self.data.map(_from_broadcasts(bcs), preservesPartitioning=True)
+        self.depth = 0
 
     def inputs(self):
         """The corpus zipped with the residuals: what a feedback round's tasks read."""
@@ -86,6 +94,7 @@ class Residuals:
             raise
         prev, self._out = self._out, out
         self.rdd = out.filter(_is_residual)
+        self.depth += 1
         if prev is not None:
             prev.unpersist()     # round r's cached output holds all round r+1 needs
         return agg
@@ -100,6 +109,14 @@ class Residuals:
         self._kept, self._out = [], None
         self._seed(saved)
         _release(old, out)
+
+    def trim(self) -> int:
+        """Truncate the lineage once it is :data:`MAX_LINEAGE` rounds deep; return the bytes collected."""
+        if self.depth < MAX_LINEAGE:
+            return 0
+        saved = self.collect()
+        self.truncate(saved)
+        return sum(a.nbytes for a in saved.values())
 
     def close(self) -> None:
         _release(self._kept, self._out)

@@ -25,7 +25,7 @@ from .. import config
 from . import corpus, executor
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
-from ..exchange.rebase import ParamsBroadcast
+from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from . import residuals as residuals_mod
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
@@ -56,6 +56,7 @@ class RunState:
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
     residual: dict = field(default_factory=dict)       # pid -> error feedback residual (from a checkpoint)
+    view: np.ndarray | None = None                     # exchange.broadcast = delta: the executors' parameters
     schedule: dict = field(default_factory=dict)
     round: int = 0
     tokens: int = 0
@@ -168,11 +169,12 @@ class Trainer:
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"])
-        # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity"
+        # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity", "outer.view"
         slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith(("outer.", "feedback."))}
         if slots:
             st.opt = dict(slots, t=ck.optim_t)
         st.velocity = ck.optim.get("outer.velocity")
+        st.view = ck.optim.get("outer.view")
         st.residual = residuals_mod.from_optim(ck.optim)
         for k, v in ck.optim.items():
             if "/" in k:
@@ -208,8 +210,13 @@ class Trainer:
         self.layout = RNNLM(cfg.model).layout
         st = st or self._fresh(cfg)
         self.residuals = residuals_mod.Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
-        self.params_bc = ParamsBroadcast(self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction,
-                                         retire=self.residuals.keep if self.residuals else None)
+        bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
+        retire = self.residuals.keep if self.residuals else None
+        if cfg.exchange.broadcast == "rows":
+            self.params_bc = ParamsBroadcast(*bc_args, retire=retire)
+        else:
+            self.params_bc = DeltaBroadcast(*bc_args, codec=plan.parse(cfg.exchange.broadcast)[1], view=st.view,
+                                            retire=retire)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
@@ -247,14 +254,15 @@ class Trainer:
             for pid, o in st.opt_local.items():
                 local.setdefault(pid, {})["opt"] = o
         t0 = time.perf_counter()
-        bc_base, rows, rebased = self.params_bc.round(st.params)
-        payload = {"rows": rows, "opt": st.opt if t.optim_state == "average" else None}
+        bc_base, rows, deltas, new = self.params_bc.round(st.params)
+        rebased = any(b is bc_base for b in new)
+        payload = {"rows": rows, "base": self.params_bc.token, "opt": st.opt if t.optim_state == "average" else None}
         bcs = [sc.broadcast(payload)]
         bc_local = {pid: sc.broadcast(v) for pid, v in local.items()}
         bcs += bc_local.values()
-        bc_bytes = sum(_broadcast_bytes(b) for b in bcs) + (_broadcast_bytes(bc_base) if rebased else 0)
+        bc_bytes = sum(_broadcast_bytes(b) for b in bcs + new)
         sc.setJobDescription(f"rnnlm round {r}/{rounds}: {_steps(t)} + treeAggregate")
-        task = executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr)
+        task = executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr, deltas)
         if self.residuals is not None:
             # residuals re-seeded from a checkpoint travel now, one broadcast per partition
             bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
@@ -276,6 +284,8 @@ class Trainer:
         self._apply(cfg, st, agg)
         if not np.isfinite(st.params.sum(dtype=np.float64)):
             self._stop(r, "the averaged parameters are not finite")
+        if self.residuals is not None and not due(r, t.checkpoint_every, rounds):
+            agg.wire_bytes += self.residuals.trim()      # residuals collected to cut their lineage
         st.round, st.tokens = r, st.tokens + agg.stats["tokens"]
         st.bytes_sent += agg.wire_bytes
         st.bytes_broadcast += bc_bytes
@@ -348,6 +358,8 @@ class Trainer:
             optim.update({f"p{pid}/{k}": v for k, v in d.items() if k != "t"})
         if st.velocity is not None:
             optim["outer.velocity"] = st.velocity
+        if getattr(self.params_bc, "view", None) is not None:
+            optim["outer.view"] = self.params_bc.view
         if self.residuals is not None:
             st.residual = self.residuals.collect()
             optim.update(residuals_mod.to_optim(st.residual))
