@@ -42,7 +42,7 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["exchange.softmax=rows+fp8"], "expected one of dense, dense[+]fp16"),
     ("", ["exchange.random=1.5"], "exchange.random must be in"),
     ("", ["exchange.mu=-0.1"], "exchange.mu must be in"),
-    ("", ["exchange.broadcast=delta+f8"], "exchange.broadcast"),
+    ("", ["exchange.broadcast=delta+onebit"], "exchange.broadcast"),
     ("[model\n", [], "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):

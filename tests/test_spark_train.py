@@ -164,8 +164,8 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     # error feedback: residuals live in Spark, are checkpointed at rounds 2 and 3 here, 3 and 4 there
     (["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
       "exchange.random=0.2", "exchange.feedback=true", "train.checkpoint_every=3"], True),
-    # the broadcast as deltas in 1 bit: the checkpoint holds the executors' view (resumed at round 2, not 3)
-    (["exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.broadcast=delta+onebit",
+    # the broadcast as bf16 deltas: the checkpoint holds the executors' view (resumed at round 2, not 3)
+    (["exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.broadcast=delta+bf16",
       "train.checkpoint_every=3", "train.rebase_fraction=0.02"], False),
     # the sampled softmax draws its words per (round, seed group, step)
     (["exchange.softmax=rows+fp16", "exchange.sampled_softmax=true", "exchange.mu=0.1", "exchange.frequent=0.1",
