@@ -12,7 +12,8 @@ Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition 
 ``local[1]`` (same per-partition batch, K=20), and their ratio.
 
 ``--exchange`` names the settings compared (``EXCHANGES``: ``dense`` ships every
-change as float32, ``sparse`` is conf/ptb_word_small_sparse.toml's exchange).
+change as float32, ``sparse`` is conf/ptb_word_small_sparse.toml's exchange and
+re-basing).
 Each master runs in its own process (one SparkContext per process).
 """
 from __future__ import annotations
@@ -42,7 +43,10 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
                         "train.batch=20",   # the ptb-small shape of benchmarks/kernels.py (T=20, B=20)
                         "train.eval_every=0", "train.checkpoint_every=0"])
-    base = config.replace(base, "exchange", **config.load(os.path.join(ROOT, EXCHANGES[exchange])).exchange.__dict__)
+    preset = config.load(os.path.join(ROOT, EXCHANGES[exchange]))
+    base = config.replace(base, "exchange", **preset.exchange.__dict__)
+    base = config.replace(base, "train", rebase_every=preset.train.rebase_every,
+                          rebase_fraction=preset.train.rebase_fraction)
     data = load_corpus(spark.sparkContext, base)
     rows = []
     for k in steps:

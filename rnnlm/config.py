@@ -90,14 +90,14 @@ class TrainConfig:
 @dataclass(frozen=True)
 class ExchangeConfig:
     """What partitions send of their change (see :mod:`rnnlm.exchange.plan`)."""
-    embed: str = "dense"           # dense | rows, with +fp16, +bf16 or +onebit (e.g. rows+fp16)
+    embed: str = "dense"           # dense | rows, with +fp16, +bf16, +int8 or +onebit (e.g. rows+fp16)
     softmax: str = "dense"         # Wo and bo
     hidden: str = "dense"          # every other slot
     frequent: float = 0.0          # p: the most frequent fraction of the vocabulary, always in softmax rows
     random: float = 0.0            # q: a seeded fraction of rows (softmax V_beta; hidden rows)
     seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
     feedback: bool = False         # keep what was not sent (rows, codec error) and send it later
-    broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16 (rebase.py)
+    broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16, delta+int8
     sampled_softmax: bool = False  # train with seed 000's sampled softmax (evaluation stays full)
     mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
     weighted: bool = False         # each dummy word stands for the words outside V_f (importance sampling)
@@ -134,9 +134,10 @@ _CHOICES = {
     ("train", "optim_state"): ("average", "reset", "local"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
     # no delta+onebit: executors training from a 1-bit view diverged on PTB (README, "The broadcast shrinks")
-    ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16"),
+    ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16", "delta+int8"),
 }
-_BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows") for codec in ("", "+fp16", "+bf16", "+onebit"))
+_BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows")
+                     for codec in ("", "+fp16", "+bf16", "+int8", "+onebit"))
 for _group in ("embed", "softmax", "hidden"):
     _CHOICES[("exchange", _group)] = _BLOCK_SPECS
 

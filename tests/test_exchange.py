@@ -32,6 +32,21 @@ def test_fp16_scaling_round_trips_within_its_bound_and_never_overflows(top):
         assert not np.isfinite(plain).all() or (np.abs(plain - v) > np.abs(v) * 2.0 ** -11 + top * 2.0 ** -24).any()
 
 
+def test_int8_keeps_each_row_within_its_largest_value_over_254():
+    rng = np.random.default_rng(3)
+    v = (rng.standard_normal((40, 9)) * np.logspace(-30, 30, 40)[:, None]).astype(np.float32)
+    v[5] = 0.0
+    b = pickle.loads(pickle.dumps(Block(v, v.shape, codec="int8")))
+    got = b.decode()
+    top = np.abs(v).max(axis=1, keepdims=True)
+    assert b.data.dtype == np.int8 and b.nbytes == v.size + 40 * 4
+    assert np.isfinite(got).all() and (got[5] == 0).all()
+    assert (np.abs(got - v) <= top / 254 * (1 + 1e-6)).all()
+    assert (np.abs(got - v) > top / 1000).any()          # it does round: not float32 in disguise
+    vec = Block(v[:, 0].copy(), (40,), codec="int8")     # a vector is one group: one scale
+    assert vec.scale.shape == (1, 1) and vec.decode().shape == (40, 1)
+
+
 def test_bf16_truncates_to_the_upper_half():
     v = np.array([[1.0, -3.14159, 1e-30, 3e38]], np.float32)
     b = Block(v, v.shape, codec="bf16")
@@ -78,7 +93,7 @@ def test_row_blocks_merge_as_a_union_in_any_order_and_equal_the_dense_mean():
     assert hop(half).dense["w"].ids.tolist() == [1, 4, 5, 7]
 
 
-@pytest.mark.parametrize("codec,width", [("f32", 4), ("fp16", 2), ("bf16", 2), ("onebit", 2)])
+@pytest.mark.parametrize("codec,width", [("f32", 4), ("fp16", 2), ("bf16", 2), ("int8", 2), ("onebit", 2)])
 def test_a_merged_level_travels_at_the_sent_precision(codec, width):
     rng = np.random.default_rng(5)
     shape = (400, 64)
@@ -91,7 +106,7 @@ def test_a_merged_level_travels_at_the_sent_precision(codec, width):
     assert hop(exact).wire_bytes - exact.wire_bytes < values * width + 4096      # not float64 (8 bytes a value)
     assert hop(exact).wire_bytes - exact.wire_bytes > values * width
     got = sent.mean("w")
-    bound = {"f32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7, "onebit": 2.0 ** -10}[codec]
+    bound = {"f32": 2.0 ** -23, "fp16": 2.0 ** -10, "bf16": 2.0 ** -7, "int8": 2.0 ** -10, "onebit": 2.0 ** -10}[codec]
     assert np.all(np.abs(got - want) <= np.abs(want) * bound + np.abs(want).max() * 2.0 ** -23)
     assert np.isfinite(got).all()
     f64 = Aggregate.contribution(1, {"w": rng.standard_normal(shape)})          # a float64 model stays float64
@@ -230,7 +245,7 @@ class _FakeSC:
         return _FakeBroadcast(value)
 
 
-@pytest.mark.parametrize("codec", ["f32", "fp16", "onebit"])
+@pytest.mark.parametrize("codec", ["f32", "fp16", "int8", "onebit"])
 def test_delta_broadcast_executors_rebuild_the_view_and_the_view_catches_up(codec):
     from rnnlm.core.layout import Layout
     from rnnlm.exchange import rebase
@@ -261,6 +276,8 @@ def test_delta_broadcast_executors_rebuild_the_view_and_the_view_catches_up(code
         assert max(lags[:20]) < 0.02 and lags[-1] < 0.1 * max(lags[:20])   # the codec's error is sent later
     elif codec == "fp16":
         assert max(lags) < 1e-5 and lags[-1] == 0.0
+    elif codec == "int8":
+        assert max(lags) < 1e-4 and lags[-1] < 1e-6
     else:
         assert max(lags) == 0.0
 

@@ -11,6 +11,9 @@ carries all its rows or only some (sorted ``ids``), with the values in a codec:
            an element comes back within ``|v| 2^-11 + max|v| 2^-24`` of ``v``
 ``bf16``   float32 truncated to its upper 16 bits (no scale needed: bfloat16
            keeps float32's exponent); within ``|v| 2^-7``
+``int8``   per row a float32 scale ``max|row| / 127`` and the values divided by
+           it, rounded to int8 (a vector is one row); an element comes back
+           within ``max|row| / 254`` of ``v``: half fp16's bytes
 ``onebit`` one sign bit per value and, per row, two floats: the means of the
            row's non-negative and of its negative values (Seide et al.'s 1-bit
            SGD; a vector is one row). Only useful with error feedback
@@ -38,7 +41,7 @@ import math
 
 import numpy as np
 
-CODECS = ("f32", "fp16", "bf16", "onebit")
+CODECS = ("f32", "fp16", "bf16", "int8", "onebit")
 FP16_TOP = 2.0 ** 15        # scaled magnitudes stay below this (float16's largest is 65504)
 
 
@@ -79,6 +82,8 @@ class Block:
             self.data = (values * np.float32(self.scale)).astype(np.float16)
         elif codec == "bf16":
             self.data = (values.view(np.uint32) >> 16).astype(np.uint16)
+        elif codec == "int8":
+            self.data, self.scale = _int8(values)
         else:
             self.data, self.scale = _onebit(values)
 
@@ -91,6 +96,8 @@ class Block:
         if self.codec == "bf16":
             return (self.data.astype(np.uint32) << 16).view(np.float32)
         n, C = self.rows, int(np.prod(self.shape[1:], dtype=np.int64))
+        if self.codec == "int8":
+            return (self.data.astype(np.float32) * self.scale).reshape(n, C)
         groups = self.scale.shape[0]                                   # n rows, or 1 for a vector
         pos = np.unpackbits(self.data, axis=1, count=n * C // groups).astype(bool)
         return np.where(pos, self.scale[:, :1], self.scale[:, 1:]).reshape(n, C)
@@ -112,6 +119,14 @@ class Block:
         self.shape, self.ids, self.codec, self.data, self.scale = s
 
 
+def _int8(values):
+    """(int8 values (g, m), scales (g, 1) float32) of ``values`` (n, C); a vector is one group."""
+    g = values.reshape(1, -1) if values.shape[1] == 1 else values                     # (g, m)
+    top = np.abs(g).max(axis=1, keepdims=True) if g.size else np.zeros((g.shape[0], 1), np.float32)
+    scale = np.where(top > 0, top / np.float32(127), np.float32(1)).astype(np.float32)   # (g, 1)
+    return np.rint(g / scale).astype(np.int8), scale
+
+
 def _onebit(values):
     """(sign bits (g, ceil(m/8)) uint8, scales (g, 2) float32) of ``values`` (n, C).
 
@@ -128,7 +143,7 @@ def _onebit(values):
 
 
 # the codec a merged sum travels in, per leaf codec (float64 models keep float64)
-_SUM_WIRE = {"f32": "f32", "fp16": "fp16", "bf16": "bf16", "onebit": "fp16"}
+_SUM_WIRE = {"f32": "f32", "fp16": "fp16", "bf16": "bf16", "int8": "fp16", "onebit": "fp16"}
 
 
 class Sum:
