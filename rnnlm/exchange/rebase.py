@@ -84,8 +84,7 @@ class ParamsBroadcast:
         self.sc, self.layout, self.every, self.fraction, self.retire = sc, layout, every, fraction, retire
         self.base, self.bc_base, self.age = None, None, 0
         self.rebases = 0
-
-        self.deltas = []            # DeltaBroadcast's deltas since the base
+        self.deltas, self.view = [], None     # DeltaBroadcast's deltas since the base, and their sum
         self.nonce = os.urandom(8).hex()
 
     def round(self, params) -> tuple:

@@ -358,7 +358,7 @@ class Trainer:
             optim.update({f"p{pid}/{k}": v for k, v in d.items() if k != "t"})
         if st.velocity is not None:
             optim["outer.velocity"] = st.velocity
-        if getattr(self.params_bc, "view", None) is not None:
+        if self.params_bc.view is not None:
             optim["outer.view"] = self.params_bc.view
         if self.residuals is not None:
             st.residual = self.residuals.collect()
