@@ -100,7 +100,6 @@ class ExchangeConfig:
     broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16, delta+int8
     sampled_softmax: bool = False  # train with seed 000's sampled softmax (evaluation stays full)
     mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
-    weighted: bool = False         # each dummy word stands for the words outside V_f (importance sampling)
 
 
 @dataclass(frozen=True)

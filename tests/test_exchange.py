@@ -306,13 +306,3 @@ def test_softmax_sampler_shares_words_within_a_seed_group_and_stays_inside_the_r
     assert set(v_all.tolist()) <= set(sent.tolist()) and {5, 500, 999} | set(range(10)) <= set(v_all.tolist())
     bias = plan.select_rows("softmax", 8, np.zeros(1000), ex, np.array([5, 500, 999]), 3, 2, 0)
     assert bias.tolist() == sent.tolist()                                     # Wo and bo send the same rows
-
-
-def test_a_weighted_softmax_sampler_gives_each_dummy_word_the_outsiders_it_stands_for():
-    targets = np.array([5, 500, 999])
-    plain = plan.SoftmaxSampler(1000, Ex(frequent=0.01, mu=0.05), seed=3, rnd=2, pid=0, partitions=1)(0, targets)
-    v_all, v_f, log_w = plan.SoftmaxSampler(1000, Ex(frequent=0.01, mu=0.05, weighted=True), seed=3, rnd=2, pid=0,
-                                            partitions=1)(0, targets)
-    assert len(plain) == 2 and np.array_equal(v_f, plain[1])
-    assert np.exp(log_w) == pytest.approx((1000 - len(v_all)) / (len(v_f) - len(v_all)))
-    assert 18 < np.exp(log_w) < 21                       # ~987 outsiders, ~49 dummies

@@ -45,14 +45,12 @@ def _grad(m, p, x, y, state, reset, softmax):
     return loss, count, backend.to_numpy(st), backend.to_numpy(g)
 
 
-def _reference_sampled_loss(m, p, x, y, state, v_f, log_w=0.0):
-    """-log softmax over the v_f columns, from ``next_logits`` of every prefix (NumPy);
-    ``log_w`` is added to the dummy words' (GAMMA's) logits."""
+def _reference_sampled_loss(m, p, x, y, state, v_f):
+    """-log softmax over the v_f columns, from ``next_logits`` of every prefix (NumPy)."""
     yh = backend.to_numpy(y)
     total = 0.0
     for t in range(x.shape[0]):
         logits = backend.to_numpy(m.next_logits(p, x[:t + 1], state)[0])[:, v_f]   # (B, n_f)
-        logits = logits + np.where(np.isin(v_f, GAMMA), log_w, 0.0)
         mx = logits.max(axis=1, keepdims=True)
         logz = np.log(np.exp(logits - mx).sum(axis=1)) + mx[:, 0]
         for b in range(x.shape[1]):
@@ -108,18 +106,6 @@ def test_sampled_loss_equals_an_independent_computation(xp):
     assert _grad(m, p, x, y, state, None, (V_ALL, V_ALL))[0] == pytest.approx(
         _reference_sampled_loss(m, p, x, y, state, V_ALL), rel=1e-12)
     assert abs(_grad(m, p, x, y, state, None, (V_ALL, V_ALL))[0] - loss) > 1e-3
-
-
-def test_importance_weighted_dummy_words_loss_and_v_all_gradient(xp):
-    m, p, x, y, state, _ = _setup(xp, reset=False)
-    log_w = np.log(6 / 4)                                # the 6 words outside v_all, 4 of them sampled
-    loss, _, _, g = _grad(m, p, x, y, state, None, (V_ALL, V_F, log_w))
-    assert loss == pytest.approx(_reference_sampled_loss(m, p, x, y, state, V_F, log_w), rel=1e-12)
-    assert loss > _grad(m, p, x, y, state, None, (V_ALL, V_F))[0] + 1e-3   # heavier dummies, larger normaliser
-    num = _numeric(lambda q: _reference_sampled_loss(m, xp.asarray(q), x, y, state, V_F, log_w),
-                   backend.to_numpy(p))
-    for name in ("Wo", "bo"):
-        assert np.allclose(_slot(m, g, name)[V_ALL], _slot(m, num, name)[V_ALL], rtol=1e-5, atol=1e-7), name
 
 
 def _slot(m, a, name):
@@ -297,10 +283,3 @@ def test_train_steps_with_sampled_sets_moves_only_v_all_rows_of_wo(xp):
     before, after = _slot(m, backend.to_numpy(p), "Wo"), _slot(m, backend.to_numpy(res.params), "Wo")
     moved = np.flatnonzero(np.any(before != after, axis=1))
     assert set(moved.tolist()) == used
-    # a third element (the dummy words' log weight) reaches the model: same rows move, by other amounts
-    r = np.random.default_rng(4)
-    weighted = train_steps(m, opt, p.copy(), opt.init_state(p), blk.batches(0, 2), m.zero_state(4), lr=0.3,
-                           softmax_sets=lambda k, y: (*sets(k, y), 2.0))
-    w_after = _slot(m, backend.to_numpy(weighted.params), "Wo")
-    assert set(np.flatnonzero(np.any(before != w_after, axis=1)).tolist()) == used
-    assert np.abs(w_after - after).max() > 1e-6

@@ -293,11 +293,6 @@ class RNNLM:
           no backward, so unless v_all == v_f the hidden parameters' gradient is *not*
           the gradient of the sampled loss (deliberately, as the seed describes).
 
-        A third element, ``softmax = (v_all, v_f, log_w)``, adds ``log_w`` to the dummy
-        words' logits: each then stands for ``w`` words outside v_f, so the forward
-        normaliser estimates the full one (importance sampling, Bengio and Senecal)
-        instead of covering v_f alone.
-
         The output layer then costs GEMMs of n_f rows forward and n_all rows backward
         instead of V. Every scored target (y >= 0) must be in v_all.
 
@@ -319,8 +314,6 @@ class RNNLM:
         if softmax is not None:
             na, nf, ypos = self._softmax_rows(self._bufs(T, B), softmax, y)
         buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, nf)
-        if softmax is not None and len(softmax) > 2 and nf > na:
-            buf.logits[na:nf] += softmax[2]                              # V_gamma's importance weight
         if grad_scale is None:
             grad_scale = 1.0 / max(1, int((y >= 0).sum()))
         loss, count = self._nll(buf, y, grad_scale, nf, ypos)

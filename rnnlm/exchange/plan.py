@@ -92,15 +92,12 @@ class SoftmaxSampler:
     ``softmax`` group sends this round (its V_base is every word of the round);
     v_f adds V_gamma, ``ceil(exchange.mu * V)`` words drawn from
     ``(seed, round, seed group, step)``, so partitions of one shared-seed group
-    normalise over the same dummy words. With ``exchange.weighted`` a third element,
-    ``log((V - |v_all|) / |v_f - v_all|)``, weights each dummy word by the words outside
-    v_all it stands for (see :meth:`rnnlm.core.model.RNNLM.loss_and_grad`). For
-    :func:`rnnlm.core.local.train_steps`; ``sizes`` sums |v_all| and |v_f| over the
-    steps drawn (for the metrics).
+    normalise over the same dummy words. For :func:`rnnlm.core.local.train_steps`;
+    ``sizes`` sums |v_all| and |v_f| over the steps drawn (for the metrics).
     """
 
     def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int):
-        self.V, self.mu, self.weighted, self.seed, self.rnd = V, ex.mu, ex.weighted, seed, rnd
+        self.V, self.mu, self.seed, self.rnd = V, ex.mu, seed, rnd
         self.group = pid % seed_groups(ex.seed_groups, partitions)
         self.top, self.beta = _frequent(V, ex), _beta(V, ex, seed, rnd, self.group)
         self.sizes = [0, 0]
@@ -110,8 +107,6 @@ class SoftmaxSampler:
         v_all, v_f = sampled.softmax_sets(targets, self.V, self.top, self.beta, self.mu, rng)
         self.sizes[0] += v_all.size
         self.sizes[1] += v_f.size
-        if self.weighted and v_f.size > v_all.size:
-            return v_all, v_f, math.log((self.V - v_all.size) / (v_f.size - v_all.size))
         return v_all, v_f
 
 
