@@ -1,0 +1,104 @@
+"""One PyTorch CPU process training PTB small: the wall-time reference for the Spark trainer.
+
+    python benchmarks/torch_ptb.py [--epochs 2] [--threads 2] [--evals-per-epoch 2]
+
+Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
+embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
+uniform +-0.1; lr halving starts after epoch 4, so not within the first four), on
+the same vocabulary and token ids (``rnnlm.core.vocab``) and the same batching
+(``rnnlm.core.strategies.StreamBlock``: B contiguous streams, state carried).
+Validation reads the held-out text as one stream in chunks of 100, as the
+trainer's evaluation does. Prints one line per evaluation: epoch, training wall
+time (evaluation excluded), valid ppl. PyTorch is a benchmark-only dependency.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--evals-per-epoch", type=int, default=2)
+    ap.add_argument("--data", default=os.path.join(ROOT, "data"))
+    a = ap.parse_args(argv)
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from rnnlm.core.metrics import EVAL_BPTT
+    from rnnlm.core.strategies import StreamBlock
+    from rnnlm.core.vocab import Vocab
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    train_text = open(os.path.join(a.data, "ptb.train.txt"), encoding="utf-8").read()
+    vocab = Vocab.build(train_text, "word")
+    train = vocab.encode(train_text)
+    valid = vocab.encode(open(os.path.join(a.data, "ptb.valid.txt"), encoding="utf-8").read())
+    V, H, T, B = len(vocab), 200, 20, 20
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lstm, self.out = nn.Embedding(V, H), nn.LSTM(H, H, 2), nn.Linear(H, V)
+            for p in self.parameters():
+                nn.init.uniform_(p, -0.1, 0.1)
+
+        def forward(self, x, state):
+            h, state = self.lstm(self.emb(x), state)
+            return self.out(h), state
+
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    loss_fn = nn.CrossEntropyLoss()
+    block = StreamBlock(train, B, T)
+    steps_per_epoch = len(train) // (B * T)
+    total = int(a.epochs * steps_per_epoch)
+    every = max(1, steps_per_epoch // a.evals_per_epoch)
+
+    def evaluate():
+        model.eval()
+        nll, n, state = 0.0, 0, None
+        with torch.no_grad():
+            for i in range(0, len(valid) - 1, EVAL_BPTT):
+                x = torch.from_numpy(valid[i:i + EVAL_BPTT].astype(np.int64))[:, None]
+                y = torch.from_numpy(valid[i + 1:i + 1 + EVAL_BPTT].astype(np.int64))
+                x = x[:len(y)]
+                logits, state = model(x, state)
+                nll += float(loss_fn(logits[:, 0], y)) * len(y)
+                n += len(y)
+        model.train()
+        return math.exp(nll / n)
+
+    print(f"# torch={torch.__version__} threads={a.threads} V={V} steps/epoch={steps_per_epoch}", flush=True)
+    state, wall = None, 0.0
+    for k in range(total):
+        t0 = time.perf_counter()
+        b = block.batch(k)
+        x, y = torch.from_numpy(b.x.astype(np.int64)), torch.from_numpy(b.y.astype(np.int64))
+        if k % block.steps_per_pass == 0:
+            state = None                              # a new pass: streams start from zero
+        if state is not None:
+            state = tuple(s.detach() for s in state)
+        logits, state = model(x, state)
+        loss = loss_fn(logits.reshape(-1, V), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        opt.step()
+        wall += time.perf_counter() - t0
+        if (k + 1) % every == 0 or k + 1 == total:
+            print(f"epoch {(k + 1) / steps_per_epoch:.2f}  train_wall_s {wall:.1f}  valid_ppl {evaluate():.1f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
