@@ -27,7 +27,8 @@ def cfg_for(vocab_size, *sets):
 
 
 def run_task(cfg, params, pid, tokens, bc_local=None):
-    task = executor.round_task(cfg.to_json(), Bc(params), Bc({"rows": {}, "base": "test:0", "opt": None}), bc_local or {}, 1, 0.01)
+    payload = Bc({"rows": {}, "base": "test:0", "opt": None})
+    task = executor.round_task(cfg.to_json(), Bc(params), payload, bc_local or {}, 1, 0.01)
     (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
     assert not agg.errors()
     return params + plan.mean_change(RNNLM(cfg.model).layout, agg, np.float32)
