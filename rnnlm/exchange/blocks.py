@@ -119,21 +119,23 @@ class Block:
         self.shape, self.ids, self.codec, self.data, self.scale = s
 
 
+def _groups(values):
+    """``values`` (n, C) as the groups a per-group scale covers: its rows, or a vector (C = 1) whole,
+    since a scale per value would send more than float32."""
+    return values.reshape(1, -1) if values.shape[1] == 1 else values                  # (g, m)
+
+
 def _int8(values):
-    """(int8 values (g, m), scales (g, 1) float32) of ``values`` (n, C); a vector is one group."""
-    g = values.reshape(1, -1) if values.shape[1] == 1 else values                     # (g, m)
+    """(int8 values (g, m), scales (g, 1) float32) of ``values`` (n, C)."""
+    g = _groups(values)
     top = np.abs(g).max(axis=1, keepdims=True) if g.size else np.zeros((g.shape[0], 1), np.float32)
     scale = np.where(top > 0, top / np.float32(127), np.float32(1)).astype(np.float32)   # (g, 1)
     return np.rint(g / scale).astype(np.int8), scale
 
 
 def _onebit(values):
-    """(sign bits (g, ceil(m/8)) uint8, scales (g, 2) float32) of ``values`` (n, C).
-
-    A row's groups are its values (g = n); a vector's (C = 1) are the whole block
-    (g = 1), since a per-value scale would send more than float32.
-    """
-    g = values.reshape(1, -1) if values.shape[1] == 1 else values                     # (g, m)
+    """(sign bits (g, ceil(m/8)) uint8, scales (g, 2) float32) of ``values`` (n, C)."""
+    g = _groups(values)
     pos = g >= 0
     npos = pos.sum(axis=1)
     sum_pos = np.where(pos, g, 0).sum(axis=1, dtype=np.float64)

@@ -96,7 +96,7 @@ class ParamsBroadcast:
         """
         rows = None if self.base is None else changed_rows(self.layout, params, self.base)
         if rows is None or self._due(size(rows)):
-            return self._rebase(params)
+            return self._rebase(params), {}, [], [self.bc_base]
         self.age += 1
         return self.bc_base, rows, [], []
 
@@ -109,12 +109,13 @@ class ParamsBroadcast:
         return (amount >= self.fraction * self.layout.size
                 or bool(self.every and self.age >= self.every))
 
-    def _rebase(self, params) -> tuple:
+    def _rebase(self, params):
+        """Retire the old base and its deltas; broadcast ``params`` as the new base (returned)."""
         self.close()
         self.base, self.age = params.copy(), 0
         self.bc_base = self.sc.broadcast(self.base)
         self.rebases += 1
-        return self.bc_base, {}, [], [self.bc_base]
+        return self.bc_base
 
     def close(self):
         old = [b for b in [self.bc_base, *self.deltas] if b is not None]
@@ -174,7 +175,7 @@ class DeltaBroadcast(ParamsBroadcast):
         new = []
         if self.base is None or self._due(self.sent / 4):
             self.sent = 0
-            new += self._rebase(self.view)[3]
+            new.append(self._rebase(self.view))
         else:
             self.age += 1
         blocks = delta_blocks(self.layout, params - self.view, self.codec)

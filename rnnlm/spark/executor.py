@@ -32,10 +32,14 @@ _MEMO_SIZE = 8
 
 def _memo(key, build):
     if key not in _MEMO:
-        if len(_MEMO) >= _MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = build()
+        _remember(key, build())
     return _MEMO[key]
+
+
+def _remember(key, value):
+    if len(_MEMO) >= _MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[key] = value
 
 
 def task_xp(device: str):
@@ -178,9 +182,7 @@ def _view(layout, bc_base, payload, deltas):
     for d in deltas[done:]:
         rebase.apply_delta(layout, view, d.value)
     if deltas:
-        if len(_MEMO) >= _MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = (len(deltas), view)
+        _remember(key, (len(deltas), view))
     return view
 
 
