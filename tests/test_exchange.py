@@ -290,6 +290,10 @@ def test_a_delta_broadcast_in_fp16_trains_like_the_exact_one_for_a_fraction_of_t
     # rows re-base every other round (half this small model changes); deltas pile up on the first base
     assert [x["rebased"] for x in md] == [True] + [False] * 5 and sum(x["rebased"] for x in mr) == 3
     assert md[-1]["bytes_broadcast"] < 0.7 * mr[-1]["bytes_broadcast"]
+    _, m32 = train(spark, tmp_path, "delta32", *rows, "exchange.broadcast=delta", "exchange.hidden=dense+fp16",
+                   "train.rebase_fraction=2")
+    later = [sum(x["round_bytes_broadcast"] for x in m[1:]) for m in (md, m32)]
+    assert later[0] < 0.85 * later[1]                                      # the deltas travel in fp16
     assert abs(md[-1]["train_loss"] - mr[-1]["train_loss"]) < 0.02
 
 
