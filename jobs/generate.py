@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from rnnlm.core import checkpoint  # noqa: E402
 from rnnlm.core.generate import generate  # noqa: E402
-from rnnlm.core.model import RNNLM  # noqa: E402
+from rnnlm.core.model import build as build_model  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         ck = checkpoint.load(a.checkpoint)
-        model = RNNLM(ck.config.model)
+        model = build_model(ck.config.model)
         text = generate(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
                         temperature=a.temperature, argmax=a.argmax, seed=a.seed)
     except (checkpoint.CheckpointError, ValueError) as e:

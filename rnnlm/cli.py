@@ -41,7 +41,7 @@ def _session(app: str, master):
 
 def train(a) -> int:
     from .core.generate import generate
-    from .core.model import RNNLM
+    from .core.model import build as build_model
     cfg = config.load(a.config, a.set)
     spark = _session("rnnlm-train", a.master)
     try:
@@ -53,7 +53,7 @@ def train(a) -> int:
     print(f"done: round {last['round']} | train_loss {last['train_loss']:.4f}"
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
           + f" | checkpoint {tr.ck_path}")
-    model = RNNLM(tr.cfg.model)
+    model = build_model(tr.cfg.model)
     for s in range(a.samples):
         print(f"--- sample {s + 1} ---")
         print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=s))

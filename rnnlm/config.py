@@ -37,7 +37,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    cell: str = "lstm"             # lstm | rnn
+    cell: str = "lstm"             # lstm | rnn | ffnn (Bengio's feed-forward NNLM, seed 004)
+    context: int = 3               # ffnn: the previous words it reads (k)
     vocab_size: int = 0            # filled from the vocabulary when 0
     embed: int = 0                 # 0 = one-hot input (first layer indexes its input weights)
     hidden: int = 128
@@ -85,6 +86,25 @@ class TrainConfig:
     device: str = "cpu"            # cpu | gpu | auto
     rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
     rebase_fraction: float = 0.5   # ... or when what was sent since the base reaches this fraction of the model
+    mode: str = "sync"             # sync: all-reduce rounds | async: a parameter server on the driver
+    push_every: int = 20           # async: local steps between a worker's pushes (a push window)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The asynchronous mode's parameter server (see :mod:`rnnlm.server`)."""
+    update: str = "add"            # add: params += pushed change | adagrad: per-parameter rates on the server
+    lock: bool = False             # false: Hogwild!, pushes applied concurrently without a lock
+    staleness: str = "ignore"      # ignore | divide: a change k versions behind is divided by 1 + k
+    lr: float = 0.1                # update = adagrad: the server's step size
+    eps: float = 1e-6              # update = adagrad
+    host: str = ""                 # address executors reach ("" = spark.driver.host)
+    port: int = 0                  # 0 = any free port
+    max_frame_mb: float = 256.0    # larger frames are refused
+    heartbeat_s: float = 2.0       # a worker's heartbeat period
+    timeout_s: float = 30.0        # a worker silent this long is reported lost
+    checkpoint_s: float = 60.0     # the server's state is checkpointed this often (0 = by pushes only)
+    checkpoint_pushes: int = 0     # ... and every this many applied pushes (0 = by time only)
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -122,7 +143,7 @@ _CHOICES = {
     ("data", "paragraphs"): ("blank_line", "line"),
     ("data", "strategy"): ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs"),
     ("data", "encoding_errors"): ("replace", "strict"),
-    ("model", "cell"): ("lstm", "rnn"),
+    ("model", "cell"): ("lstm", "rnn", "ffnn"),
     ("model", "init"): ("uniform", "normal"),
     ("model", "dtype"): ("float32", "float64"),
     ("optim", "name"): ("sgd", "momentum", "adagrad", "adam"),
@@ -131,6 +152,9 @@ _CHOICES = {
     ("train", "device"): ("cpu", "gpu", "auto"),
     ("train", "outer"): ("average", "momentum", "nesterov"),
     ("train", "optim_state"): ("average", "reset", "local"),
+    ("train", "mode"): ("sync", "async"),
+    ("server", "update"): ("add", "adagrad"),
+    ("server", "staleness"): ("ignore", "divide"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
     # no delta+onebit: executors training from a 1-bit view diverged on PTB (README, "The broadcast shrinks")
     ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16", "delta+int8"),
@@ -253,7 +277,7 @@ SAMPLED = ("sampled_windows", "sampled_paragraphs")
 
 def validate(cfg: Config) -> None:
     """Range checks that types alone cannot express (every numeric option)."""
-    d, m, t, o, x = cfg.data, cfg.model, cfg.train, cfg.optim, cfg.exchange
+    d, m, t, o, x, sv = cfg.data, cfg.model, cfg.train, cfg.optim, cfg.exchange, cfg.server
     checks = [
         (0.0 <= x.frequent <= 1.0, "exchange.frequent must be in [0, 1]"),
         (0.0 <= x.random <= 1.0, "exchange.random must be in [0, 1]"),
@@ -272,6 +296,9 @@ def validate(cfg: Config) -> None:
         (m.layers > 0, "model.layers must be > 0"),
         (m.embed >= 0, "model.embed must be >= 0"),
         (m.vocab_size >= 0, "model.vocab_size must be >= 0"),
+        (1 <= m.context <= 64, "model.context must be in [1, 64]"),
+        (m.cell != "ffnn" or (m.embed > 0 and m.layers == 1 and m.dropout == 0 and not x.sampled_softmax),
+         "model.cell = 'ffnn' needs model.embed > 0, model.layers = 1, no dropout and no sampled softmax"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
         (math.isfinite(m.forget_bias), "model.forget_bias must be finite"),
         (0 < m.init_scale < math.inf, "model.init_scale must be > 0"),
@@ -297,6 +324,15 @@ def validate(cfg: Config) -> None:
         (0 < t.outer_lr < math.inf, "train.outer_lr must be > 0"),
         (0.0 <= t.outer_momentum < 1.0, "train.outer_momentum must be in [0, 1)"),
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),
+        (t.push_every > 0, "train.push_every must be > 0"),
+        (t.mode == "sync" or (d.strategy not in SAMPLED and x.broadcast == "rows" and t.outer == "average"),
+         "train.mode = 'async' needs a streams, paragraphs or windows strategy, exchange.broadcast = 'rows' "
+         "and train.outer = 'average' (the server applies each push)"),
+        (0 < sv.lr < math.inf and 0 < sv.eps < math.inf, "server.lr and server.eps must be > 0"),
+        (0 <= sv.port <= 65535, "server.port must be in [0, 65535]"),
+        (0 < sv.max_frame_mb <= 4096, "server.max_frame_mb must be in (0, 4096]"),
+        (0 < sv.heartbeat_s < sv.timeout_s < math.inf, "server: need 0 < heartbeat_s < timeout_s"),
+        (sv.checkpoint_s >= 0 and sv.checkpoint_pushes >= 0, "server.checkpoint_s and checkpoint_pushes must be >= 0"),
         (d.strategy not in SAMPLED or t.local_steps == 0,
          f"train.local_steps = {t.local_steps} contradicts data.strategy = {d.strategy!r}: a round trains on "
          "its whole sample (data.sample_fraction), so leave train.local_steps = 0"),

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import config as config_mod
 from .files import LocalFS
-from .model import RNNLM
+from .model import build as build_model
 from .vocab import Vocab, VocabError
 
 MANIFEST = "MANIFEST.json"
@@ -60,7 +60,7 @@ def _npy_bytes(a) -> bytes:
 
 def to_files(ck: Checkpoint) -> dict:
     """Serialise ``ck`` to ``{file name: bytes}`` including the manifest."""
-    model = RNNLM(ck.config.model)
+    model = build_model(ck.config.model)
     files = {
         "params.npy": _npy_bytes(ck.params),
         "vocab.json": ck.vocab.to_json().encode(),
@@ -160,7 +160,7 @@ def _check(ck: Checkpoint, where: str, expect) -> None:
         raise CheckpointError(f"{where}: model configuration differs from the checkpoint's in {', '.join(diff)}")
     if len(ck.vocab) != m.vocab_size:
         raise CheckpointError(f"{where}: vocabulary has {len(ck.vocab)} tokens, model.vocab_size is {m.vocab_size}")
-    size = RNNLM(m).layout.size
+    size = build_model(m).layout.size
     if ck.params.shape != (size,) or ck.params.dtype != np.dtype(m.dtype):
         raise CheckpointError(f"{where}: params are {ck.params.dtype}{list(ck.params.shape)}, "
                               f"the configuration needs {m.dtype}[{size}]")

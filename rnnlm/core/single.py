@@ -12,7 +12,7 @@ from .. import config
 from .local import evaluate, train_steps
 from .strategies import StreamBlock
 from .metrics import EVAL_BPTT, due, log_line, loss_fields
-from .model import RNNLM
+from .model import build as build_model
 from .optim import make_optimizer
 from .schedule import Schedule
 from .vocab import Vocab
@@ -43,7 +43,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
         cut = int(len(ids) * 0.9)
         ids, valid = ids[:cut], ids[cut:]
     xp = backend.get_xp(t.device)
-    model = RNNLM(cfg.model, xp=xp)
+    model = build_model(cfg.model, xp=xp)
     opt, sched = make_optimizer(cfg.optim), Schedule(cfg.optim)
     params = model.init_params(t.seed)
     opt_state = opt.init_state(params)

@@ -20,7 +20,7 @@ from ..exchange import plan, rebase
 from ..exchange.aggregate import Aggregate
 from ..core.local import evaluate, train_steps
 from ..core.metrics import EVAL_BPTT
-from ..core.model import RNNLM
+from ..core.model import build as build_model
 from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
 
@@ -122,7 +122,7 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float, 
                     yield pid, residual
             return
         payload = bc.value
-        model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: RNNLM(cfg.model, xp=xp))
+        model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         host = _view(model.layout, bc_base, payload, deltas)      # the parameters the driver sent
         for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def eval_task(cfg_json: str, bc):
     def run(it):
         cfg = config.from_json(cfg_json)
         xp = task_xp(cfg.train.device)
-        model = RNNLM(cfg.model, xp=xp)
+        model = build_model(cfg.model, xp=xp)
         params = xp.asarray(bc.value)
         for _, tokens, _ in it:
             if len(tokens) < 2:

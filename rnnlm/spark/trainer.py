@@ -29,7 +29,7 @@ from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from . import residuals as residuals_mod
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
-from ..core.model import RNNLM
+from ..core.model import build as build_model
 from ..core.schedule import Schedule
 
 # a change in any of these makes a resumed run a different experiment
@@ -152,7 +152,7 @@ class Trainer:
 
     # ------------------------------------------------------------- set-up
     def _fresh(self, cfg):
-        model = RNNLM(cfg.model)
+        model = build_model(cfg.model)
         params = model.init_params(cfg.train.seed)
         return RunState(params=params, schedule=Schedule(cfg.optim).state)
 
@@ -207,7 +207,7 @@ class Trainer:
         owned = data is None
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
-        self.layout = RNNLM(cfg.model).layout
+        self.layout = build_model(cfg.model).layout
         st = st or self._fresh(cfg)
         self.residuals = residuals_mod.Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
