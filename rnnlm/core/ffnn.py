@@ -1,0 +1,200 @@
+"""Bengio et al.'s feed-forward neural network language model (seed 004).
+
+Each position reads the K words ending at it: their embeddings, concatenated,
+feed one tanh layer and a full softmax. :class:`FFNNLM` is a drop-in
+replacement for :class:`rnnlm.core.model.RNNLM`: the same flat parameter
+buffer, chunked ``loss``/``loss_and_grad`` and a carried "state", which here is
+the last K - 1 token ids of each stream, so a stream cut into chunks scores
+exactly as one long chunk.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import backend
+from ..config import ModelConfig
+from .layout import Layout
+from .model import RNNLM, _gather_columns
+
+
+class _ChunkBuffers:
+    """Everything one (T, B) chunk needs, allocated once and reused."""
+
+    def __init__(self, xp, m, T, B):
+        N, K, dt = T * B, m.K, m.dtype
+        e = lambda *s: xp.empty(s, dtype=dt)  # noqa: E731
+        self.ids = xp.empty((K - 1 + T, B), dtype=xp.int64)   # carried words, then x; id + 1, 0 = none
+        self.word = xp.empty((K, N), dtype=xp.int64)           # context word j of position n, id + 1
+        self.rows = xp.empty((K, N), dtype=xp.int64)           # its embedding row (0 where missing)
+        self.present = e(K, N)                                 # 1 where the word exists, else 0
+        self.cut = xp.empty((T, B), dtype=bool)                # a reset lies between the word and n
+        self.ctx = e(K * m.E, N)                               # concatenated embeddings
+        self.dctx = e(K * m.E, N)
+        self.h = e(m.H, N)                                     # tanh layer, then 1 - h^2
+        self.dh = e(m.H, N)
+        self.logits = e(m.V, N)                                # logits, then dlogits
+        self.ones_n = xp.ones(N, dtype=dt)
+        self.ones_v = xp.ones(m.V, dtype=dt)
+        self.cols = xp.arange(N)
+
+
+class FFNNLM:
+    """A feed-forward n-gram neural language model (Bengio et al., 2003), without direct connections.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        ``cfg.vocab_size`` and ``cfg.embed`` must be set; ``cfg.context`` is K,
+        the words each prediction reads (the current one and K - 1 before it).
+    xp : module, optional
+        NumPy or CuPy, from :func:`rnnlm.core.backend.get_xp`.
+    dtype : str, optional
+        Overrides ``cfg.dtype`` (``"float64"`` for gradient checks).
+
+    Notes
+    -----
+    The state (1, 1, K - 1, B) holds each stream's previous K - 1 token ids plus
+    one, oldest first, as floats (exact up to 2**24); 0 is "no word" (a stream's
+    start), which contributes a zero vector and receives no gradient.
+    """
+
+    # RNNLM's rules apply as they are: zero biases, embed fan_in 1, W1's fan_in K * E
+    init_params = RNNLM.init_params
+    _nll = RNNLM._nll
+
+    def __init__(self, cfg: ModelConfig, xp=np, dtype: str | None = None):
+        if cfg.vocab_size <= 0:
+            raise ValueError("model.vocab_size must be set (from the vocabulary)")
+        if cfg.embed <= 0 or cfg.context < 1:
+            raise ValueError("model.cell = 'ffnn' needs model.embed > 0 and model.context >= 1")
+        self.cfg, self.xp = cfg, xp
+        self.dtype = np.dtype(dtype or cfg.dtype)
+        self.V, self.E, self.H, self.K = cfg.vocab_size, cfg.embed, cfg.hidden, cfg.context
+        self.L, self.S, self.G = 1, 1, 1                 # G: no LSTM gates for init_params
+        self.layout = Layout([("embed", (self.V, self.E)), ("W1", (self.H, self.K * self.E)),
+                              ("b1", (self.H,)), ("Wo", (self.V, self.H)), ("bo", (self.V,))])
+        self._buffers: dict = {}
+
+    def zero_state(self, B: int):
+        """Initial state (1, 1, K - 1, B): no previous words."""
+        return self.xp.zeros((1, 1, self.K - 1, B), dtype=self.dtype)
+
+    def _bufs(self, T, B) -> _ChunkBuffers:
+        key = (T, B)
+        if key not in self._buffers:
+            self._buffers.clear()   # one chunk shape at a time keeps memory bounded
+            self._buffers[key] = _ChunkBuffers(self.xp, self, T, B)
+        return self._buffers[key]
+
+    # ---------------------------------------------------------------- forward
+    def _context(self, buf, x, state, reset):
+        """Fill ``buf.word``/``rows``/``present``; return the new state."""
+        xp, K = self.xp, self.K
+        T, B = x.shape
+        ids, word = buf.ids, buf.word.reshape(K, T, B)
+        ids[:K - 1] = state[0, 0]
+        ids[K - 1:] = x
+        ids[K - 1:] += 1
+        buf.cut.fill(False)
+        for j in range(K - 1, -1, -1):                   # word j lies d = K - 1 - j steps back
+            word[j] = ids[j:j + T]
+            d = K - 1 - j
+            if reset is not None and d:
+                # a reset at any step in (t - d, t] cuts position t off from the word at t - d
+                if d <= T:
+                    buf.cut[d - 1:] |= reset[:T - d + 1]
+                word[j] *= ~buf.cut
+        xp.greater(buf.word, 0, out=buf.present)
+        xp.subtract(buf.word, 1, out=buf.rows)
+        xp.maximum(buf.rows, 0, out=buf.rows)            # any row: it is zeroed by present
+        new_state = xp.empty_like(state)
+        new_state[0, 0] = word[1:, T - 1]                # (K - 1, B)
+        return new_state
+
+    def _forward(self, p, x, state, reset):
+        """Fill the chunk buffers up to the logits; return (buffers, new state)."""
+        xp, E = self.xp, self.E
+        T, B = x.shape
+        buf = self._bufs(T, B)
+        new_state = self._context(buf, x, state, reset)
+        for j in range(self.K):
+            cj = buf.ctx[j * E:(j + 1) * E]                               # (E, N)
+            _gather_columns(xp, p["embed"], buf.rows[j], cj)
+            cj *= buf.present[j]
+        xp.matmul(p["W1"], buf.ctx, out=buf.h)                            # (H, N)
+        buf.h += p["b1"][:, None]
+        xp.tanh(buf.h, out=buf.h)
+        xp.matmul(p["Wo"], buf.h, out=buf.logits)                         # (V, N)
+        buf.logits += p["bo"][:, None]
+        return buf, new_state
+
+    def loss(self, params, x, y, state, reset=None):
+        """Summed NLL, token count and final state of one chunk, no gradient.
+
+        Parameters
+        ----------
+        params : flat array (P,)
+        x, y : int arrays (T, B)
+            Inputs and next-token targets; a target < 0 is not scored.
+        state : array (1, 1, K - 1, B)
+        reset : bool array (T, B), optional
+            True where a stream starts afresh: words before that step are missing.
+
+        Returns
+        -------
+        loss_sum : float, count : int, new_state : array (1, 1, K - 1, B)
+        """
+        buf, new_state = self._forward(self.layout.views(params), x, state, reset)
+        loss, count = self._nll(buf, y, None)
+        return loss, count, new_state
+
+    def next_logits(self, params, x, state):
+        """Logits (B, V) after the last step of ``x`` (T, B), and the new state."""
+        buf, new_state = self._forward(self.layout.views(params), x, state, None)
+        T, B = x.shape
+        return buf.logits[:, (T - 1) * B:].T.copy(), new_state
+
+    # --------------------------------------------------------------- backward
+    def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
+                      softmax=None):
+        """Forward and backward over one chunk.
+
+        Writes the gradient of ``grad_scale * summed NLL`` into ``grads`` (P,),
+        every slot overwritten. ``grad_scale`` defaults to 1 / tokens scored.
+        ``rng`` is accepted for RNNLM's signature and ignored: there is no dropout.
+
+        Returns
+        -------
+        loss_sum : float, count : int, new_state : array (1, 1, K - 1, B)
+
+        Raises
+        ------
+        ValueError
+            ``softmax`` is not None: the sampled softmax is not implemented here.
+        """
+        if softmax is not None:
+            raise ValueError("the sampled softmax is not supported by model.cell = 'ffnn'")
+        xp, K, E = self.xp, self.K, self.E
+        p, g = self.layout.views(params), self.layout.views(grads)
+        T, B = x.shape
+        N = T * B
+        buf, new_state = self._forward(p, x, state, reset)
+        if grad_scale is None:
+            grad_scale = 1.0 / max(1, int((y >= 0).sum()))
+        loss, count = self._nll(buf, y, grad_scale)
+        dlg, h, dh = buf.logits, buf.h, buf.dh                            # (V, N), (H, N), (H, N)
+        xp.matmul(dlg, h.T, out=g["Wo"])                                  # (V, H)
+        xp.matmul(dlg, buf.ones_n, out=g["bo"])
+        xp.matmul(p["Wo"].T, dlg, out=dh)                                 # (H, N)
+        xp.multiply(h, h, out=h)                                          # h is spent: tanh' = 1 - h^2
+        xp.subtract(1, h, out=h)
+        dh *= h
+        xp.matmul(dh, buf.ones_n, out=g["b1"])
+        xp.matmul(dh, buf.ctx.T, out=g["W1"])                             # (H, KE)
+        xp.matmul(p["W1"].T, dh, out=buf.dctx)                            # (KE, N)
+        dctx = buf.dctx.reshape(K, E, N)
+        dctx *= buf.present[:, None, :]                  # missing words add zero (to row 0)
+        g["embed"].fill(0)
+        backend.scatter_add_rows(g["embed"], buf.rows.reshape(K * N),
+                                 dctx.transpose(0, 2, 1).reshape(K * N, E))   # (KN, E)
+        return loss, count, new_state
