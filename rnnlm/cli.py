@@ -39,13 +39,21 @@ def _session(app: str, master):
     return spark
 
 
+def make_trainer(spark, cfg, out: str, log=print) -> Trainer:
+    """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
+    if cfg.train.mode == "async":
+        from .spark.async_trainer import AsyncTrainer
+        return AsyncTrainer(spark, cfg, out, log)
+    return Trainer(spark, cfg, out, log)
+
+
 def train(a) -> int:
     from .core.generate import generate
     from .core.model import build as build_model
     cfg = config.load(a.config, a.set)
     spark = _session("rnnlm-train", a.master)
     try:
-        tr = Trainer(spark, cfg, a.out)
+        tr = make_trainer(spark, cfg, a.out)
         last = tr.run(resume=a.resume)
     except (Interrupted, KeyboardInterrupt):
         spark.stop()          # cancels what runs and releases the executors before the process exits

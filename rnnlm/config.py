@@ -328,6 +328,8 @@ def validate(cfg: Config) -> None:
         (t.mode == "sync" or (d.strategy not in SAMPLED and x.broadcast == "rows" and t.outer == "average"),
          "train.mode = 'async' needs a streams, paragraphs or windows strategy, exchange.broadcast = 'rows' "
          "and train.outer = 'average' (the server applies each push)"),
+        (t.mode == "sync" or o.schedule != "plateau",
+         "train.mode = 'async' has no rounds to decay on a plateau: use optim.schedule = constant or epoch_decay"),
         (0 < sv.lr < math.inf and 0 < sv.eps < math.inf, "server.lr and server.eps must be > 0"),
         (0 <= sv.port <= 65535, "server.port must be in [0, 65535]"),
         (0 < sv.max_frame_mb <= 4096, "server.max_frame_mb must be in (0, 4096]"),

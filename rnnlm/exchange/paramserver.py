@@ -1,0 +1,378 @@
+"""The asynchronous mode's parameter server and its workers' side of the protocol.
+
+Seeds 003 (Hogwild!) and 004 (a parameter server with AdaGrad, re-sharding and
+recovery). The server holds the master parameters; each worker (one long-running
+Spark task per partition) trains ``train.push_every`` local steps (a **window**),
+pushes its change in the exchange blocks of :mod:`rnnlm.exchange.plan` (the same
+groups and codecs as the synchronous all-reduce) and continues from the
+parameters the reply carries (its pull). There is no barrier between workers.
+
+Updates (``[server]``):
+
+``update = "add"``      the change is added to the parameters
+``update = "adagrad"``  per parameter, ``acc += change^2`` and the parameters move by
+                        ``lr * change / (sqrt(acc) + eps)`` (seed 004: plain SGD diverged
+                        with several workers, AdaGrad's per-parameter rates did not)
+``lock = false``        Hogwild!: pushes are applied concurrently, without a lock on the
+                        parameters; a pull may see a push half applied
+``lock = true``         one push or pull at a time touches the parameters
+``staleness = divide``  a change computed on parameters k versions old is divided by
+                        1 + k (DynSGD)
+
+**Shards and at-most-once.** A partition's data is cut into windows (ranges of
+``push_every`` steps); a window is the unit of work the server accounts for
+(seed 004's shard). The server records, per partition, the next window it will
+apply; a push for any other window (a retried task repeating work its previous
+attempt already pushed) is refused, so no window's update is applied twice.
+Each task attempt announces itself (``hello``) and gets a **lease**; a newer
+lease supersedes an older one, whose pushes are then refused (a zombie attempt
+cannot apply anything). A retried task resumes at the first window not applied.
+Heartbeats (a second connection, every ``heartbeat_s``) tell the server which
+window a worker trains; a worker silent for ``timeout_s`` is reported lost.
+
+Bookkeeping (which window was applied, the version) is under a small lock even
+in Hogwild! mode: only the parameter arithmetic runs unlocked.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+
+import numpy as np
+
+from .blocks import CODECS, Block
+
+# the dtype each codec's payload must arrive in (anything else is refused)
+_DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
+
+
+class Refused(ValueError):
+    """A request the protocol refuses (bad pid, malformed blocks); the message is one line."""
+
+
+def blocks_to_wire(blocks: dict) -> tuple:
+    """``{"params.<slot>": Block}`` as (fields, arrays) for :mod:`rnnlm.exchange.wire` (no pickle)."""
+    meta, arrays = {}, {}
+    for name, b in blocks.items():
+        slot = name.split(".", 1)[1]
+        scalar = not isinstance(b.scale, np.ndarray)
+        meta[slot] = {"codec": b.codec, "scale": float(b.scale) if scalar else None}
+        arrays[f"{slot}.data"] = b.data
+        if b.ids is not None:
+            arrays[f"{slot}.ids"] = b.ids
+        if not scalar:
+            arrays[f"{slot}.scale"] = b.scale
+    return {"blocks": meta}, arrays
+
+
+def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
+    """Check a pushed change against ``layout`` and decode it: ``[(slot, ids or None, values (n, C))]``.
+
+    Raises :class:`Refused` for anything that does not describe exactly this
+    model's slots in a known codec, with row ids sorted, unique and in range, and
+    finite values.
+    """
+    meta = fields.get("blocks")
+    if not isinstance(meta, dict) or set(meta) != set(layout.slots):
+        raise Refused("push does not name exactly the model's parameter slots")
+    expected = {f"{s}.{k}" for s, m in meta.items() for k in ("data", "ids", "scale")}
+    if not set(arrays) <= expected:
+        raise Refused(f"push carries unknown arrays: {sorted(set(arrays) - expected)[:3]}")
+    out = []
+    for slot in layout:
+        m = meta[slot.name]
+        if not isinstance(m, dict) or m.get("codec") not in CODECS:
+            raise Refused(f"{slot.name}: unknown codec")
+        codec, data = m["codec"], arrays.get(f"{slot.name}.data")
+        if data is None or data.dtype != _DATA_DTYPE[codec] or data.ndim != 2:
+            raise Refused(f"{slot.name}: {codec} data must be a 2-D {np.dtype(_DATA_DTYPE[codec]).name} array")
+        ids = arrays.get(f"{slot.name}.ids")
+        R, C = slot.shape[0], slot.size // slot.shape[0]
+        if ids is not None:
+            if ids.dtype != np.int32 or ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= R
+                                                                         or np.any(np.diff(ids) <= 0))):
+                raise Refused(f"{slot.name}: row ids must be sorted unique int32 in [0, {R})")
+        scale = arrays.get(f"{slot.name}.scale", m.get("scale"))
+        if scale is None or (not isinstance(scale, np.ndarray) and not isinstance(scale, (int, float))):
+            raise Refused(f"{slot.name}: missing scale")
+        b = Block.__new__(Block)
+        b.__setstate__((slot.shape, ids, codec, data, scale if isinstance(scale, np.ndarray) else float(scale)))
+        n = b.rows
+        try:
+            values = b.decode().reshape(n, C)          # (n, C)
+        except (ValueError, IndexError, TypeError) as e:
+            raise Refused(f"{slot.name}: payload does not decode to {n} rows of {C}: {e}") from None
+        if not np.isfinite(values).all():
+            raise Refused(f"{slot.name}: non-finite values")
+        out.append((slot, ids, values))
+    return out
+
+
+class ParameterServer:
+    """The master parameters and the protocol's state; :meth:`handle` serves one request.
+
+    Parameters
+    ----------
+    layout : Layout
+    params : float array (P,)
+        Initial parameters (copied).
+    sv : ServerConfig
+    windows : int
+        Windows per partition in the whole run.
+    partitions : int
+    state : dict, optional
+        From :meth:`snapshot` (a checkpoint): resumes the parameters, AdaGrad's
+        accumulator, the version and each partition's progress.
+    log : callable
+    """
+
+    def __init__(self, layout, params, sv, windows: int, partitions: int, state: dict | None = None, log=print):
+        self.layout, self.sv, self.windows, self.P, self.log = layout, sv, windows, partitions, log
+        state = state or {}
+        self.params = np.array(params, copy=True)
+        self.acc = np.array(state["acc"]) if "acc" in state else (
+            np.zeros_like(self.params) if sv.update == "adagrad" else None)
+        self.version = int(state.get("version", 0))
+        self.done = list(state.get("done", [0] * partitions))     # per partition: the next window to apply
+        self.started = list(self.done)                            # per partition: window last reported training
+        self.lease = [0] * partitions
+        self.last_seen = [None] * partitions
+        self.lost = [False] * partitions
+        self.totals = collections.Counter(state.get("totals", {}))
+        self.window = collections.Counter()                       # since the last drain()
+        self.staleness = collections.Counter()
+        self._book = threading.Condition()                        # bookkeeping, never the parameter arithmetic
+        self._in_flight, self._frozen = 0, False                  # pushes reserved but not yet applied
+        self._params_lock = threading.Lock() if sv.lock else None
+
+    # ------------------------------------------------------------ protocol
+    def handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
+        """Serve one request (for :class:`rnnlm.exchange.wire.FrameServer`): ``(kind, fields, arrays)``."""
+        pid = fields.get("pid")
+        if not isinstance(pid, int) or not 0 <= pid < self.P:
+            raise Refused(f"request {kind!r} names no partition of this run (pid {pid!r})")
+        if kind == "hello":
+            return self._hello(pid)
+        lease = fields.get("lease")
+        with self._book:
+            self.last_seen[pid] = time.monotonic()
+            if lease != self.lease[pid]:
+                self.totals["refused_superseded"] += 1
+                return "stop", {"reason": "superseded by a newer attempt of this partition"}, {}
+        if kind == "heartbeat":
+            return self._heartbeat(pid, fields)
+        if kind == "push":
+            return self._push(pid, fields, arrays)
+        if kind == "done":
+            return "ok", {"finished": self.done[pid] >= self.windows}, {}
+        raise Refused(f"unknown request {kind!r}")
+
+    def _hello(self, pid):
+        with self._book:
+            self.lease[pid] += 1
+            if self.lease[pid] > 1 or self.started[pid] > self.done[pid]:
+                self.totals["attempts_retried"] += 1
+            # the window the previous attempt was training when it stopped is trained again
+            self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1) if self.lease[pid] > 1 else 0
+            self.started[pid] = self.done[pid]
+            self.last_seen[pid], self.lost[pid] = time.monotonic(), False
+            lease, window = self.lease[pid], self.done[pid]
+        params, version = self._pull()
+        return "hello", {"lease": lease, "window": window, "windows": self.windows, "version": version}, \
+            {"params": params}
+
+    def _heartbeat(self, pid, fields):
+        w = fields.get("window")
+        if isinstance(w, int):
+            with self._book:
+                self.started[pid] = max(self.started[pid], w)
+        return "ok", {}, {}
+
+    def _pull(self):
+        if self._params_lock is None:
+            return self.params.copy(), self.version      # Hogwild!: possibly mid-update
+        with self._params_lock:
+            return self.params.copy(), self.version
+
+    def _push(self, pid, fields, arrays):
+        w, base = fields.get("window"), fields.get("version")
+        if not isinstance(w, int) or not isinstance(base, int):
+            raise Refused("push needs an integer window and version")
+        decoded = blocks_from_wire(self.layout, fields, arrays)      # before anything is reserved
+        with self._book:
+            self._book.wait_for(lambda: not self._frozen)
+            if w != self.done[pid]:
+                self.totals["refused_duplicate" if w < self.done[pid] else "refused_out_of_order"] += 1
+                applied = False
+            else:
+                self.done[pid] += 1          # reserved: no other push of this window can be applied
+                self.started[pid] = max(self.started[pid], min(self.done[pid], self.windows - 1))   # the next
+                stale = max(0, self.version - base)
+                self.version += 1
+                self._in_flight += 1
+                applied = True
+        if applied:
+            scale = 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0
+            try:
+                if self._params_lock is None:
+                    self._apply(decoded, scale)
+                else:
+                    with self._params_lock:
+                        self._apply(decoded, scale)
+            finally:
+                with self._book:
+                    self._in_flight -= 1
+                    self._book.notify_all()
+            with self._book:
+                self.staleness[stale] += 1
+                for k in ("tokens", "loss_sum", "steps"):
+                    v = fields.get(k, 0)
+                    self.window[k] += v if isinstance(v, (int, float)) and math.isfinite(v) else 0
+                self.window["pushes"] += 1
+                self._book.notify_all()
+        params, version = self._pull()
+        with self._book:
+            self.window["pulls"] += 1
+        return "pushed", {"applied": applied, "version": version, "next": self.done[pid]}, {"params": params}
+
+    def _apply(self, decoded, scale: float):
+        for slot, ids, values in decoded:
+            R = slot.shape[0]
+            view = self.params[slot.offset:slot.end].reshape(R, -1)             # (R, C)
+            if self.sv.update == "add":
+                if ids is None:
+                    view += values * scale
+                else:
+                    view[ids] += values * scale
+                continue
+            acc = self.acc[slot.offset:slot.end].reshape(R, -1)
+            rows = slice(None) if ids is None else ids
+            a = acc[rows] + values * values
+            acc[rows] = a
+            view[rows] += (self.sv.lr * scale) * values / (np.sqrt(a) + self.sv.eps)
+
+    # -------------------------------------------------------------- driver
+    def wait(self, pushes: int, timeout: float) -> int:
+        """Block until ``pushes`` pushes were applied since the last :meth:`drain` (or ``timeout``)."""
+        with self._book:
+            self._book.wait_for(lambda: self.window["pushes"] >= pushes, timeout)
+            return self.window["pushes"]
+
+    def drain(self) -> dict:
+        """The counters since the last drain (pushes, pulls, tokens, loss_sum, steps, staleness)."""
+        with self._book:
+            out = dict(self.window, staleness=dict(sorted(self.staleness.items())))
+            self.window.clear()
+            self.staleness.clear()
+            return out
+
+    def check_workers(self, now: float | None = None) -> list:
+        """Partitions whose worker went silent for ``timeout_s`` (each reported once until it says hello)."""
+        now = time.monotonic() if now is None else now
+        newly = []
+        with self._book:
+            for pid in range(self.P):
+                seen = self.last_seen[pid]
+                if (seen is not None and not self.lost[pid] and self.done[pid] < self.windows
+                        and now - seen > self.sv.timeout_s):
+                    self.lost[pid] = True
+                    self.totals["workers_lost"] += 1
+                    newly.append(pid)
+        for pid in newly:
+            self.log(f"partition {pid}: worker silent for {self.sv.timeout_s:g} s, reported lost; a retried "
+                     f"task resumes at window {self.done[pid]}")
+        return newly
+
+    def finished(self) -> bool:
+        with self._book:
+            return all(d >= self.windows for d in self.done)
+
+    def snapshot(self) -> dict:
+        """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress)."""
+        with self._book:
+            # no push may reserve a window, and every reserved one must land, so the copy holds
+            # exactly the windows ``done`` names (Hogwild! applies outside this lock)
+            self._frozen = True
+            try:
+                self._book.wait_for(lambda: self._in_flight == 0)
+                params = self.params.copy()
+                acc = None if self.acc is None else self.acc.copy()
+                return {"params": params, "acc": acc, "version": self.version, "done": list(self.done),
+                        "totals": dict(self.totals)}
+            finally:
+                self._frozen = False
+                self._book.notify_all()
+
+
+class WorkerClient:
+    """A worker's side of the protocol: announce, push windows, heartbeat, finish.
+
+    Parameters
+    ----------
+    address : (host, port)
+    secret : bytes
+        The run's secret (from the task's closure).
+    pid : int
+    sv : ServerConfig
+    """
+
+    def __init__(self, address, secret: bytes, pid: int, sv):
+        from . import wire
+        self.pid, self.sv = pid, sv
+        max_frame = int(sv.max_frame_mb * (1 << 20))
+        self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s))
+        self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s)
+        self.lease, self.window, self.stopped = None, None, False
+        self._stop = threading.Event()
+        self._thread = None
+
+    @property
+    def bytes(self) -> tuple:
+        """(sent, received) on both connections."""
+        return (self._rpc.bytes_sent + self._beat.bytes_sent, self._rpc.bytes_received + self._beat.bytes_received)
+
+    def hello(self) -> tuple:
+        """Announce this attempt: (first window to train, windows, version, parameters)."""
+        _, f, a = self._rpc.call("hello", {"pid": self.pid})
+        self.lease, self.window = f["lease"], f["window"]
+        self._thread = threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.pid}", daemon=True)
+        self._thread.start()
+        return f["window"], f["windows"], f["version"], a["params"]
+
+    def _heartbeats(self):
+        while not self._stop.wait(self.sv.heartbeat_s):
+            try:
+                kind, _, _ = self._beat.call("heartbeat", {"pid": self.pid, "lease": self.lease,
+                                                           "window": self.window})
+            except (OSError, ValueError):
+                continue          # the next push reports a dead server; a heartbeat only keeps us listed
+            if kind == "stop":
+                self.stopped = True
+                return
+
+    def push(self, window: int, version: int, blocks: dict, **stats) -> tuple:
+        """Push ``window``'s change; (applied, version, parameters), or None when superseded."""
+        fields, arrays = blocks_to_wire(blocks)
+        fields.update(stats, pid=self.pid, lease=self.lease, window=window, version=version)
+        kind, f, a = self._rpc.call("push", fields, arrays)
+        if kind == "stop":
+            self.stopped = True
+            return None
+        self.window = f["next"]
+        return f["applied"], f["version"], a["params"]
+
+    def training(self, window: int):
+        self.window = window
+
+    def close(self, finished: bool):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.sv.heartbeat_s + 1)
+        try:
+            if finished and not self.stopped:
+                self._rpc.call("done", {"pid": self.pid, "lease": self.lease})
+        finally:
+            self._rpc.close()
+            self._beat.close()

@@ -1,0 +1,257 @@
+"""Asynchronous training (``train.mode = "async"``): a parameter server on the driver.
+
+The driver starts :class:`rnnlm.exchange.paramserver.ParameterServer` behind an
+authenticated :class:`rnnlm.exchange.wire.FrameServer` bound to the address the
+executors reach (``server.host``, default ``spark.driver.host``), then runs one
+Spark job with one long-running task per partition
+(:func:`rnnlm.spark.async_task.worker_task`). While the job runs, the driver writes
+one metrics line per ``data.partitions`` applied pushes (a push window of every
+worker, on average), evaluates on held-out text (locally: the job holds the
+executors' cores) and checkpoints the server's state every ``server.checkpoint_s``
+seconds or ``server.checkpoint_pushes`` pushes.
+
+What a driver failure loses: the server lives in the driver, so when the driver
+dies the updates applied since its last checkpoint are lost (at most
+``checkpoint_s`` seconds or ``checkpoint_pushes`` pushes of work, plus the pushes in
+flight); ``--resume`` restarts the server from that checkpoint and every
+partition from its first window the checkpoint does not hold.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+
+import numpy as np
+
+from .. import config
+from ..core import checkpoint
+from ..core.local import evaluate
+from ..core.metrics import EVAL_BPTT, due, log_line, loss_fields
+from ..core.model import build as build_model
+from ..core.schedule import Schedule
+from ..exchange import wire
+from ..exchange.paramserver import ParameterServer
+from .async_task import worker_task
+from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _json_lines, _StopRequest, load_corpus, \
+    total_rounds
+
+_ASYNC_KEYS = ("mode", "push_every")
+
+
+class AsyncTrainer(Trainer):
+    """The driver of one asynchronous run (the same constructor and outputs as :class:`Trainer`)."""
+
+    def run(self, resume: bool = False, data=None) -> dict:
+        self.fs.restore(self.ck_path)
+        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
+            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
+        if not resume and self.fs.exists(self.metrics_path):
+            raise TrainingError(f"{self.out} already holds a run (use --resume or another --out)")
+        ck = self._load_checkpoint() if resume else None
+        t = self.cfg_in.train
+        probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
+        owned = data is None
+        data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else None)
+        cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
+        model = build_model(cfg.model)
+        self.layout, P = model.layout, cfg.data.partitions
+        windows = total_rounds(probe_cfg, data)
+        state = None
+        if ck is not None:
+            pos = ck.position
+            state = {"version": pos["version"], "done": pos["done"], "totals": pos["totals"]}
+            if "server.acc" in ck.optim:
+                state["acc"] = ck.optim["server.acc"]
+        params = ck.params if ck else model.init_params(cfg.train.seed)
+        server = ParameterServer(self.layout, params, cfg.server, windows, P, state, log=self.log)
+        held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
+                    if rdd is not None}
+        sv = cfg.server
+        host = sv.host or self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        secret = wire.new_secret()
+        frames = wire.FrameServer(server.handle, secret, host, sv.port, int(sv.max_frame_mb * (1 << 20)),
+                                  timeout=sv.timeout_s, log=self.log).start()
+        self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
+                 f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
+                 f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
+        run = _Run(self, cfg, data, server, frames, model, held_out, windows,
+                   ck.position if ck else {})
+        job = _Job(self.sc, data.train, worker_task(cfg.to_json(), frames.address, secret, _lrs(cfg, data, windows)))
+        stop = _StopRequest(self.log)
+        try:
+            run.loop(job, stop)
+        except KeyboardInterrupt:
+            job.cancel()
+            raise Interrupted(f"interrupted; {self._kept()}") from None
+        finally:
+            stop.release()
+            job.cancel()
+            frames.close()
+            for rdd in (data.train, data.valid, data.test) if owned else ():
+                if rdd is not None:
+                    rdd.unpersist()
+        self.params, self.vocab, self.server = server.params, data.vocab, server
+        return self.metrics[-1]
+
+    def _load_checkpoint(self):
+        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
+        mine, theirs = self.cfg_in.to_dict(), ck.config.to_dict()
+        keys = dict(_RESUME_KEYS, train=_RESUME_KEYS["train"] + _ASYNC_KEYS, server=("update", "staleness"))
+        for sec, names in keys.items():
+            for k in (names or mine[sec].keys()):
+                if not (sec == "model" and k == "vocab_size") and mine[sec][k] != theirs[sec][k]:
+                    raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
+                                        f"{theirs[sec][k]!r} in {self.ck_path}")
+        old = self.fs.read(self.metrics_path)
+        if old:
+            self.metrics = [m for m in _json_lines(old) if m["syncs"] <= ck.position["version"]]
+            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+        return ck
+
+    def checkpoint_server(self, cfg, vocab, server, position: dict) -> dict:
+        """Write the server's state (atomically, as every checkpoint); return what it holds."""
+        snap = server.snapshot()
+        optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
+        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
+        ck = checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
+        self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+        return pos
+
+
+class _Job:
+    """The training job, run from a thread so the driver can log, evaluate and checkpoint meanwhile."""
+
+    def __init__(self, sc, rdd, task):
+        from pyspark import InheritableThread
+        self.sc, self.group = sc, f"rnnlm-async-{id(self)}"
+        self.result, self.error = None, None
+        self.thread = InheritableThread(target=self._run, args=(rdd, task), daemon=True)
+        self.thread.start()
+
+    def _run(self, rdd, task):
+        self.sc.setJobGroup(self.group, "rnnlm async training: one long task per partition", True)
+        try:
+            self.result = rdd.mapPartitions(task).collect()
+        except Exception as e:           # py4j carries the executor's traceback: keep the first line
+            self.error = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        finally:
+            self.sc.setJobGroup(None, None)
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def cancel(self):
+        if self.running:
+            self.sc.cancelJobGroup(self.group)
+            self.thread.join(timeout=60)
+
+
+class _Run:
+    """The driver's loop over one async run: metrics lines, evaluations, checkpoints."""
+
+    def __init__(self, tr: AsyncTrainer, cfg, data, server, frames, model, held_out, windows, position):
+        self.tr, self.cfg, self.data, self.server, self.frames = tr, cfg, data, server, frames
+        self.model, self.held_out, self.windows = model, held_out, windows
+        self.tokens = position.get("tokens", 0)
+        self.wall = position.get("wall_s", 0.0)
+        self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
+        self.last_eval = position.get("round", 0) // max(1, cfg.train.eval_every) if cfg.train.eval_every else 0
+        self.ck_time, self.ck_version = time.monotonic(), server.version
+
+    def loop(self, job: _Job, stop: _StopRequest):
+        P, sv = self.cfg.data.partitions, self.cfg.server
+        t0 = time.perf_counter()
+        while True:
+            n = self.server.wait(P, timeout=min(1.0, sv.heartbeat_s))
+            self.server.check_workers()
+            done = not job.running
+            if n >= P and not done:
+                self._line(t0)
+            if job.error:
+                raise TrainingError(f"async training job failed: {job.error}; {self.tr._kept()}")
+            errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
+            if errors:
+                raise TrainingError(f"{errors[0]}; stopped, {self.tr._kept()}")
+            if stop.requested:
+                job.cancel()
+                self._checkpoint(t0)
+                raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
+                                  f"{self.tr.ck_path} (--resume continues)")
+            if done:
+                break
+            if self._checkpoint_due():
+                self._checkpoint(t0)
+        lost = self._line(t0, final=True)["windows_lost"]
+        self._checkpoint(t0)
+        if lost:
+            raise TrainingError(f"the job ended with {lost} windows never applied (see {self.tr.metrics_path})")
+
+    def _checkpoint_due(self) -> bool:
+        sv = self.server.sv
+        return ((sv.checkpoint_s and time.monotonic() - self.ck_time >= sv.checkpoint_s)
+                or (sv.checkpoint_pushes and self.server.version - self.ck_version >= sv.checkpoint_pushes))
+
+    def _position(self, t0) -> dict:
+        last = self.tr.metrics[-1] if self.tr.metrics else {}
+        return {"round": last.get("round", 0), "tokens": self.tokens, "wall_s": self.wall + time.perf_counter() - t0,
+                "bytes_sent": self.sent0 + self.frames.bytes_received,
+                "bytes_broadcast": self.bcast0 + self.frames.bytes_sent}
+
+    def _checkpoint(self, t0):
+        pos = self.tr.checkpoint_server(self.cfg, self.data.vocab, self.server, self._position(t0))
+        self.ck_time, self.ck_version = time.monotonic(), pos["version"]
+
+    def _line(self, t0, final: bool = False):
+        s, srv, P = self.server.drain(), self.server, self.cfg.data.partitions
+        self.tokens += s.get("tokens", 0)
+        version = srv.version
+        rnd = math.ceil(version / P)
+        wall = self.wall + time.perf_counter() - t0
+        prev = self.tr.metrics[-1] if self.tr.metrics else {"wall_s": self.wall, "bytes_sent": self.sent0,
+                                                             "bytes_broadcast": self.bcast0}
+        sent, bcast = self.sent0 + self.frames.bytes_received, self.bcast0 + self.frames.bytes_sent
+        m = {"round": rnd, "epoch": round(self.tokens / self.data.tokens, 5), "tokens": self.tokens,
+             "syncs": version, "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0),
+             "staleness": s["staleness"], "bytes_sent": sent, "bytes_broadcast": bcast,
+             "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
+             "wall_s": round(wall, 3),
+             "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
+             "train_loss": s.get("loss_sum", 0.0) / max(1, s.get("tokens", 0)),
+             "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
+        m.update({k: v for k, v in sorted(srv.totals.items())})
+        if final:       # windows no attempt applied: none, unless a partition's every attempt failed
+            m["windows_lost"] = sum(max(0, self.windows - d) for d in srv.done)
+        every = self.cfg.train.eval_every
+        if final or (every and rnd // every > self.last_eval):
+            self.last_eval = rnd // every if every else 0
+            params = srv.snapshot()["params"]
+            for name, streams in self.held_out.items():
+                m.update(loss_fields(_evaluate(self.model, params, streams), self.cfg.data.level, name))
+        self.tr.metrics.append(m)
+        self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
+        self.tr.log(log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
+        return m
+
+
+def _collect(rdd) -> list:
+    """The held-out streams' tokens, on the driver (the training job holds every executor core)."""
+    return [tokens for _, tokens, _ in rdd.collect()]
+
+
+def _evaluate(model, params, streams) -> float:
+    total = count = 0
+    for tokens in streams:
+        if len(tokens) >= 2:
+            s, c = evaluate(model, params, tokens, 1, min(EVAL_BPTT, len(tokens) - 1))
+            total, count = total + s, count + c
+    return total / max(1, count)
+
+
+def _lrs(cfg, data, windows: int) -> list:
+    """The learning rate of each window (its epoch: windows already trained by every worker)."""
+    sched = Schedule(cfg.optim)
+    per_window = data.round_tokens / data.tokens
+    return [float(np.float64(sched.lr(w * per_window))) for w in range(windows)]

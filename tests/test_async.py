@@ -1,0 +1,81 @@
+"""Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
+import json
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.cli import make_trainer
+from rnnlm.core import checkpoint
+from rnnlm.spark.async_trainer import AsyncTrainer
+
+BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
+        "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
+        "train.eval_every=0", "server.heartbeat_s=0.2", "server.timeout_s=5"]
+
+
+def cfg_of(*sets):
+    return config.load(None, BASE + list(sets))
+
+
+def lines(out):
+    return [json.loads(x) for x in open(out / "metrics.jsonl")]
+
+
+def test_one_worker_equals_k_local_steps_then_a_push(spark, tmp_path):
+    """With one worker nothing is stale: each window is push_every local steps from the server's parameters,
+    then the change is added; the synchronous trainer with local_steps = push_every does the same per round."""
+    common = ("data.partitions=1", "train.rounds=5")
+    sync = make_trainer(spark, cfg_of(*common, "train.local_steps=3"), str(tmp_path / "sync"), log=lambda *_: None)
+    sync.run()
+    tr = make_trainer(spark, cfg_of(*common, "train.mode=async", "train.push_every=3"), str(tmp_path / "async"),
+                      log=lambda *_: None)
+    assert isinstance(tr, AsyncTrainer)
+    tr.run()
+    np.testing.assert_array_equal(tr.params, sync.params)
+    last = lines(tmp_path / "async")[-1]
+    assert last["syncs"] == 5 and last["windows_lost"] == 0 and last.get("refused_duplicate", 0) == 0
+    assert sum(m["pushes"] for m in lines(tmp_path / "async")) == 5
+    assert last["tokens"] == lines(tmp_path / "sync")[-1]["tokens"]
+    # and its checkpoint holds the server's parameters and progress
+    ck = checkpoint.load(str(tmp_path / "async" / "checkpoint"))
+    np.testing.assert_array_equal(ck.params, tr.params)
+    assert ck.position["done"] == [5] and ck.position["version"] == 5
+
+
+@pytest.mark.parametrize("server", [
+    (),                                                           # Hogwild!: lock-free, add
+    ("server.lock=true", "server.staleness=divide"),
+    ("server.update=adagrad", "server.lr=0.02", "optim.name=sgd", "optim.lr=1.0"),
+], ids=["lock-free", "locked-staleness", "adagrad"])
+def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_path, server):
+    cfg = cfg_of("data.partitions=2", "data.valid=rnnlm/data/harbour_valid.txt", "train.mode=async",
+                 "train.push_every=4", "train.rounds=12", "train.eval_every=4", *server)
+    tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
+    tr.run()
+    m = lines(tmp_path / "run")
+    assert m[-1]["syncs"] == 24 and sum(x["pushes"] for x in m) == 24 and m[-1]["windows_lost"] == 0
+    assert tr.server.done == [12, 12] and m[-1].get("refused_duplicate", 0) == 0
+    stale = {}
+    for x in m:
+        for k, v in x["staleness"].items():
+            stale[k] = stale.get(k, 0) + v
+    assert sum(stale.values()) == 24
+    assert m[-1]["bytes_sent"] > 0 and m[-1]["bytes_broadcast"] > 0
+    assert all(x["tokens_per_s"] > 0 for x in m if x["pushes"])
+    valid = [x["valid_loss"] for x in m if "valid_loss" in x]
+    assert len(valid) >= 2 and valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
+    assert [x["syncs"] for x in m] == sorted(x["syncs"] for x in m) and m[-1]["epoch"] > 0
+
+
+def test_ffnn_trains_asynchronously_with_adagrad_on_the_server(spark, tmp_path):
+    cfg = cfg_of("data.partitions=2", "data.valid=rnnlm/data/harbour_valid.txt", "model.cell=ffnn",
+                 "model.embed=8", "model.hidden=16", "model.context=3", "optim.name=sgd", "optim.lr=0.5",
+                 "train.mode=async", "train.push_every=5", "train.rounds=10", "train.eval_every=5",
+                 "server.update=adagrad", "server.lr=0.05")
+    tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
+    tr.run()
+    m = lines(tmp_path / "run")
+    valid = [x["valid_loss"] for x in m if "valid_loss" in x]
+    assert valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
+    assert m[-1]["syncs"] == 20

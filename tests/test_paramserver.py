@@ -1,0 +1,201 @@
+"""The parameter server's protocol, without a network: at-most-once, leases, updates, refusals."""
+import threading
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.core.layout import Layout
+from rnnlm.exchange import plan
+from rnnlm.exchange.paramserver import ParameterServer, Refused, blocks_from_wire, blocks_to_wire
+
+LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
+
+
+def server(windows=3, partitions=2, **sv):
+    cfg = config.load(None, [f"server.{k}={v}" for k, v in sv.items()])
+    return ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), cfg.server, windows, partitions,
+                           log=lambda *_: None)
+
+
+def push_msg(change, **ex):
+    cfg = config.load(None, [f"exchange.{k}={v}" for k, v in ex.items()])
+    blocks, _, _ = plan.encode(LAYOUT, change.astype(np.float32), cfg.exchange, np.array([1, 2]), 1, 1, 0, 2)
+    return blocks_to_wire(blocks)
+
+
+def push(ps, pid, lease, window, version, change, **stats):
+    fields, arrays = push_msg(change)
+    fields.update(stats, pid=pid, lease=lease, window=window, version=version)
+    return ps.handle("test", "push", fields, arrays)
+
+
+def hello(ps, pid):
+    kind, f, a = ps.handle("test", "hello", {"pid": pid}, {})
+    assert kind == "hello"
+    return f, a["params"]
+
+
+def test_a_window_is_applied_at_most_once_and_a_retry_resumes_after_it():
+    ps = server()
+    f, p0 = hello(ps, 0)
+    assert f["window"] == 0 and f["lease"] == 1 and not p0.any()
+    one = np.ones(LAYOUT.size, np.float32)
+    kind, r, a = push(ps, 0, 1, 0, 0, one, tokens=10, loss_sum=5.0)
+    assert kind == "pushed" and r["applied"] and r["next"] == 1
+    np.testing.assert_array_equal(a["params"], one)
+    kind, r, a = push(ps, 0, 1, 0, 0, one)                    # the same window again
+    assert not r["applied"] and ps.totals["refused_duplicate"] == 1
+    np.testing.assert_array_equal(ps.params, one)
+    # a retried attempt: resumes at window 1 and holds a new lease; the old attempt is shut out
+    f, p = hello(ps, 0)
+    assert f["window"] == 1 and f["lease"] == 2
+    np.testing.assert_array_equal(p, one)
+    kind, r, _ = push(ps, 0, 1, 1, 1, one)
+    assert kind == "stop" and ps.totals["refused_superseded"] == 1
+    np.testing.assert_array_equal(ps.params, one)
+    kind, r, _ = push(ps, 0, 2, 2, 1, one)                    # skipping a window is refused too
+    assert not r["applied"] and ps.totals["refused_out_of_order"] == 1
+    assert ps.version == 1 and ps.done == [1, 0]
+
+
+def test_the_window_in_flight_when_an_attempt_died_is_counted_as_redone():
+    ps = server()
+    hello(ps, 1)
+    ps.handle("t", "heartbeat", {"pid": 1, "lease": 1, "window": 0}, {})     # training window 0, then dies
+    f, _ = hello(ps, 1)
+    assert f["window"] == 0 and ps.totals["windows_redone"] == 1 and ps.totals["attempts_retried"] == 1
+    f, _ = hello(ps, 0)                                     # a first attempt redoes nothing
+    assert ps.totals["windows_redone"] == 1
+
+
+def test_staleness_divides_a_change_by_one_plus_the_versions_behind():
+    ps = server(staleness="divide")
+    hello(ps, 0)
+    hello(ps, 1)
+    one = np.ones(LAYOUT.size, np.float32)
+    push(ps, 0, 1, 0, 0, one)                               # version 0 -> 1, staleness 0
+    push(ps, 0, 1, 1, 1, one)                               # 1 -> 2
+    push(ps, 1, 1, 0, 0, one * 3)                           # computed at version 0, two behind: / 3
+    np.testing.assert_allclose(ps.params, 3.0, rtol=1e-6)
+    assert ps.drain()["staleness"] == {0: 2, 2: 1}
+
+
+def test_adagrad_on_the_server_follows_its_formula():
+    ps = server(update="adagrad", lr=0.5, eps=1e-6)
+    hello(ps, 0)
+    rng = np.random.default_rng(0)
+    c1, c2 = rng.normal(size=LAYOUT.size), rng.normal(size=LAYOUT.size)
+    push(ps, 0, 1, 0, 0, c1)
+    push(ps, 0, 1, 1, 1, c2)
+    c1, c2 = c1.astype(np.float32).astype(np.float64), c2.astype(np.float32).astype(np.float64)
+    a1 = c1 ** 2
+    a2 = a1 + c2 ** 2
+    want = 0.5 * c1 / (np.sqrt(a1) + 1e-6) + 0.5 * c2 / (np.sqrt(a2) + 1e-6)
+    np.testing.assert_allclose(ps.params, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ps.acc, a2, rtol=1e-5)
+
+
+def test_row_blocks_in_a_codec_arrive_as_the_worker_encoded_them():
+    ps = server()
+    hello(ps, 0)
+    rng = np.random.default_rng(1)
+    change = rng.normal(size=LAYOUT.size).astype(np.float32)
+    change[:18].reshape(6, 3)[[0, 3, 4, 5]] = 0                 # the embedding rows of words not read
+    fields, arrays = push_msg(change, embed="rows+int8", softmax="rows+fp16", hidden="dense+bf16")
+    assert fields["blocks"]["embed"]["codec"] == "int8" and arrays["embed.ids"].tolist() == [1, 2]
+    fields.update(pid=0, lease=1, window=0, version=0)
+    ps.handle("t", "push", fields, arrays)
+    got, v = LAYOUT.views(ps.params), LAYOUT.views(change)
+    top = np.abs(v["embed"]).max(axis=1, keepdims=True)
+    assert np.all(np.abs(got["embed"] - v["embed"]) <= top / 254 + 1e-7)             # int8, per row
+    assert not got["embed"][[0, 3, 4, 5]].any() and got["embed"][[1, 2]].all()
+    for name in ("Wo", "bo"):          # fp16, V_all = the words read (no frequent or random rows here)
+        np.testing.assert_allclose(got[name][[1, 2]], v[name][[1, 2]], rtol=2 ** -10, atol=1e-6)
+        assert not got[name][[0, 3, 4, 5]].any()
+    for name in ("W1", "b1"):                                                           # bf16
+        np.testing.assert_allclose(got[name], v[name], rtol=2 ** -7)
+        assert not np.array_equal(got[name], v[name])          # really rounded: the codec was applied
+
+
+@pytest.mark.parametrize("breakage", ["unknown slot", "missing slot", "bad ids", "unsorted ids", "wrong dtype",
+                                      "nan", "short data", "bad codec", "extra array"])
+def test_malformed_pushes_are_refused_before_anything_is_applied(breakage):
+    ps = server()
+    hello(ps, 0)
+    fields, arrays = push_msg(np.ones(LAYOUT.size), embed="rows")
+    meta = fields["blocks"]
+    if breakage == "unknown slot":
+        meta["Wz"] = meta.pop("W1")
+    elif breakage == "missing slot":
+        del meta["bo"]
+    elif breakage == "bad ids":
+        arrays["embed.ids"] = np.array([1, 9], np.int32)
+    elif breakage == "unsorted ids":
+        arrays["embed.ids"] = np.array([2, 1], np.int32)
+    elif breakage == "wrong dtype":
+        arrays["W1.data"] = arrays["W1.data"].astype(np.float64)
+    elif breakage == "nan":
+        arrays["W1.data"][0, 0] = np.nan
+    elif breakage == "short data":
+        arrays["Wo.data"] = arrays["Wo.data"][:3]
+    elif breakage == "bad codec":
+        meta["W1"]["codec"] = "pickle"
+    else:
+        arrays["evil"] = np.zeros(3, np.float32)
+    fields.update(pid=0, lease=1, window=0, version=0)
+    with pytest.raises(Refused):
+        ps.handle("t", "push", fields, arrays)
+    assert not ps.params.any() and ps.done == [0, 0] and ps.version == 0
+
+
+def test_requests_naming_no_partition_are_refused():
+    ps = server(partitions=2)
+    for pid in (2, -1, "0", None):
+        with pytest.raises(Refused):
+            ps.handle("t", "hello", {"pid": pid}, {})
+
+
+def test_a_silent_worker_is_reported_once_until_it_says_hello_again():
+    ps = server(heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)
+    hello(ps, 1)
+    now = ps.last_seen[0]
+    assert ps.check_workers(now + 0.5) == []
+    ps.handle("t", "heartbeat", {"pid": 1, "lease": 1, "window": 0}, {})
+    assert ps.last_seen[1] > now                                        # a heartbeat counts as a sign of life
+    ps.last_seen[1] = now + 1.0                                         # ... as if it came a second later
+    assert ps.check_workers(now + 1.5) == [0]
+    assert ps.check_workers(now + 1.6) == []                            # once
+    assert ps.totals["workers_lost"] == 1
+    hello(ps, 0)
+    assert not ps.lost[0]
+
+
+def test_lock_free_pushes_from_threads_all_land_and_the_snapshot_is_consistent():
+    """Hogwild! applies without a lock, but the bookkeeping is exact: every window lands once, and a
+    snapshot taken mid-run holds exactly the windows it names (all changes are ones, so the sum tells)."""
+    P, W = 4, 30
+    ps = server(windows=W, partitions=P)
+    one = np.ones(LAYOUT.size, np.float32)
+    snaps = []
+
+    def worker(pid):
+        f, _ = hello(ps, pid)
+        for w in range(W):
+            push(ps, pid, f["lease"], w, ps.version, one)
+
+    def snapshotter():
+        for _ in range(20):
+            snaps.append(ps.snapshot())
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(P)] + [threading.Thread(target=snapshotter)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    np.testing.assert_array_equal(ps.params, P * W)
+    assert ps.version == P * W and ps.done == [W] * P
+    for s in snaps:
+        assert s["version"] == sum(s["done"])
+        np.testing.assert_array_equal(s["params"], s["version"])
