@@ -1,0 +1,379 @@
+"""The parameter server's wire: authenticated frames, and every way a frame is refused without stopping the server."""
+import json
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rnnlm.exchange import wire
+
+MAX_FRAME = 1 << 20
+
+
+def handle(peer, kind, fields, arrays):
+    if kind == "boom":
+        raise RuntimeError("the handler failed\non two lines")
+    if kind == "sum":
+        return "sum", {"total": float(arrays["x"].sum())}, {}
+    return kind, fields, arrays                                  # echo
+
+
+def wait_for(predicate, timeout=3.0):
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def secret():
+    return wire.new_secret()
+
+
+@pytest.fixture
+def server(secret):
+    logs = []
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=logs.append).start()
+    s.logs = logs
+    yield s
+    s.close()
+
+
+def serves(server, secret):
+    """A fresh authenticated client still gets correct answers."""
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0)
+    try:
+        kind, fields, arrays = c.call("sum", {}, {"x": np.arange(10, dtype=np.int64)})
+        return kind == "sum" and fields == {"total": 45.0} and arrays == {}
+    finally:
+        c.close()
+
+
+def refused_once(server, secret, reason):
+    wait_for(lambda: server.refused.get(reason, 0) >= 1)
+    assert server.refused == {reason: 1}
+    assert len(server.logs) == 1 and "\n" not in server.logs[0] and reason in server.logs[0], server.logs
+    assert serves(server, secret)
+    assert server.refused == {reason: 1}
+
+
+def raw(server):
+    s = socket.socket()                                      # not socket.create_connection: not recorded
+    s.settimeout(2.0)
+    s.connect(server.address)
+    return s
+
+
+def read_frame(sock):
+    """One frame's bytes, read without checking anything, and its header."""
+    prefix = b""
+    while len(prefix) < 16:
+        prefix += sock.recv(16 - len(prefix))
+    hlen, blen = struct.unpack(">IQ", prefix[4:])
+    rest = b""
+    while len(rest) < hlen + blen + 32:
+        rest += sock.recv(hlen + blen + 32 - len(rest))
+    return prefix + rest, json.loads(rest[:hlen])
+
+
+def frame(key, direction, header, body=b""):
+    return b"".join(wire._seal(key, direction, json.dumps(header).encode(), [body]))
+
+
+class Recorder:
+    """A socket that keeps what was sent and received."""
+
+    def __init__(self, sock):
+        self.sock, self.sent, self.received = sock, bytearray(), bytearray()
+
+    def send(self, data):
+        k = self.sock.send(data)
+        self.sent += bytes(data[:k])
+        return k
+
+    def recv_into(self, view):
+        k = self.sock.recv_into(view)
+        self.received += bytes(view[:k])
+        return k
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """wire.connect's sockets, recorded."""
+    sockets, create = [], socket.create_connection
+
+    def create_connection(*args, **kwargs):
+        sockets.append(Recorder(create(*args, **kwargs)))
+        return sockets[-1]
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    return sockets
+
+
+def test_round_trip_through_a_server(server, secret, recorded):
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((3, 4)).astype(np.float32), "ids": np.array([5, -1, 7], np.int32),
+              "half": np.array([0.5, -2.0, 65504.0], np.float16), "empty": np.zeros((0, 3)),
+              "mask": np.array([[True], [False]]), "big_endian": np.arange(4, dtype=">f8"),
+              "scalar": np.int64(7), "column": np.arange(12, dtype=np.int16).reshape(3, 4)[:, 1]}
+    fields = {"pid": 3, "name": "w", "loss": np.float32(0.25), "nested": {"a": [1, 2.5, None]}}
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0)
+    kind, f, a = c.call("echo", fields, arrays)
+    assert kind == "echo" and f == {"pid": 3, "name": "w", "loss": 0.25, "nested": {"a": [1, 2.5, None]}}
+    assert list(a) == list(arrays)
+    for name, want in arrays.items():
+        got = a[name]
+        assert got.dtype == np.dtype(want.dtype.name) and got.dtype.isnative and got.shape == np.shape(want)
+        assert np.array_equal(got, want) and got.flags.writeable and got.flags.owndata, name
+    assert c.call("sum", None, {"x": np.ones((2, 2), np.float32)}) == ("sum", {"total": 4.0}, {})
+    # a body of exactly max_frame passes both ways
+    kind, _, a = c.call("echo", {}, {"x": np.zeros(MAX_FRAME, np.uint8)})
+    assert a["x"].shape == (MAX_FRAME,)
+    wait_for(lambda: (server.bytes_received, server.bytes_sent) == (c.bytes_sent, c.bytes_received))
+    assert c.bytes_sent > MAX_FRAME and c.bytes_received > MAX_FRAME
+    assert (c.bytes_sent, c.bytes_received) == (len(recorded[0].sent), len(recorded[0].received))
+    assert server.connections == 1 and server.refused == {} and server.logs == []
+    c.close()
+
+
+def test_conn_counts_and_refuses_an_unsendable_array(server, secret):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    before = conn.bytes_sent
+    n = conn.send("echo", {"a": 1}, {"x": np.ones(3, np.float32)})
+    assert conn.bytes_sent - before == n > 16 + 12 + 32                 # prefix, body, MAC and a header
+    before = conn.bytes_sent
+    for bad in (np.ones(2, np.complex64), np.array(["a"]), np.array([None]), np.zeros(MAX_FRAME + 1, np.uint8)):
+        with pytest.raises(wire.WireError) as e:
+            conn.send("echo", {}, {"x": bad})
+        assert e.value.reason in ("dtype", "size")
+    assert conn.bytes_sent == before
+    kind, fields, arrays = conn.recv()                       # the connection is still in step
+    assert fields == {"a": 1} and np.array_equal(arrays["x"], np.ones(3))
+    conn.close()
+    assert server.refused == {}
+
+
+def test_wrong_secret_is_refused_at_the_handshake(server, secret):
+    c = wire.Client(*server.address, wire.new_secret(), MAX_FRAME, timeout=2.0)
+    with pytest.raises(wire.WireError) as e:                # the server's hello does not check out
+        c.call("sum", {}, {"x": np.ones(2)})
+    assert e.value.reason == "mac" and "\n" not in str(e.value)
+    refused_once(server, secret, "handshake")                # ...and the server sees no hello
+
+
+def test_client_hello_with_the_wrong_secret(server, secret):
+    with raw(server) as s:
+        _, hello = read_frame(s)
+        nonce = hello["fields"]["nonce"]
+        s.sendall(frame(wire.new_secret(), wire._TO_SERVER, {"kind": "hello", "seq": 0, "arrays": [], "fields": {
+            "v": 1, "nonce_s": nonce, "nonce_c": "00" * 16}}))
+        refused_once(server, secret, "mac")
+
+
+def test_the_servers_hello_reflected_back(server, secret):
+    with raw(server) as s:
+        hello, _ = read_frame(s)
+        s.sendall(hello)
+        refused_once(server, secret, "mac")                  # the direction byte differs
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "garbage"),
+    (wire.MAGIC + struct.pack(">IQ", 5 << 10, 0), "size"),       # a hello header is small
+    (wire.MAGIC + struct.pack(">IQ", 10, 1), "size"),            # a hello has no body
+    (wire.MAGIC + struct.pack(">IQ", 10, 0) + b'{"kin', "truncated"),
+    (wire.MAGIC + b"\0\0", "truncated"),
+    (b"", "handshake"),                                          # connected and left
+])
+def test_refused_before_the_handshake(server, secret, data, reason):
+    with raw(server) as s:
+        s.sendall(data)
+        if reason != "garbage":
+            s.shutdown(socket.SHUT_WR)
+        refused_once(server, secret, reason)
+
+
+def test_silent_peers_time_out(secret):
+    logs = []
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.2, log=logs.append).start()
+    c = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    c.sock.sendall(wire.MAGIC + b"\0")                       # and nothing more
+    wait_for(lambda: server.refused.get("truncated") == 1)
+    with raw(server):                                        # connected, never says hello
+        wait_for(lambda: server.refused.get("handshake") == 1)
+    with raw(server) as s:                                   # a hello trickled out, each byte within the timeout
+        hung_up = False
+        for byte in wire.MAGIC + struct.pack(">IQ", 40, 0) + bytes(40):
+            try:
+                s.send(bytes([byte]))
+            except OSError:
+                hung_up = True                               # the hello's deadline passed
+                break
+            time.sleep(0.05)
+        assert hung_up
+        wait_for(lambda: server.refused.get("truncated") == 2)
+    time.sleep(0.3)                                          # an authenticated peer may idle between frames
+    assert serves(server, secret) and len(logs) == 3
+    c.close()
+    server.close()
+
+
+@pytest.mark.parametrize("sizes", [(wire.MAX_HEADER + 1, 0), (10, MAX_FRAME + 1), (10, 1 << 62)])
+def test_oversized_frames_after_the_handshake(server, secret, sizes):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    conn.sock.sendall(wire.MAGIC + struct.pack(">IQ", *sizes))        # the announced bytes never come
+    refused_once(server, secret, "size")
+    with pytest.raises(ConnectionError):
+        conn.recv()
+    conn.close()
+
+
+def test_a_frame_replayed_on_the_same_connection(server, secret, recorded):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    rec = recorded[0]
+    start = len(rec.sent)
+    conn.send("echo", {"n": 1}, {"x": np.ones(2)})
+    request = bytes(rec.sent[start:])
+    assert conn.recv()[1] == {"n": 1}
+    conn.sock.sendall(request)                              # MAC-valid, but seq 1 again
+    refused_once(server, secret, "replay")
+    with pytest.raises(ConnectionError):
+        conn.recv()
+    conn.close()
+
+
+def test_a_frame_recorded_on_another_connection(server, secret, recorded):
+    a = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    start = len(recorded[0].sent)
+    a.send("echo", {"n": 1}, {})
+    request = bytes(recorded[0].sent[start:])
+    b = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    b.sock.sendall(request)                                  # seq 1 is what b's server expects next
+    refused_once(server, secret, "mac")                      # ...but it was MAC'd with a's session key
+    assert a.recv()[1] == {"n": 1}
+    a.close()
+    b.close()
+
+
+def test_a_reordered_frame(server, secret):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    conn._seq_out += 1                                       # skips a sequence number
+    conn.send("echo", {}, {})
+    refused_once(server, secret, "replay")
+
+
+def test_a_recorded_conversation_replayed_on_a_new_connection(server, secret, recorded):
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0)
+    assert c.call("sum", {}, {"x": np.arange(3)})[1] == {"total": 3.0}
+    c.close()
+    conversation = bytes(recorded[0].sent)
+    with raw(server) as s:
+        s.sendall(conversation)
+        refused_once(server, secret, "replay")               # its hello echoes the old connection's nonce
+        read_frame(s)                                        # the new connection's hello...
+        assert s.recv(1) == b""                              # ...and no answer to the request
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize("spec, body, reason", [
+    ([["x", "complex64", [2]]], bytes(16), "dtype"),
+    ([["x", "object", [1]]], bytes(8), "dtype"),
+    ([["x", "<f4", [1]]], bytes(4), "dtype"),
+    ([["x", "float32", [3]]], bytes(8), "header"),           # sizes do not add up to the body
+    ([["x", "float32", [1]]], bytes(8), "header"),
+    ([["x", "float32", [-1]]], b"", "header"),
+    ([["x", "float32", [1]], ["x", "float32", [1]]], bytes(8), "header"),
+    ([["x", "float32", [0, 1 << 70]]], b"", "header"),
+    ([["x", "float32"]], b"", "header"),
+])
+def test_mac_valid_frames_with_bad_arrays(server, secret, spec, body, reason):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    conn.sock.sendall(frame(conn._key, wire._TO_SERVER, {"kind": "echo", "seq": 1, "fields": {}, "arrays": spec},
+                            body))
+    refused_once(server, secret, reason)
+
+
+@pytest.mark.parametrize("header", [b"not json", b"[1, 2]", b'{"kind": "x", "seq": 1, "fields": {}}',
+                                    b'{"kind": "x", "seq": true, "fields": {}, "arrays": []}', b"[" * 5000])
+def test_mac_valid_frames_with_bad_headers(server, secret, header):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    conn.sock.sendall(b"".join(wire._seal(conn._key, wire._TO_SERVER, header, [])))
+    refused_once(server, secret, "header")
+
+
+def test_a_frame_with_a_flipped_bit(server, secret):
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    header = {"kind": "echo", "seq": 1, "fields": {}, "arrays": [["x", "float64", [2]]]}
+    body = np.array([1.5, -2.0], "<f8").tobytes()
+    conn.sock.sendall(frame(conn._key, wire._TO_SERVER, header, body))      # a frame made by hand passes...
+    assert np.array_equal(conn.recv()[2]["x"], [1.5, -2.0])
+    tampered = bytearray(frame(conn._key, wire._TO_SERVER, dict(header, seq=2), body))
+    tampered[-40] ^= 1                                       # ...with a bit of its body flipped, it does not
+    conn.sock.sendall(tampered)
+    refused_once(server, secret, "mac")
+
+
+def test_a_handler_that_raises(server, secret):
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0)
+    with pytest.raises(ConnectionError):
+        c.call("boom")
+    refused_once(server, secret, "handler")
+    assert "RuntimeError" in server.logs[0]
+    sent = c.bytes_sent
+    assert c.call("sum", {}, {"x": np.arange(4)})[1] == {"total": 6.0}      # reconnected
+    assert c.bytes_sent > sent and server.connections == 3
+    c.close()
+
+
+def pair(secret, timeout=2.0):
+    listener = socket.create_server(("127.0.0.1", 0))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(conn=wire.accept(listener.accept()[0], secret, 1024, timeout)))
+    t.start()
+    client = wire.connect(*listener.getsockname(), secret, 1024, timeout)
+    t.join()
+    listener.close()
+    return client, out["conn"]
+
+
+def test_eof_between_frames_is_a_connection_error_and_within_a_frame_truncated(secret):
+    client, server = pair(secret)
+    server.send("x", {"i": 1})
+    assert client.recv() == ("x", {"i": 1}, {})
+    assert client.bytes_received == server.bytes_sent and client.bytes_sent == server.bytes_received
+    server.close()
+    with pytest.raises(ConnectionError):
+        client.recv()
+    client.close()
+    client, server = pair(secret)
+    server.sock.sendall(wire.MAGIC + struct.pack(">IQ", 10, 0) + b"{")
+    server.close()
+    with pytest.raises(wire.WireError) as e:
+        client.recv()
+    assert e.value.reason == "truncated"
+    client.close()
+
+
+def test_close_does_not_hang_on_live_connections(secret):
+    logs = []
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, log=logs.append).start()
+    c = wire.connect(*s.address, secret, MAX_FRAME, timeout=2.0)
+    c.send("echo", {}, {})
+    c.recv()
+    silent = raw(s)
+    wait_for(lambda: s.connections == 2)
+    t = time.monotonic()
+    s.close()
+    assert time.monotonic() - t < 1.5
+    with pytest.raises(ConnectionError):
+        c.recv()
+    with pytest.raises(OSError):
+        wire.connect(*s.address, secret, MAX_FRAME, timeout=1.0)
+    assert logs == [] and s.refused == {}
+    silent.close()
+    c.close()
