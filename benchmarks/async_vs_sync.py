@@ -63,8 +63,8 @@ def summary(lines: list) -> dict:
     for m in evals:
         by_epoch.setdefault(int(m["epoch"] + 1e-6), m["valid_ppl"])      # first eval at or past each epoch
     return {"tokens_per_s": round(last["tokens"] / last["wall_s"], 1), "wall_s": last["wall_s"],
-            "valid_ppl": evals[-1]["valid_ppl"] if evals else None, "evals": [(m["wall_s"], m["valid_ppl"])
-                                                                             for m in evals],
+            "valid_ppl": evals[-1]["valid_ppl"] if evals else None,
+            "evals": [(m["wall_s"], m["valid_ppl"]) for m in evals], "valid_by_epoch": by_epoch,
             "bytes_per_token": round((last["bytes_sent"] + last["bytes_broadcast"]) / last["tokens"], 1)}
 
 
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             s = results[(model, mode)] = summary(lines)
             print(json.dumps({"model": model, "mode": mode, **{k: v for k, v in s.items() if k != "evals"}}),
                   flush=True)
-    print(f"\n| model | mode | tokens/s | B/token | final valid ppl | wall s | s to sync's ppl | vs sync |")
+    print("\n| model | mode | tokens/s | B/token | final valid ppl | wall s | s to sync's ppl | vs sync |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for (model, mode), s in results.items():
         ref = results.get((model, "sync"))

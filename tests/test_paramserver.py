@@ -7,7 +7,7 @@ import pytest
 from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
-from rnnlm.exchange.paramserver import ParameterServer, Refused, blocks_from_wire, blocks_to_wire
+from rnnlm.exchange.paramserver import ParameterServer, Refused, blocks_to_wire
 
 LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
 
@@ -199,3 +199,25 @@ def test_lock_free_pushes_from_threads_all_land_and_the_snapshot_is_consistent()
     for s in snaps:
         assert s["version"] == sum(s["done"])
         np.testing.assert_array_equal(s["params"], s["version"])
+
+
+def test_a_snapshot_waits_for_a_push_being_applied():
+    """Hogwild! applies a reserved push outside the bookkeeping lock: the checkpoint's copy must still hold
+    exactly the windows it names, so a snapshot taken mid-apply waits for that push to land."""
+    ps = server()
+    hello(ps, 0)
+    applying, original = threading.Event(), ps._apply
+
+    def slow_apply(decoded, scale):
+        applying.set()
+        threading.Event().wait(0.3)
+        original(decoded, scale)
+
+    ps._apply = slow_apply
+    th = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32)))
+    th.start()
+    assert applying.wait(5)
+    snap = ps.snapshot()
+    th.join()
+    assert snap["version"] == 1 and snap["done"] == [1, 0]
+    np.testing.assert_array_equal(snap["params"], 1.0)

@@ -91,8 +91,8 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
         ids = arrays.get(f"{slot.name}.ids")
         R, C = slot.shape[0], slot.size // slot.shape[0]
         if ids is not None:
-            if ids.dtype != np.int32 or ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= R
-                                                                         or np.any(np.diff(ids) <= 0))):
+            ordered = ids.ndim == 1 and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0)))
+            if ids.dtype != np.int32 or not ordered:
                 raise Refused(f"{slot.name}: row ids must be sorted unique int32 in [0, {R})")
         scale = arrays.get(f"{slot.name}.scale", m.get("scale"))
         if scale is None or (not isinstance(scale, np.ndarray) and not isinstance(scale, (int, float))):
@@ -172,10 +172,10 @@ class ParameterServer:
     def _hello(self, pid):
         with self._book:
             self.lease[pid] += 1
-            if self.lease[pid] > 1 or self.started[pid] > self.done[pid]:
+            if self.lease[pid] > 1:
                 self.totals["attempts_retried"] += 1
-            # the window the previous attempt was training when it stopped is trained again
-            self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1) if self.lease[pid] > 1 else 0
+                # the window the previous attempt was training when it stopped is trained again
+                self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1)
             self.started[pid] = self.done[pid]
             self.last_seen[pid], self.lost[pid] = time.monotonic(), False
             lease, window = self.lease[pid], self.done[pid]
@@ -292,8 +292,8 @@ class ParameterServer:
     def snapshot(self) -> dict:
         """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress)."""
         with self._book:
-            # no push may reserve a window, and every reserved one must land, so the copy holds
-            # exactly the windows ``done`` names (Hogwild! applies outside this lock)
+            # every reserved push must land, so the copy holds exactly the windows ``done`` names
+            # (Hogwild! applies outside this lock); frozen, no new push reserves meanwhile (no starvation)
             self._frozen = True
             try:
                 self._book.wait_for(lambda: self._in_flight == 0)

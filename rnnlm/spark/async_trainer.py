@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 
 import numpy as np
@@ -28,7 +27,7 @@ import numpy as np
 from .. import config
 from ..core import checkpoint
 from ..core.local import evaluate
-from ..core.metrics import EVAL_BPTT, due, log_line, loss_fields
+from ..core.metrics import EVAL_BPTT, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
@@ -210,8 +209,8 @@ class _Run:
         version = srv.version
         rnd = math.ceil(version / P)
         wall = self.wall + time.perf_counter() - t0
-        prev = self.tr.metrics[-1] if self.tr.metrics else {"wall_s": self.wall, "bytes_sent": self.sent0,
-                                                             "bytes_broadcast": self.bcast0}
+        first = {"wall_s": self.wall, "bytes_sent": self.sent0, "bytes_broadcast": self.bcast0}
+        prev = self.tr.metrics[-1] if self.tr.metrics else first
         sent, bcast = self.sent0 + self.frames.bytes_received, self.bcast0 + self.frames.bytes_sent
         m = {"round": rnd, "epoch": round(self.tokens / self.data.tokens, 5), "tokens": self.tokens,
              "syncs": version, "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0),
