@@ -8,6 +8,7 @@ from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer
+from rnnlm.spark.trainer import TrainingError
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -79,3 +80,32 @@ def test_ffnn_trains_asynchronously_with_adagrad_on_the_server(spark, tmp_path):
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
     assert m[-1]["syncs"] == 20
+
+
+def test_a_diverging_worker_stops_the_run_at_once_with_its_error(spark, tmp_path):
+    out = tmp_path / "run"
+    cfg = cfg_of("data.partitions=2", "train.mode=async", "train.push_every=2", "train.rounds=2",
+                 "server.checkpoint_s=0")
+    make_trainer(spark, cfg, str(out), log=lambda *_: None).run()
+    ck = checkpoint.load(str(out / "checkpoint"))
+    ck.params[:5] = np.nan                  # the server hands poisoned parameters to both workers
+    checkpoint.save(str(out / "checkpoint"), ck)
+    before = {f.name: f.read_bytes() for f in (out / "checkpoint").iterdir()}
+    tr = make_trainer(spark, config.replace(cfg, "train", rounds=400), str(out), log=lambda *_: None)
+    with pytest.raises(TrainingError, match=r"^partition \d: loss became nan at local step 0; stopped, the last "
+                                            r"good checkpoint is kept"):
+        tr.run(resume=True)
+    assert {f.name: f.read_bytes() for f in (out / "checkpoint").iterdir()} == before
+
+
+def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp_path):
+    out = str(tmp_path / "run")
+    cfg = cfg_of("data.partitions=2", "optim.name=sgd", "train.mode=async", "train.push_every=3", "train.rounds=2",
+                 "server.update=adagrad")
+    make_trainer(spark, cfg, out, log=lambda *_: None).run()
+    ck = checkpoint.load(out + "/checkpoint")
+    assert ck.optim["server.acc"].shape == ck.params.shape and ck.optim["server.acc"].max() > 0
+    assert ck.position["tokens"] == lines(tmp_path / "run")[-1]["tokens"] > 0
+    sync = config.replace(cfg, "train", mode="sync", local_steps=3)
+    with pytest.raises(TrainingError, match="train.mode is 'sync' here but 'async'"):
+        make_trainer(spark, sync, out, log=lambda *_: None).run(resume=True)

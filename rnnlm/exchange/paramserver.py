@@ -36,6 +36,7 @@ in Hogwild! mode: only the parameter arithmetic runs unlocked.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import threading
 import time
@@ -46,6 +47,9 @@ from .blocks import CODECS, Block
 
 # the dtype each codec's payload must arrive in (anything else is refused)
 _DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 class Refused(ValueError):
@@ -145,13 +149,28 @@ class ParameterServer:
         self.staleness = collections.Counter()
         self._book = threading.Condition()                        # bookkeeping, never the parameter arithmetic
         self._in_flight, self._frozen = 0, False                  # pushes reserved but not yet applied
+        self.applied = self.version                               # pushes whose change has landed
+        self.failures: list = []                                  # a worker's or an apply's error: the run stops
         self._params_lock = threading.Lock() if sv.lock else None
 
     # ------------------------------------------------------------ protocol
     def handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
-        """Serve one request (for :class:`rnnlm.exchange.wire.FrameServer`): ``(kind, fields, arrays)``."""
+        """Serve one request (for :class:`rnnlm.exchange.wire.FrameServer`): ``(kind, fields, arrays)``.
+
+        A request the protocol refuses is answered ``("refused", {"reason": ...})``, counted
+        (``refused_protocol``) and logged; nothing of it is applied.
+        """
+        try:
+            return self._serve(kind, fields, arrays)
+        except Refused as e:
+            with self._book:
+                self.totals["refused_protocol"] += 1
+            self.log(f"parameter server: refused {kind!r} from {peer}: {e}")
+            return "refused", {"reason": str(e)}, {}
+
+    def _serve(self, kind, fields, arrays):
         pid = fields.get("pid")
-        if not isinstance(pid, int) or not 0 <= pid < self.P:
+        if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid < self.P:
             raise Refused(f"request {kind!r} names no partition of this run (pid {pid!r})")
         if kind == "hello":
             return self._hello(pid)
@@ -159,15 +178,24 @@ class ParameterServer:
         with self._book:
             self.last_seen[pid] = time.monotonic()
             if lease != self.lease[pid]:
-                self.totals["refused_superseded"] += 1
-                return "stop", {"reason": "superseded by a newer attempt of this partition"}, {}
+                return self._superseded()
         if kind == "heartbeat":
             return self._heartbeat(pid, fields)
         if kind == "push":
-            return self._push(pid, fields, arrays)
+            return self._push(pid, lease, fields, arrays)
+        if kind == "failed":
+            with self._book:
+                self.failures.append(f"partition {pid}: {str(fields.get('error'))[:300]}")
+                self._book.notify_all()
+            return "ok", {}, {}
         if kind == "done":
             return "ok", {"finished": self.done[pid] >= self.windows}, {}
         raise Refused(f"unknown request {kind!r}")
+
+    def _superseded(self):
+        # under self._book
+        self.totals["refused_superseded"] += 1
+        return "stop", {"reason": "superseded by a newer attempt of this partition"}, {}
 
     def _hello(self, pid):
         with self._book:
@@ -191,51 +219,64 @@ class ParameterServer:
         return "ok", {}, {}
 
     def _pull(self):
+        with self._book:
+            version = self.applied            # read first: the copy holds at least these pushes
         if self._params_lock is None:
-            return self.params.copy(), self.version      # Hogwild!: possibly mid-update
+            return self.params.copy(), version      # Hogwild!: possibly mid-update
         with self._params_lock:
-            return self.params.copy(), self.version
+            return self.params.copy(), self.applied
 
-    def _push(self, pid, fields, arrays):
+    def _push(self, pid, lease, fields, arrays):
         w, base = fields.get("window"), fields.get("version")
         if not isinstance(w, int) or not isinstance(base, int):
             raise Refused("push needs an integer window and version")
         decoded = blocks_from_wire(self.layout, fields, arrays)      # before anything is reserved
         with self._book:
             self._book.wait_for(lambda: not self._frozen)
-            if w != self.done[pid]:
+            if lease != self.lease[pid]:     # a newer attempt said hello while this push was decoded
+                return self._superseded()
+            applied = w == self.done[pid]
+            if not applied:
                 self.totals["refused_duplicate" if w < self.done[pid] else "refused_out_of_order"] += 1
-                applied = False
             else:
                 self.done[pid] += 1          # reserved: no other push of this window can be applied
                 self.started[pid] = max(self.started[pid], min(self.done[pid], self.windows - 1))   # the next
-                stale = max(0, self.version - base)
                 self.version += 1
                 self._in_flight += 1
-                applied = True
         if applied:
-            scale = 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0
-            try:
-                if self._params_lock is None:
-                    self._apply(decoded, scale)
-                else:
-                    with self._params_lock:
-                        self._apply(decoded, scale)
-            finally:
-                with self._book:
-                    self._in_flight -= 1
-                    self._book.notify_all()
+            stale = self._land(pid, w, base, decoded)
             with self._book:
                 self.staleness[stale] += 1
                 for k in ("tokens", "loss_sum", "steps"):
                     v = fields.get(k, 0)
                     self.window[k] += v if isinstance(v, (int, float)) and math.isfinite(v) else 0
+                tokens = fields.get("tokens", 0)
+                self.totals["tokens"] += tokens if isinstance(tokens, int) and tokens > 0 else 0
                 self.window["pushes"] += 1
                 self._book.notify_all()
         params, version = self._pull()
         with self._book:
             self.window["pulls"] += 1
         return "pushed", {"applied": applied, "version": version, "next": self.done[pid]}, {"params": params}
+
+    def _land(self, pid, w, base, decoded) -> int:
+        """Apply a reserved push; its staleness is counted against the pushes applied by then."""
+        try:
+            lock = self._params_lock or _NO_LOCK
+            with lock:
+                with self._book:
+                    stale = max(0, self.applied - base)
+                self._apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
+            return stale
+        except Exception as e:
+            with self._book:
+                self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
+            raise
+        finally:
+            with self._book:
+                self._in_flight -= 1
+                self.applied += 1
+                self._book.notify_all()
 
     def _apply(self, decoded, scale: float):
         for slot, ids, values in decoded:
@@ -333,9 +374,15 @@ class WorkerClient:
         """(sent, received) on both connections."""
         return (self._rpc.bytes_sent + self._beat.bytes_sent, self._rpc.bytes_received + self._beat.bytes_received)
 
+    def _call(self, kind, fields, arrays=None):
+        reply = self._rpc.call(kind, fields, arrays)
+        if reply[0] == "refused":
+            raise RuntimeError(f"the parameter server refused {kind}: {reply[1].get('reason')}")
+        return reply
+
     def hello(self) -> tuple:
         """Announce this attempt: (first window to train, windows, version, parameters)."""
-        _, f, a = self._rpc.call("hello", {"pid": self.pid})
+        _, f, a = self._call("hello", {"pid": self.pid})
         self.lease, self.window = f["lease"], f["window"]
         self._thread = threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.pid}", daemon=True)
         self._thread.start()
@@ -356,7 +403,7 @@ class WorkerClient:
         """Push ``window``'s change; (applied, version, parameters), or None when superseded."""
         fields, arrays = blocks_to_wire(blocks)
         fields.update(stats, pid=self.pid, lease=self.lease, window=window, version=version)
-        kind, f, a = self._rpc.call("push", fields, arrays)
+        kind, f, a = self._call("push", fields, arrays)
         if kind == "stop":
             self.stopped = True
             return None
@@ -366,13 +413,17 @@ class WorkerClient:
     def training(self, window: int):
         self.window = window
 
+    def fail(self, error: str):
+        """Tell the server this partition cannot go on (a non-finite loss): the driver stops the run."""
+        self._call("failed", {"pid": self.pid, "lease": self.lease, "error": error})
+
     def close(self, finished: bool):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.sv.heartbeat_s + 1)
         try:
             if finished and not self.stopped:
-                self._rpc.call("done", {"pid": self.pid, "lease": self.lease})
+                self._call("done", {"pid": self.pid, "lease": self.lease})
         finally:
             self._rpc.close()
             self._beat.close()

@@ -52,7 +52,7 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
                 residual = None
                 for w in range(first, windows):
                     if client.stopped:
-                        break
+                        raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
                     client.training(w)
                     t0 = time.perf_counter()
                     rnd = w + 1
@@ -74,13 +74,14 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
                     reply = client.push(w, version, blocks, tokens=res.tokens, loss_sum=res.loss_sum,
                                         steps=res.steps, compute_s=time.perf_counter() - t0)
                     trained += 1
-                    if reply is None:
-                        break                                  # a newer attempt of this partition took over
+                    if reply is None:     # a newer attempt took over: fail, so Spark keeps that one's result
+                        raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
                     _, version, host = reply
                     params = xp.array(host)
-                finished = not client.stopped
+                finished = True
             except FloatingPointError as e:
                 error = str(e)
+                client.fail(error)         # the driver stops the run now, not when the other workers finish
             finally:
                 client.close(finished)
             yield pid, trained, error

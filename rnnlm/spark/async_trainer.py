@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -36,7 +37,7 @@ from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _json_lines, _StopRequest, load_corpus, \
     total_rounds
 
-_ASYNC_KEYS = ("mode", "push_every")
+_ASYNC_KEYS = ("push_every",)
 
 
 class AsyncTrainer(Trainer):
@@ -69,9 +70,20 @@ class AsyncTrainer(Trainer):
                     if rdd is not None}
         sv = cfg.server
         host = sv.host or self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        max_frame = int(sv.max_frame_mb * (1 << 20))
+        if params.nbytes + (1 << 16) > max_frame:
+            raise config.ConfigError(f"server.max_frame_mb = {sv.max_frame_mb:g} is smaller than the model "
+                                     f"({params.nbytes / (1 << 20):.1f} MiB): a pull would be refused")
+        if P > self.sc.defaultParallelism:
+            self.log(f"warning: {P} workers but {self.sc.defaultParallelism} task slots: the tasks that do not "
+                     "fit wait for a slot, then train all their windows")
         secret = wire.new_secret()
-        frames = wire.FrameServer(server.handle, secret, host, sv.port, int(sv.max_frame_mb * (1 << 20)),
-                                  timeout=sv.timeout_s, log=self.log).start()
+        try:
+            frames = wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
+                                      log=self.log).start()
+        except OSError as e:
+            raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
+                                f"{e.strerror or e} (set server.host / server.port)") from None
         self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
                  f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
                  f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
@@ -113,7 +125,8 @@ class AsyncTrainer(Trainer):
         """Write the server's state (atomically, as every checkpoint); return what it holds."""
         snap = server.snapshot()
         optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
-        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
+        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"],
+                   tokens=snap["totals"].get("tokens", 0))
         ck = checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
         return pos
@@ -133,8 +146,8 @@ class _Job:
         self.sc.setJobGroup(self.group, "rnnlm async training: one long task per partition", True)
         try:
             self.result = rdd.mapPartitions(task).collect()
-        except Exception as e:           # py4j carries the executor's traceback: keep the first line
-            self.error = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        except Exception as e:           # py4j carries the executor's traceback: keep its cause
+            self.error = _cause(str(e)) or type(e).__name__
         finally:
             self.sc.setJobGroup(None, None)
 
@@ -154,7 +167,7 @@ class _Run:
     def __init__(self, tr: AsyncTrainer, cfg, data, server, frames, model, held_out, windows, position):
         self.tr, self.cfg, self.data, self.server, self.frames = tr, cfg, data, server, frames
         self.model, self.held_out, self.windows = model, held_out, windows
-        self.tokens = position.get("tokens", 0)
+        self.tokens = server.totals["tokens"]
         self.wall = position.get("wall_s", 0.0)
         self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
         self.last_eval = position.get("round", 0) // max(1, cfg.train.eval_every) if cfg.train.eval_every else 0
@@ -169,6 +182,9 @@ class _Run:
             done = not job.running
             if n >= P and not done:
                 self._line(t0)
+            if self.server.failures:
+                job.cancel()
+                raise TrainingError(f"{self.server.failures[0]}; stopped, {self.tr._kept()}")
             if job.error:
                 raise TrainingError(f"async training job failed: {job.error}; {self.tr._kept()}")
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
@@ -195,7 +211,7 @@ class _Run:
 
     def _position(self, t0) -> dict:
         last = self.tr.metrics[-1] if self.tr.metrics else {}
-        return {"round": last.get("round", 0), "tokens": self.tokens, "wall_s": self.wall + time.perf_counter() - t0,
+        return {"round": last.get("round", 0), "wall_s": self.wall + time.perf_counter() - t0,
                 "bytes_sent": self.sent0 + self.frames.bytes_received,
                 "bytes_broadcast": self.bcast0 + self.frames.bytes_sent}
 
@@ -205,7 +221,7 @@ class _Run:
 
     def _line(self, t0, final: bool = False):
         s, srv, P = self.server.drain(), self.server, self.cfg.data.partitions
-        self.tokens += s.get("tokens", 0)
+        self.tokens = srv.totals["tokens"]
         version = srv.version
         rnd = math.ceil(version / P)
         wall = self.wall + time.perf_counter() - t0
@@ -220,7 +236,9 @@ class _Run:
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
              "train_loss": s.get("loss_sum", 0.0) / max(1, s.get("tokens", 0)),
              "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
-        m.update({k: v for k, v in sorted(srv.totals.items())})
+        m.update({k: v for k, v in sorted(srv.totals.items()) if k != "tokens"})
+        if self.frames.refused:
+            m["refused_wire"] = dict(self.frames.refused)
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
             m["windows_lost"] = sum(max(0, self.windows - d) for d in srv.done)
         every = self.cfg.train.eval_every
@@ -233,6 +251,15 @@ class _Run:
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
         self.tr.log(log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
         return m
+
+
+def _cause(text: str) -> str:
+    """The line of a Spark job's error that says why: the last ``SomethingError: ...`` of the
+    Python traceback it carries (the first line only names the py4j call)."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    causes = [x for x in lines if re.match(r"^[\w.]*(Error|Exception): ", x) and "Py4JJavaError" not in x
+              and not x.startswith(("org.apache.spark", "py4j"))]
+    return (causes[-1] if causes else lines[0] if lines else "")[:300]
 
 
 def _collect(rdd) -> list:

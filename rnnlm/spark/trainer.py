@@ -34,7 +34,7 @@ from ..core.schedule import Schedule
 
 # a change in any of these makes a resumed run a different experiment
 _RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
-                "train": ("seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
+                "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
                           "outer_lr", "outer_momentum", "optim_state")}
 
 
