@@ -8,7 +8,7 @@ from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
 from rnnlm.exchange import wire
-from rnnlm.exchange.paramserver import ParameterServer, WorkerClient, blocks_to_wire
+from rnnlm.exchange.paramserver import ParameterServer, WorkerClient, blocks_to_wire, patch
 
 LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
 
@@ -43,8 +43,9 @@ def test_a_window_is_applied_at_most_once_and_a_retry_resumes_after_it():
     assert f["window"] == 0 and f["lease"] == 1 and not p0.any()
     one = np.ones(LAYOUT.size, np.float32)
     kind, r, a = push(ps, 0, 1, 0, 0, one, tokens=10, loss_sum=5.0)
-    assert kind == "pushed" and r["applied"] and r["next"] == 1
-    np.testing.assert_array_equal(a["params"], one)
+    assert kind == "pushed" and r["applied"] and r["next"] == 1 and r["version"] == 1
+    patch(LAYOUT, p0, r["pulled"], a)
+    np.testing.assert_array_equal(p0, one)
     kind, r, a = push(ps, 0, 1, 0, 0, one)                    # the same window again
     assert not r["applied"] and ps.totals["refused_duplicate"] == 1
     np.testing.assert_array_equal(ps.params, one)
@@ -223,7 +224,7 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
     secret = wire.new_secret()
     frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
     sv = config.load(None, ["server.heartbeat_s=0.1"]).server
-    client = WorkerClient(frames.address, secret, 1, sv)
+    client = WorkerClient(frames.address, secret, 1, sv, LAYOUT)
     try:
         first, windows, version, params = client.hello()
         assert (first, windows, version) == (0, 3, 0) and params.shape == (LAYOUT.size,)
@@ -231,7 +232,7 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
                                    np.array([1]), 1, 1, 1, 2)
         blocks["params.bo"].data[0, 0] = np.nan
         with pytest.raises(RuntimeError, match="refused push: bo: non-finite"):
-            client.push(0, 0, blocks, tokens=1)
+            client.push(0, 0, blocks, params, tokens=1)
         assert ps.totals["refused_protocol"] == 1 and ps.version == 0
         client.fail("loss became nan at local step 3")
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
@@ -260,3 +261,63 @@ def test_a_snapshot_waits_for_a_push_being_applied():
     th.join()
     assert snap["version"] == 1 and snap["done"] == [1, 0]
     np.testing.assert_array_equal(snap["params"], 1.0)
+
+
+def test_a_pull_sends_the_rows_changed_since_the_last_and_the_copy_stays_exact():
+    """Two workers push row blocks; each keeps a copy patched by its pulls. The copies equal the server's
+    parameters after every pull, and a pull carries only the rows changed since the worker's previous one."""
+    ps = server(windows=6)
+    copies, versions = {}, {}
+    for pid in (0, 1):
+        f, copies[pid] = hello(ps, pid)
+        versions[pid] = f["version"]
+    rng = np.random.default_rng(3)
+    for w in range(6):
+        for pid in (0, 1):
+            change = np.zeros(LAYOUT.size, np.float32)
+            v = LAYOUT.views(change)
+            word = (2 * w + pid) % 6
+            v["embed"][word] = rng.normal(size=3)
+            v["W1"][...] = rng.normal(size=(4, 3))
+            fields, arrays = push_msg(change, embed="rows", softmax="rows")
+            fields.update(pid=pid, lease=1, window=w, version=versions[pid])
+            kind, r, a = ps.handle("t", "push", fields, arrays)
+            assert r["applied"]
+            sent_embed = a.get("embed.ids")
+            # this worker's word and the other worker's word since its last pull: two rows, not six
+            assert sent_embed is not None and len(sent_embed) == (1 if w == 0 and pid == 0 else 2)
+            assert r["pulled"]["W1"] == "all"
+            patch(LAYOUT, copies[pid], r["pulled"], a)
+            versions[pid] = r["version"]
+            np.testing.assert_array_equal(copies[pid], ps.params)
+
+
+def test_a_push_in_flight_during_a_pull_is_sent_by_the_next_pull():
+    """Hogwild! lands pushes out of order: rows a push still applies when another worker pulls are
+    stamped above the watermark that pull returns, so that worker's next pull sends them."""
+    ps = server()
+    f0, p0 = hello(ps, 0)
+    hello(ps, 1)
+    applying, release, original = threading.Event(), threading.Event(), ps._apply
+
+    def held_apply(decoded, scale):
+        applying.set()
+        release.wait(5)
+        original(decoded, scale)
+
+    ps._apply = held_apply
+    one = np.ones(LAYOUT.size, np.float32)
+    th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one * 2))
+    th.start()
+    assert applying.wait(5)
+    ps._apply = original
+    kind, r, a = push(ps, 0, 1, 0, 0, one)             # lands while worker 1's push is held mid-apply
+    patch(LAYOUT, p0, r["pulled"], a)
+    assert r["version"] == 0                           # claim 1 (worker 1's) has not landed: watermark 0
+    np.testing.assert_array_equal(p0, 1.0)             # its own change, not yet worker 1's
+    release.set()
+    th.join()
+    kind, r, a = push(ps, 0, 1, 1, r["version"], np.zeros(LAYOUT.size, np.float32))
+    patch(LAYOUT, p0, r["pulled"], a)
+    np.testing.assert_array_equal(p0, 3.0)
+    np.testing.assert_array_equal(p0, ps.params)

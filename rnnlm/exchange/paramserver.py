@@ -114,6 +114,20 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
     return out
 
 
+def patch(layout, host, pulled: dict, arrays: dict) -> None:
+    """Write a pull's rows (``{slot: "all" | "some"}`` with ``<slot>.rows`` and ``<slot>.ids``) into ``host``."""
+    for slot in layout:
+        how = pulled.get(slot.name)
+        if how is None:
+            continue
+        view = host[slot.offset:slot.end].reshape(slot.shape[0], -1)                 # (R, C)
+        rows = arrays[f"{slot.name}.rows"]
+        if how == "all":
+            view[...] = rows
+        else:
+            view[arrays[f"{slot.name}.ids"]] = rows
+
+
 class ParameterServer:
     """The master parameters and the protocol's state; :meth:`handle` serves one request.
 
@@ -150,6 +164,10 @@ class ParameterServer:
         self._book = threading.Condition()                        # bookkeeping, never the parameter arithmetic
         self._in_flight, self._frozen = 0, False                  # pushes reserved but not yet applied
         self.applied = self.version                               # pushes whose change has landed
+        self._claims: set = set()                                 # claim numbers of pushes not yet landed
+        # per slot and row: the claim number of the last push that changed it, so a pull sends only
+        # the rows changed since the worker's previous pull (it patches the copy it keeps)
+        self.stamps = {slot.name: np.zeros(slot.shape[0], np.int64) for slot in layout}
         self.failures: list = []                                  # a worker's or an apply's error: the run stops
         self._params_lock = threading.Lock() if sv.lock else None
 
@@ -207,7 +225,7 @@ class ParameterServer:
             self.started[pid] = self.done[pid]
             self.last_seen[pid], self.lost[pid] = time.monotonic(), False
             lease, window = self.lease[pid], self.done[pid]
-        params, version = self._pull()
+        version, params = self._watermark(), self._copy()
         return "hello", {"lease": lease, "window": window, "windows": self.windows, "version": version}, \
             {"params": params}
 
@@ -218,13 +236,40 @@ class ParameterServer:
                 self.started[pid] = max(self.started[pid], w)
         return "ok", {}, {}
 
-    def _pull(self):
+    def _watermark(self) -> int:
+        """The largest n such that every push claimed as 1..n has landed (Hogwild! lands out of order)."""
         with self._book:
-            version = self.applied            # read first: the copy holds at least these pushes
-        if self._params_lock is None:
-            return self.params.copy(), version      # Hogwild!: possibly mid-update
-        with self._params_lock:
-            return self.params.copy(), self.applied
+            return min(self._claims) - 1 if self._claims else self.version
+
+    def _copy(self):
+        with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
+            return self.params.copy()
+
+    def _pull(self, since: int) -> tuple:
+        """(watermark, fields, arrays): the rows changed by pushes claimed after ``since``.
+
+        The worker patches its copy with them; rows a push still in flight changes carry a
+        stamp above the watermark, so they are sent again by the next pull.
+        """
+        with self._book:
+            mark = min(self._claims) - 1 if self._claims else self.version
+            changed = {slot.name: np.flatnonzero(self.stamps[slot.name] > since) for slot in self.layout}
+        meta, arrays = {}, {}
+        for slot in self.layout:
+            ids = changed[slot.name]
+            if ids.size == 0:
+                continue
+            view = self.params[slot.offset:slot.end].reshape(slot.shape[0], -1)       # (R, C)
+            if ids.size == slot.shape[0]:
+                meta[slot.name] = "all"
+                with self._params_lock or _NO_LOCK:
+                    arrays[f"{slot.name}.rows"] = view.copy()
+            else:
+                meta[slot.name] = "some"
+                arrays[f"{slot.name}.ids"] = ids.astype(np.int32)
+                with self._params_lock or _NO_LOCK:
+                    arrays[f"{slot.name}.rows"] = view[ids]
+        return mark, {"pulled": meta}, arrays
 
     def _push(self, pid, lease, fields, arrays):
         w, base = fields.get("window"), fields.get("version")
@@ -242,9 +287,11 @@ class ParameterServer:
                 self.done[pid] += 1          # reserved: no other push of this window can be applied
                 self.started[pid] = max(self.started[pid], min(self.done[pid], self.windows - 1))   # the next
                 self.version += 1
+                claim = self.version
+                self._claims.add(claim)
                 self._in_flight += 1
         if applied:
-            stale = self._land(pid, w, base, decoded)
+            stale = self._land(pid, w, base, decoded, claim)
             with self._book:
                 self.staleness[stale] += 1
                 for k in ("tokens", "loss_sum", "steps"):
@@ -254,12 +301,12 @@ class ParameterServer:
                 self.totals["tokens"] += tokens if isinstance(tokens, int) and tokens > 0 else 0
                 self.window["pushes"] += 1
                 self._book.notify_all()
-        params, version = self._pull()
+        version, pulled, arrays = self._pull(base)
         with self._book:
             self.window["pulls"] += 1
-        return "pushed", {"applied": applied, "version": version, "next": self.done[pid]}, {"params": params}
+        return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
 
-    def _land(self, pid, w, base, decoded) -> int:
+    def _land(self, pid, w, base, decoded, claim: int) -> int:
         """Apply a reserved push; its staleness is counted against the pushes applied by then."""
         try:
             lock = self._params_lock or _NO_LOCK
@@ -274,6 +321,13 @@ class ParameterServer:
             raise
         finally:
             with self._book:
+                for slot, ids, _ in decoded:
+                    st = self.stamps[slot.name]
+                    if ids is None:
+                        np.maximum(st, claim, out=st)
+                    else:
+                        st[ids] = np.maximum(st[ids], claim)
+                self._claims.discard(claim)
                 self._in_flight -= 1
                 self.applied += 1
                 self._book.notify_all()
@@ -359,9 +413,9 @@ class WorkerClient:
     sv : ServerConfig
     """
 
-    def __init__(self, address, secret: bytes, pid: int, sv):
+    def __init__(self, address, secret: bytes, pid: int, sv, layout):
         from . import wire
-        self.pid, self.sv = pid, sv
+        self.pid, self.sv, self.layout = pid, sv, layout
         max_frame = int(sv.max_frame_mb * (1 << 20))
         self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s))
         self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s)
@@ -399,8 +453,9 @@ class WorkerClient:
                 self.stopped = True
                 return
 
-    def push(self, window: int, version: int, blocks: dict, **stats) -> tuple:
-        """Push ``window``'s change; (applied, version, parameters), or None when superseded."""
+    def push(self, window: int, version: int, blocks: dict, host, **stats) -> tuple:
+        """Push ``window``'s change and patch ``host`` (P,), the parameters pulled at ``version``,
+        with the rows changed since: (applied, new version), or None when superseded."""
         fields, arrays = blocks_to_wire(blocks)
         fields.update(stats, pid=self.pid, lease=self.lease, window=window, version=version)
         kind, f, a = self._call("push", fields, arrays)
@@ -408,7 +463,8 @@ class WorkerClient:
             self.stopped = True
             return None
         self.window = f["next"]
-        return f["applied"], f["version"], a["params"]
+        patch(self.layout, host, f.get("pulled", {}), a)
+        return f["applied"], f["version"]
 
     def training(self, window: int):
         self.window = window

@@ -39,7 +39,7 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
         xp = task_xp(t.device)
         model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
-            client = WorkerClient(address, secret, pid, cfg.server)
+            client = WorkerClient(address, secret, pid, cfg.server, model.layout)
             trained, finished, error = 0, False, None
             try:
                 first, windows, version, host = client.hello()
@@ -71,12 +71,12 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
                     change = backend.to_numpy(res.params) - host
                     blocks, _, residual = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
                                                       cfg.data.partitions, residual)
-                    reply = client.push(w, version, blocks, tokens=res.tokens, loss_sum=res.loss_sum,
+                    reply = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
                                         steps=res.steps, compute_s=time.perf_counter() - t0)
                     trained += 1
                     if reply is None:     # a newer attempt took over: fail, so Spark keeps that one's result
                         raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
-                    _, version, host = reply
+                    _, version = reply                         # host now holds the server's parameters
                     params = xp.array(host)
                 finished = True
             except FloatingPointError as e:
