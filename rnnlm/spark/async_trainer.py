@@ -168,6 +168,7 @@ class _Run:
         self.tr, self.cfg, self.data, self.server, self.frames = tr, cfg, data, server, frames
         self.model, self.held_out, self.windows = model, held_out, windows
         self.tokens = server.totals["tokens"]
+        self.eval_s = position.get("eval_s", 0.0)      # the driver's time scoring held-out text (inside wall_s)
         self.wall = position.get("wall_s", 0.0)
         self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
         self.last_eval = position.get("round", 0) // max(1, cfg.train.eval_every) if cfg.train.eval_every else 0
@@ -211,7 +212,7 @@ class _Run:
 
     def _position(self, t0) -> dict:
         last = self.tr.metrics[-1] if self.tr.metrics else {}
-        return {"round": last.get("round", 0), "wall_s": self.wall + time.perf_counter() - t0,
+        return {"round": last.get("round", 0), "eval_s": self.eval_s, "wall_s": self.wall + time.perf_counter() - t0,
                 "bytes_sent": self.sent0 + self.frames.bytes_received,
                 "bytes_broadcast": self.bcast0 + self.frames.bytes_sent}
 
@@ -244,9 +245,12 @@ class _Run:
         every = self.cfg.train.eval_every
         if final or (every and rnd // every > self.last_eval):
             self.last_eval = rnd // every if every else 0
+            e0 = time.perf_counter()
             params = srv.snapshot()["params"]
             for name, streams in self.held_out.items():
                 m.update(loss_fields(_evaluate(self.model, params, streams), self.cfg.data.level, name))
+            self.eval_s += time.perf_counter() - e0
+            m["eval_s"] = round(self.eval_s, 3)
         self.tr.metrics.append(m)
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
         self.tr.log(log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
