@@ -42,3 +42,20 @@ def tiny_cfg():
         "model.cell=lstm", "model.hidden=16", "optim.name=adam", "optim.lr=0.01",
         "train.bptt=8", "train.batch=4", "train.grad_norm=token", "train.local_steps=3",
         "train.rounds=2", "train.eval_every=0"])
+
+
+def _central_differences(f, p, eps=1e-6):
+    num = np.zeros(p.size)
+    for i in range(p.size):
+        q = p.copy()
+        q[i] += eps
+        lp = f(q)
+        q[i] -= 2 * eps
+        num[i] = (lp - f(q)) / (2 * eps)
+    return num
+
+
+@pytest.fixture
+def numeric_grad():
+    """``numeric_grad(f, p)``: the central finite-difference gradient of the scalar ``f`` at ``p`` (float64)."""
+    return _central_differences

@@ -25,17 +25,6 @@ def _data(m, T, B, seed=7):
     return x, y, state
 
 
-def _numeric(f, p, eps=1e-6):
-    num = np.zeros(p.size)
-    for i in range(p.size):
-        q = p.copy()
-        q[i] += eps
-        lp = f(q)
-        q[i] -= 2 * eps
-        num[i] = (lp - f(q)) / (2 * eps)
-    return num
-
-
 def _ref_nll(m, p, x, y, state):
     """Per-stream, per-position loops straight from the formula (float64, no resets)."""
     v = {k: backend.to_numpy(a).astype(np.float64) for k, a in m.layout.views(p).items()}
@@ -52,7 +41,7 @@ def _ref_nll(m, p, x, y, state):
 
 
 @pytest.mark.parametrize("K", [1, 3, 6])
-def test_gradients_match_finite_differences(xp, K):
+def test_gradients_match_finite_differences(xp, K, numeric_grad):
     m = _model(xp, K=K)
     T, B = 4, 2
     x, y, state = _data(m, T, B)
@@ -64,7 +53,7 @@ def test_gradients_match_finite_differences(xp, K):
     g = xp.full(p.shape, np.nan)                        # every slot must be overwritten
     loss, count, _ = m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0)
     assert count == T * B - 1 and loss == pytest.approx(m.loss(p, x, y, state, reset)[0], rel=1e-12)
-    num = _numeric(lambda q: m.loss(xp.asarray(q), x, y, state, reset)[0], backend.to_numpy(p))
+    num = numeric_grad(lambda q: m.loss(xp.asarray(q), x, y, state, reset)[0], backend.to_numpy(p))
     g = backend.to_numpy(g)
     for slot in m.layout:   # per parameter, so a failure names it
         a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]

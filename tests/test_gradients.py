@@ -22,25 +22,14 @@ def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4):
     return m, m.init_params(3), x, y, state, xp.asarray(reset)
 
 
-def _numeric(f, p, eps=1e-6):
-    num = np.zeros(p.size)
-    for i in range(p.size):
-        q = p.copy()
-        q[i] += eps
-        lp = f(q)
-        q[i] -= 2 * eps
-        num[i] = (lp - f(q)) / (2 * eps)
-    return num
-
-
 @pytest.mark.parametrize("cell", ["rnn", "lstm"])
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("embed", [0, 3], ids=["onehot", "embed"])
-def test_gradients_match_finite_differences(xp, cell, layers, embed):
+def test_gradients_match_finite_differences(xp, cell, layers, embed, numeric_grad):
     m, p, x, y, state, reset = _setup(xp, cell, layers, embed)
     g = xp.zeros_like(p)
     m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0)
-    num = _numeric(lambda q: m.loss(q, x, y, state, reset)[0], p)
+    num = numeric_grad(lambda q: m.loss(q, x, y, state, reset)[0], p)
     g = backend.to_numpy(g)
     for slot in m.layout:   # per parameter, so a failure names it
         a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
@@ -48,7 +37,7 @@ def test_gradients_match_finite_differences(xp, cell, layers, embed):
         assert np.abs(b).max() > 0, f"{slot.name} receives no gradient"
 
 
-def test_gradients_with_dropout(xp):
+def test_gradients_with_dropout(xp, numeric_grad):
     m, p, x, y, state, reset = _setup(xp, "lstm", 2, 3, dropout=0.3)
     g = xp.zeros_like(p)
     m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0, rng=backend.rng_for(xp, 1, 2))
@@ -57,7 +46,7 @@ def test_gradients_with_dropout(xp):
         scratch = xp.zeros_like(q)
         return m.loss_and_grad(q, scratch, x, y, state, reset, grad_scale=1.0,
                                rng=backend.rng_for(xp, 1, 2))[0]
-    num = _numeric(f, p)
+    num = numeric_grad(f, p)
     assert np.allclose(backend.to_numpy(g), num, rtol=1e-5, atol=1e-7)
     # dropout actually changed the function
     assert abs(f(p) - m.loss(p, x, y, state, reset)[0]) > 1e-6
