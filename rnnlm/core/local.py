@@ -33,7 +33,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
 
     Parameters
     ----------
-    model : RNNLM
+    model : RNNLM or FFNNLM (:func:`rnnlm.core.model.build`)
     optimizer : Optimizer
     params : flat array (P,), updated in place
     opt_state : dict, updated in place
