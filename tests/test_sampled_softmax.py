@@ -9,7 +9,6 @@ from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
 from rnnlm.core.sampled import softmax_sets
 from rnnlm.core.strategies import StreamBlock
-from test_gradients import _numeric
 
 V = 13
 # targets are drawn from TARGETS; v_all adds a "top" id and a "beta" id; v_f adds dummy words
@@ -114,7 +113,7 @@ def _slot(m, a, name):
 
 
 @pytest.mark.parametrize("cell,layers,embed", [("lstm", 2, 3), ("rnn", 1, 0)])
-def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers, embed):
+def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers, embed, numeric_grad):
     m, p, x, y, state, _ = _setup(xp, cell, layers, embed, reset=False)
     ph = backend.to_numpy(p)
 
@@ -122,7 +121,7 @@ def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers
         return _reference_sampled_loss(m, xp.asarray(q), x, y, state, v_f)
 
     # v_all == v_f: the exact gradient of the sampled loss, every parameter
-    num = _numeric(lambda q: f(q, V_F), ph)
+    num = numeric_grad(lambda q: f(q, V_F), ph)
     g = _grad(m, p, x, y, state, None, (V_F, V_F))[3]
     for slot in m.layout:
         a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
@@ -145,7 +144,7 @@ def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers
     # contribution from them, so every gradient but Wo's dummy rows matches again
     q = ph.copy()
     _slot(m, q, "Wo")[GAMMA] = 0
-    num0 = _numeric(lambda r: f(r, V_F), q)
+    num0 = numeric_grad(lambda r: f(r, V_F), q)
     g0 = _grad(m, xp.asarray(q), x, y, state, None, (V_ALL, V_F))[3]
     for slot in m.layout:
         a, b = g0[slot.offset:slot.end], num0[slot.offset:slot.end]
@@ -154,7 +153,7 @@ def test_gradients_match_finite_differences_of_the_sampled_loss(xp, cell, layers
         assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name
 
 
-def test_sampled_gradient_with_dropout_and_resets(xp):
+def test_sampled_gradient_with_dropout_and_resets(xp, numeric_grad):
     """Dropout and resets act below the output layer: v_all == v_f stays the exact gradient."""
     cfg = ModelConfig(cell="lstm", vocab_size=V, embed=3, hidden=4, layers=2, dropout=0.3, init_scale=0.5)
     m = RNNLM(cfg, xp=xp, dtype="float64")
@@ -165,7 +164,7 @@ def test_sampled_gradient_with_dropout_and_resets(xp):
                                rng=backend.rng_for(xp, 1, 2), softmax=(V_F, V_F))[0]
     g = xp.zeros_like(p)
     run(p, g)
-    num = _numeric(lambda q: run(xp.asarray(q), xp.zeros_like(p)), backend.to_numpy(p))
+    num = numeric_grad(lambda q: run(xp.asarray(q), xp.zeros_like(p)), backend.to_numpy(p))
     assert np.allclose(backend.to_numpy(g), num, rtol=1e-5, atol=1e-7)
 
 
