@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from .. import config
 from ..core import backend
-from ..core.local import train_steps
 from ..core.model import build as build_model
 from ..core.optim import make_optimizer
-from ..exchange import plan
 from ..exchange.paramserver import WorkerClient
-from .executor import _digest, _memo, make_source, task_xp
+from .executor import _digest, _memo, make_source, task_xp, train_and_encode
 
 
 def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
@@ -51,26 +47,12 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
                 state = model.zero_state(t.batch)
                 residual = None
                 for w in range(first, windows):
-                    if client.stopped:
-                        raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
                     client.training(w)
                     t0 = time.perf_counter()
-                    rnd = w + 1
-                    batches = src.round_batches(rnd, t.push_every)
-                    drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
-                    sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions)
-                            if cfg.exchange.sampled_softmax else None)
-                    res = train_steps(model, opt, params, opt_state, batches,
-                                      state if src.carries_state else model.zero_state(t.batch),
-                                      lr=lrs[w], clip_norm=cfg.optim.clip_norm,
-                                      clip_value=cfg.optim.clip_value, grad_norm=t.grad_norm,
-                                      dropout_rng=drop, softmax_sets=sets)
-                    state = res.state
-                    words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]])
-                                                      for b in batches]))
-                    change = backend.to_numpy(res.params) - host
-                    blocks, _, residual = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
-                                                      cfg.data.partitions, residual)
+                    res, blocks, _, residual, _ = train_and_encode(
+                        cfg, model, src, opt, params, opt_state, state, host, w + 1, pid, lrs[w], t.push_every,
+                        residual)
+                    state = res.state if src.carries_state else model.zero_state(t.batch)
                     reply = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
                                         steps=res.steps, compute_s=time.perf_counter() - t0)
                     trained += 1

@@ -139,37 +139,59 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float, 
                         lambda: make_source(cfg, pid, tokens, starts))
             state = mine.get("state") if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
-            drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
-            batches = src.round_batches(rnd, t.local_steps)
-            sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions)
-                    if cfg.exchange.sampled_softmax else None)
             try:
-                res = train_steps(model, opt, params, opt_state, batches, state,
-                                  lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
-                                  grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
+                res, dense, block_stats, left, words = train_and_encode(
+                    cfg, model, src, opt, params, opt_state, state, host, rnd, pid, lr, t.local_steps, residual)
             except FloatingPointError as e:
                 yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
                 if feedback:
                     yield pid, residual
                 continue
-            words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
-            change = backend.to_numpy(res.params) - host    # what this partition did this round
-            dense, block_stats, left = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
-                                                   cfg.data.partitions, residual)
             local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}
             host_opt = {k: (backend.to_numpy(v) if k != "t" else v) for k, v in res.opt_state.items()}
             if t.optim_state == "average":
                 dense.update({f"opt.{k}": v for k, v in host_opt.items() if k != "t"})
             elif t.optim_state == "local":
                 local["opt"] = host_opt
-            if sets is not None:
-                block_stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
             yield Aggregate.contribution(res.tokens, dense, {pid: local}, words=words, tokens=res.tokens,
                                          loss_sum=res.loss_sum, steps=res.steps,
                                          compute_s=time.perf_counter() - t0, **block_stats)
             if feedback:
                 yield pid, left
     return run
+
+
+def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: int, pid: int, lr: float,
+                     steps: int, residual):
+    """Round ``rnd``'s ``steps`` local steps of partition ``pid`` from ``params`` (on the device; ``host``
+    is the same on the host), and its change encoded as :func:`rnnlm.exchange.plan.encode` sends it.
+
+    The synchronous round and the asynchronous window share it: the same batches, dropout masks,
+    sampled softmax sets and encoding for the same ``(seed, rnd, pid)``.
+
+    Returns
+    -------
+    result : LocalResult, blocks : dict, stats : dict, residual : array or None, words : int array
+
+    Raises
+    ------
+    FloatingPointError
+        From :func:`rnnlm.core.local.train_steps`.
+    """
+    t, xp = cfg.train, model.xp
+    batches = src.round_batches(rnd, steps)
+    drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
+    sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions)
+            if cfg.exchange.sampled_softmax else None)
+    res = train_steps(model, opt, params, opt_state, batches, state, lr=lr, clip_norm=cfg.optim.clip_norm,
+                      clip_value=cfg.optim.clip_value, grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
+    words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
+    change = backend.to_numpy(res.params) - host        # what this partition did
+    blocks, stats, left = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
+                                      cfg.data.partitions, residual)
+    if sets is not None:
+        stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
+    return res, blocks, stats, left, words
 
 
 def _view(layout, bc_base, payload, deltas):
