@@ -237,7 +237,7 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
         client.fail("loss became nan at local step 3")
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
     finally:
-        client.close(False)
+        client.close()
         frames.close()
 
 

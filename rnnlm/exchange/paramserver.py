@@ -206,8 +206,6 @@ class ParameterServer:
                 self.failures.append(f"partition {pid}: {str(fields.get('error'))[:300]}")
                 self._book.notify_all()
             return "ok", {}, {}
-        if kind == "done":
-            return "ok", {"finished": self.done[pid] >= self.windows}, {}
         raise Refused(f"unknown request {kind!r}")
 
     def _superseded(self):
@@ -380,10 +378,6 @@ class ParameterServer:
                      f"task resumes at window {self.done[pid]}")
         return newly
 
-    def finished(self) -> bool:
-        with self._book:
-            return all(d >= self.windows for d in self.done)
-
     def snapshot(self) -> dict:
         """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress)."""
         with self._book:
@@ -419,7 +413,7 @@ class WorkerClient:
         max_frame = int(sv.max_frame_mb * (1 << 20))
         self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s))
         self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s)
-        self.lease, self.window, self.stopped = None, None, False
+        self.lease, self.window = None, None
         self._stop = threading.Event()
         self._thread = None
 
@@ -450,36 +444,30 @@ class WorkerClient:
             except (OSError, ValueError):
                 continue          # the next push reports a dead server; a heartbeat only keeps us listed
             if kind == "stop":
-                self.stopped = True
-                return
+                return            # superseded: the next push says so to the task
 
-    def push(self, window: int, version: int, blocks: dict, host, **stats) -> tuple:
+    def push(self, window: int, version: int, blocks: dict, host, **stats):
         """Push ``window``'s change and patch ``host`` (P,), the parameters pulled at ``version``,
-        with the rows changed since: (applied, new version), or None when superseded."""
+        with the rows changed since: the new version, or None when superseded."""
         fields, arrays = blocks_to_wire(blocks)
         fields.update(stats, pid=self.pid, lease=self.lease, window=window, version=version)
         kind, f, a = self._call("push", fields, arrays)
         if kind == "stop":
-            self.stopped = True
             return None
-        self.window = f["next"]
         patch(self.layout, host, f.get("pulled", {}), a)
-        return f["applied"], f["version"]
+        return f["version"]
 
     def training(self, window: int):
+        """The window the heartbeats report (the server counts it as redone if this attempt dies)."""
         self.window = window
 
     def fail(self, error: str):
         """Tell the server this partition cannot go on (a non-finite loss): the driver stops the run."""
         self._call("failed", {"pid": self.pid, "lease": self.lease, "error": error})
 
-    def close(self, finished: bool):
+    def close(self):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.sv.heartbeat_s + 1)
-        try:
-            if finished and not self.stopped:
-                self._call("done", {"pid": self.pid, "lease": self.lease})
-        finally:
-            self._rpc.close()
-            self._beat.close()
+        self._rpc.close()
+        self._beat.close()

@@ -36,7 +36,7 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
         model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
             client = WorkerClient(address, secret, pid, cfg.server, model.layout)
-            trained, finished, error = 0, False, None
+            trained, error = 0, None
             try:
                 first, windows, version, host = client.hello()
                 src = _memo(("source", cfg_json, pid, _digest(tokens, starts)),
@@ -53,18 +53,16 @@ def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
                         cfg, model, src, opt, params, opt_state, state, host, w + 1, pid, lrs[w], t.push_every,
                         residual)
                     state = res.state if src.carries_state else model.zero_state(t.batch)
-                    reply = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
-                                        steps=res.steps, compute_s=time.perf_counter() - t0)
+                    version = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
+                                          steps=res.steps, compute_s=time.perf_counter() - t0)
                     trained += 1
-                    if reply is None:     # a newer attempt took over: fail, so Spark keeps that one's result
+                    if version is None:   # a newer attempt took over: fail, so Spark keeps that one's result
                         raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
-                    _, version = reply                         # host now holds the server's parameters
-                    params = xp.array(host)
-                finished = True
+                    params = xp.array(host)                    # host now holds the server's parameters
             except FloatingPointError as e:
                 error = str(e)
                 client.fail(error)         # the driver stops the run now, not when the other workers finish
             finally:
-                client.close(finished)
+                client.close()
             yield pid, trained, error
     return run
