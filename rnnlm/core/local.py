@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 
 from . import backend
+from .metrics import EVAL_BPTT
 from .optim import clip_factor
 from .strategies import StreamBlock
 
@@ -105,4 +106,15 @@ def evaluate(model, params, tokens, B: int, T: int) -> tuple:
         loss, c, state = model.loss(params, xp.asarray(x), xp.asarray(y), state)
         total += loss
         count += c
+    return total, count
+
+
+def held_out_nll(model, params, streams) -> tuple:
+    """Summed NLL and token count of held-out streams, each read as one stream from a zero state
+    in chunks of ``EVAL_BPTT`` (streams shorter than 2 tokens score nothing)."""
+    total, count = 0.0, 0
+    for tokens in streams:
+        if len(tokens) >= 2:
+            s, c = evaluate(model, params, tokens, 1, min(EVAL_BPTT, len(tokens) - 1))
+            total, count = total + s, count + c
     return total, count

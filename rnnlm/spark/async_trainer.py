@@ -23,12 +23,10 @@ import math
 import re
 import time
 
-import numpy as np
-
 from .. import config
 from ..core import checkpoint
-from ..core.local import evaluate
-from ..core.metrics import EVAL_BPTT, log_line, loss_fields
+from ..core.local import held_out_nll
+from ..core.metrics import log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
@@ -272,11 +270,7 @@ def _collect(rdd) -> list:
 
 
 def _evaluate(model, params, streams) -> float:
-    total = count = 0
-    for tokens in streams:
-        if len(tokens) >= 2:
-            s, c = evaluate(model, params, tokens, 1, min(EVAL_BPTT, len(tokens) - 1))
-            total, count = total + s, count + c
+    total, count = held_out_nll(model, params, streams)
     return total / max(1, count)
 
 
@@ -284,4 +278,4 @@ def _lrs(cfg, data, windows: int) -> list:
     """The learning rate of each window (its epoch: windows already trained by every worker)."""
     sched = Schedule(cfg.optim)
     per_window = data.round_tokens / data.tokens
-    return [float(np.float64(sched.lr(w * per_window))) for w in range(windows)]
+    return [sched.lr(w * per_window) for w in range(windows)]

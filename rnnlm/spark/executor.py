@@ -18,8 +18,7 @@ from ..core import backend
 from .. import config
 from ..exchange import plan, rebase
 from ..exchange.aggregate import Aggregate
-from ..core.local import evaluate, train_steps
-from ..core.metrics import EVAL_BPTT
+from ..core.local import held_out_nll, train_steps
 from ..core.model import build as build_model
 from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
@@ -236,9 +235,7 @@ def eval_task(cfg_json: str, bc):
         model = build_model(cfg.model, xp=xp)
         params = xp.asarray(bc.value)
         for _, tokens, _ in it:
-            if len(tokens) < 2:
-                continue
-            yield evaluate(model, params, tokens, 1, min(EVAL_BPTT, len(tokens) - 1))
+            yield held_out_nll(model, params, [tokens])
     return run
 
 
