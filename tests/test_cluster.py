@@ -213,16 +213,16 @@ def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(
     assert seen, "the run ended before the driver could be killed"
     ck = checkpoint.load(str(out / "checkpoint"))
     kept = ck.position["version"]
-    # pushes applied after the last checkpoint are lost: at most the interval, plus the pushes in flight
-    # (one per worker) between the last metrics line and the kill
-    assert seen - 4 - 2 <= kept <= seen + 2, (seen, kept)
+    # a checkpoint is written with a metrics line, before it: one that shows `seen` pushes was preceded
+    # by a checkpoint whenever 4 had been claimed since the last, so fewer than 4 of them are lost
+    assert seen - 3 <= kept, (seen, kept)
     assert sum(ck.position["done"]) == kept
     r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     m = metric_lines(out)
     assert m[-1]["syncs"] == 120 and m[-1]["windows_lost"] == 0
-    before = [x for x in m if x["wall_s"] <= ck.position["wall_s"]]
-    assert before and all(x["syncs"] <= kept for x in before)       # lines past the checkpoint were dropped
-    after = [x for x in m if x["wall_s"] > ck.position["wall_s"]]
-    assert sum(x["pushes"] for x in after) == 120 - kept              # the resumed run applied only the rest
+    # the first run's lines past the checkpoint were dropped, so every push is in exactly one line
+    assert sum(x["pushes"] for x in m) == 120
+    assert [x["syncs"] for x in m] == sorted(x["syncs"] for x in m) and kept in [x["syncs"] for x in m]
+    assert sum(x["pushes"] for x in m if x["syncs"] > kept) == 120 - kept     # the resumed run applied the rest
     assert checkpoint.load(str(out / "checkpoint")).position["done"] == [60, 60]

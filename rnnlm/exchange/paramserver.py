@@ -164,6 +164,7 @@ class ParameterServer:
         self._book = threading.Condition()                        # bookkeeping, never the parameter arithmetic
         self._in_flight, self._frozen = 0, False                  # pushes reserved but not yet applied
         self.applied = self.version                               # pushes whose change has landed
+        self.counted = self.version                               # pushes reported by drain()
         self._claims: set = set()                                 # claim numbers of pushes not yet landed
         # per slot and row: the claim number of the last push that changed it, so a pull sends only
         # the rows changed since the worker's previous pull (it patches the copy it keeps)
@@ -289,30 +290,25 @@ class ParameterServer:
                 self._claims.add(claim)
                 self._in_flight += 1
         if applied:
-            stale = self._land(pid, w, base, decoded, claim)
-            with self._book:
-                self.staleness[stale] += 1
-                for k in ("tokens", "loss_sum", "steps"):
-                    v = fields.get(k, 0)
-                    self.window[k] += v if isinstance(v, (int, float)) and math.isfinite(v) else 0
-                tokens = fields.get("tokens", 0)
-                self.totals["tokens"] += tokens if isinstance(tokens, int) and tokens > 0 else 0
-                self.window["pushes"] += 1
-                self._book.notify_all()
+            self._land(pid, w, base, decoded, claim, fields)
         version, pulled, arrays = self._pull(base)
         with self._book:
             self.window["pulls"] += 1
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
 
-    def _land(self, pid, w, base, decoded, claim: int) -> int:
-        """Apply a reserved push; its staleness is counted against the pushes applied by then."""
+    def _land(self, pid, w, base, decoded, claim: int, fields: dict):
+        """Apply a reserved push; its staleness is counted against the pushes applied by then.
+
+        Its statistics are counted in the same critical section that marks it landed, so a
+        snapshot (which waits for no push in flight) drains exactly the pushes its parameters hold.
+        """
+        stale = 0
         try:
             lock = self._params_lock or _NO_LOCK
             with lock:
                 with self._book:
                     stale = max(0, self.applied - base)
                 self._apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
-            return stale
         except Exception as e:
             with self._book:
                 self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
@@ -326,6 +322,11 @@ class ParameterServer:
                     else:
                         st[ids] = np.maximum(st[ids], claim)
                 self._claims.discard(claim)
+                self.staleness[stale] += 1
+                for k in ("tokens", "loss_sum", "steps"):
+                    v = fields.get(k, 0)
+                    self.window[k] += v if isinstance(v, (int, float)) and math.isfinite(v) else 0
+                self.window["pushes"] += 1
                 self._in_flight -= 1
                 self.applied += 1
                 self._book.notify_all()
@@ -354,12 +355,18 @@ class ParameterServer:
             return self.window["pushes"]
 
     def drain(self) -> dict:
-        """The counters since the last drain (pushes, pulls, tokens, loss_sum, steps, staleness)."""
+        """The counters since the last drain (pushes, pulls, tokens, loss_sum, steps, staleness) and
+        ``syncs``, the pushes counted by all drains so far."""
         with self._book:
-            out = dict(self.window, staleness=dict(sorted(self.staleness.items())))
-            self.window.clear()
-            self.staleness.clear()
-            return out
+            return self._drain()
+
+    def _drain(self) -> dict:
+        # under self._book
+        self.counted += self.window["pushes"]
+        out = dict(self.window, staleness=dict(sorted(self.staleness.items())), syncs=self.counted)
+        self.window.clear()
+        self.staleness.clear()
+        return out
 
     def check_workers(self, now: float | None = None) -> list:
         """Partitions whose worker went silent for ``timeout_s`` (each reported once until it says hello)."""
@@ -378,8 +385,9 @@ class ParameterServer:
                      f"task resumes at window {self.done[pid]}")
         return newly
 
-    def snapshot(self) -> dict:
-        """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress)."""
+    def snapshot(self, drain: bool = False) -> dict:
+        """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress);
+        with ``drain``, also :meth:`drain`'s counters (``"drained"``), taken at the same instant."""
         with self._book:
             # every reserved push must land, so the copy holds exactly the windows ``done`` names
             # (Hogwild! applies outside this lock); frozen, no new push reserves meanwhile (no starvation)
@@ -389,7 +397,7 @@ class ParameterServer:
                 params = self.params.copy()
                 acc = None if self.acc is None else self.acc.copy()
                 return {"params": params, "acc": acc, "version": self.version, "done": list(self.done),
-                        "totals": dict(self.totals)}
+                        "totals": dict(self.totals), "drained": self._drain() if drain else None}
             finally:
                 self._frozen = False
                 self._book.notify_all()

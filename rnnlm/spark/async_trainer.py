@@ -119,12 +119,10 @@ class AsyncTrainer(Trainer):
             self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
         return ck
 
-    def checkpoint_server(self, cfg, vocab, server, position: dict) -> dict:
-        """Write the server's state (atomically, as every checkpoint); return what it holds."""
-        snap = server.snapshot()
+    def checkpoint_server(self, cfg, vocab, snap: dict, position: dict) -> dict:
+        """Write a server snapshot (atomically, as every checkpoint); return the position it holds."""
         optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
-        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"],
-                   tokens=snap["totals"].get("tokens", 0))
+        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
         ck = checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
         self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
         return pos
@@ -165,7 +163,7 @@ class _Run:
     def __init__(self, tr: AsyncTrainer, cfg, data, server, frames, model, held_out, windows, position):
         self.tr, self.cfg, self.data, self.server, self.frames = tr, cfg, data, server, frames
         self.model, self.held_out, self.windows = model, held_out, windows
-        self.tokens = server.totals["tokens"]
+        self.tokens = position.get("tokens", 0)
         self.eval_s = position.get("eval_s", 0.0)      # the driver's time scoring held-out text (inside wall_s)
         self.wall = position.get("wall_s", 0.0)
         self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
@@ -180,7 +178,7 @@ class _Run:
             self.server.check_workers()
             done = not job.running
             if n >= P and not done:
-                self._line(t0)
+                self._line(t0, checkpoint=self._checkpoint_due())
             if self.server.failures:
                 job.cancel()
                 raise TrainingError(f"{self.server.failures[0]}; stopped, {self.tr._kept()}")
@@ -191,15 +189,14 @@ class _Run:
                 raise TrainingError(f"{errors[0]}; stopped, {self.tr._kept()}")
             if stop.requested:
                 job.cancel()
-                self._checkpoint(t0)
+                self._line(t0, checkpoint=True)
                 raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
                                   f"{self.tr.ck_path} (--resume continues)")
             if done:
                 break
-            if self._checkpoint_due():
-                self._checkpoint(t0)
-        lost = self._line(t0, final=True)["windows_lost"]
-        self._checkpoint(t0)
+            if self._checkpoint_due():             # by time, between lines
+                self._line(t0, checkpoint=True)
+        lost = self._line(t0, final=True, checkpoint=True)["windows_lost"]
         if lost:
             raise TrainingError(f"the job ended with {lost} windows never applied (see {self.tr.metrics_path})")
 
@@ -208,20 +205,15 @@ class _Run:
         return ((sv.checkpoint_s and time.monotonic() - self.ck_time >= sv.checkpoint_s)
                 or (sv.checkpoint_pushes and self.server.version - self.ck_version >= sv.checkpoint_pushes))
 
-    def _position(self, t0) -> dict:
-        last = self.tr.metrics[-1] if self.tr.metrics else {}
-        return {"round": last.get("round", 0), "eval_s": self.eval_s, "wall_s": self.wall + time.perf_counter() - t0,
-                "bytes_sent": self.sent0 + self.frames.bytes_received,
-                "bytes_broadcast": self.bcast0 + self.frames.bytes_sent}
-
-    def _checkpoint(self, t0):
-        pos = self.tr.checkpoint_server(self.cfg, self.data.vocab, self.server, self._position(t0))
-        self.ck_time, self.ck_version = time.monotonic(), pos["version"]
-
-    def _line(self, t0, final: bool = False):
-        s, srv, P = self.server.drain(), self.server, self.cfg.data.partitions
-        self.tokens = srv.totals["tokens"]
-        version = srv.version
+    def _line(self, t0, final: bool = False, checkpoint: bool = False) -> dict:
+        """Write a metrics line (evaluating when due); with ``checkpoint``, first a checkpoint of
+        the server taken at the same instant as the line's counters, so the checkpoint holds
+        exactly the pushes of the lines up to this one (``--resume`` keeps those lines)."""
+        srv, P = self.server, self.cfg.data.partitions
+        snap = srv.snapshot(drain=True) if checkpoint else None
+        s = snap["drained"] if snap else srv.drain()
+        version = s["syncs"]
+        self.tokens += s.get("tokens", 0)
         rnd = math.ceil(version / P)
         wall = self.wall + time.perf_counter() - t0
         first = {"wall_s": self.wall, "bytes_sent": self.sent0, "bytes_broadcast": self.bcast0}
@@ -235,7 +227,7 @@ class _Run:
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
              "train_loss": s.get("loss_sum", 0.0) / max(1, s.get("tokens", 0)),
              "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
-        m.update({k: v for k, v in sorted(srv.totals.items()) if k != "tokens"})
+        m.update(sorted(srv.totals.items()))
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
@@ -244,11 +236,16 @@ class _Run:
         if final or (every and rnd // every > self.last_eval):
             self.last_eval = rnd // every if every else 0
             e0 = time.perf_counter()
-            params = srv.snapshot()["params"]
+            params = snap["params"] if snap else srv.snapshot()["params"]
             for name, streams in self.held_out.items():
                 m.update(loss_fields(_evaluate(self.model, params, streams), self.cfg.data.level, name))
             self.eval_s += time.perf_counter() - e0
             m["eval_s"] = round(self.eval_s, 3)
+        if snap:
+            position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
+                        "bytes_sent": sent, "bytes_broadcast": bcast}
+            self.tr.checkpoint_server(self.cfg, self.data.vocab, snap, position)
+            self.ck_time, self.ck_version = time.monotonic(), snap["version"]
         self.tr.metrics.append(m)
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
         self.tr.log(log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
