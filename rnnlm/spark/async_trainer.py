@@ -114,9 +114,11 @@ class AsyncTrainer(Trainer):
                     raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
                                         f"{theirs[sec][k]!r} in {self.ck_path}")
         old = self.fs.read(self.metrics_path)
-        if old:
-            self.metrics = [m for m in _json_lines(old) if m["syncs"] <= ck.position["version"]]
-            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+        self.metrics = [m for m in _json_lines(old or b"") if m["syncs"] <= ck.position["version"]]
+        line = ck.position.get("line")
+        if line and (not self.metrics or self.metrics[-1]["syncs"] < line["syncs"]):
+            self.metrics.append(line)        # the driver died between the checkpoint and its line
+        self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
         return ck
 
     def checkpoint_server(self, cfg, vocab, snap: dict, position: dict) -> dict:
@@ -243,7 +245,7 @@ class _Run:
             m["eval_s"] = round(self.eval_s, 3)
         if snap:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
-                        "bytes_sent": sent, "bytes_broadcast": bcast}
+                        "bytes_sent": sent, "bytes_broadcast": bcast, "line": m}
             self.tr.checkpoint_server(self.cfg, self.data.vocab, snap, position)
             self.ck_time, self.ck_version = time.monotonic(), snap["version"]
         self.tr.metrics.append(m)
