@@ -31,6 +31,7 @@ from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
 from ..exchange.paramserver import ParameterServer
+from . import runinfo
 from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _json_lines, _StopRequest, load_corpus, \
     total_rounds
@@ -55,6 +56,7 @@ class AsyncTrainer(Trainer):
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         model = build_model(cfg.model)
         self.layout, P = model.layout, cfg.data.partitions
+        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
         windows = total_rounds(probe_cfg, data)
         state = None
         if ck is not None:

@@ -27,6 +27,7 @@ from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from . import residuals as residuals_mod
+from . import runinfo
 from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
 from ..core.model import build as build_model
@@ -138,7 +139,8 @@ class Trainer:
     spark : SparkSession
     cfg : Config
     out : str
-        Output directory (any Hadoop path): ``metrics.jsonl`` and ``checkpoint/``.
+        Output directory (any Hadoop path): ``run.json`` (written at the start),
+        ``metrics.jsonl`` and ``checkpoint/``.
     log : callable
         Receives one progress line per round.
     """
@@ -209,6 +211,7 @@ class Trainer:
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         self.layout = build_model(cfg.model).layout
         st = st or self._fresh(cfg)
+        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
         self.residuals = residuals_mod.Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         retire = self.residuals.keep if self.residuals else None

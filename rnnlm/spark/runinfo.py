@@ -1,0 +1,52 @@
+"""``<out>/run.json``: what a run is, written when it starts, so a run in progress can be
+plotted and compared (see :mod:`rnnlm.runs`)."""
+from __future__ import annotations
+
+import json
+import platform
+from datetime import datetime, timezone
+from importlib import metadata
+
+from .. import __version__
+
+_PACKAGES = ("numpy", "pyspark", "cupy-cuda12x", "cupy-cuda11x", "cupy")
+NAME = "run.json"
+
+
+def _versions() -> dict:
+    out = {"rnnlm": __version__, "python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def describe(sc, cfg, resume_of: dict | None = None) -> dict:
+    """The record of a run starting now on ``sc`` with the resolved ``cfg``.
+
+    ``resume_of`` is the record of the run being resumed: its start time is kept and
+    this start is appended to its ``resumed`` list.
+    """
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    info = {"config": cfg.to_dict(), "versions": _versions(), "spark": sc.version, "master": sc.master,
+            "partitions": cfg.data.partitions, "default_parallelism": sc.defaultParallelism,
+            "application_id": sc.applicationId, "started": now, "resumed": []}
+    if resume_of:
+        info["started"] = resume_of.get("started", now)
+        info["resumed"] = list(resume_of.get("resumed", [])) + [now]
+    return info
+
+
+def write(fs, out: str, sc, cfg, resume: bool) -> None:
+    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now."""
+    path = f"{out}/{NAME}"
+    old = None
+    if resume:
+        raw = fs.read(path)
+        try:
+            old = json.loads(raw) if raw else None
+        except ValueError:
+            old = None            # a damaged record is replaced, never fatal to training
+    fs.write_atomic(path, json.dumps(describe(sc, cfg, old), indent=2).encode())
