@@ -1,7 +1,7 @@
 """Seed 004's Figure 4 on Spark: 3 async workers, 2 killed mid-run, against 3 and 1 undisturbed.
 
     python benchmarks/worker_failure.py [--epochs 1] [--kill-at 0.4] [--out runs/worker_failure]
-                                        [--set section.key=value ...]
+                                        [--figure 4|3] [--set section.key=value ...]
 
 conf/nnlm_async.toml (the ffnn, AdaGrad on the server) with 3 partitions, each run a
 ``jobs/train.py`` process on ``local-cluster[N,1,1024]`` (real executor JVMs):
@@ -15,6 +15,10 @@ Prints the valid loss against wall time of each run (the figure's data), the kil
 and the failure counters of the killed run's last metrics line. On Spark a killed executor
 is not gone for good as in the seed: the standalone worker starts a replacement and Spark
 retries the dead tasks there, each resuming at its first window not applied.
+
+``--figure 3`` runs seed 004's Figure 3 instead: 1, 2 and 3 workers, each with as many
+partitions (the corpus sharded over the workers), none killed. Each run's summary line is
+also written to ``<out>/results.jsonl`` (kill times for plotting).
 """
 from __future__ import annotations
 
@@ -48,9 +52,9 @@ def metrics(out: str) -> list:
         return []
 
 
-def run(name: str, executors: int, kill_at: float | None, a) -> dict:
+def run(name: str, executors: int, partitions: int, kill_at: float | None, a) -> dict:
     out = os.path.join(a.out, name)
-    sets = ["data.partitions=3", f"train.epochs={a.epochs}", "train.eval_every=10", "data.test=",
+    sets = [f"data.partitions={partitions}", f"train.epochs={a.epochs}", "train.eval_every=10", "data.test=",
             "server.timeout_s=10", *a.set]
     cmd = [sys.executable, "jobs/train.py", "--config", "conf/nnlm_async.toml", "--out", out, "--samples", "0",
            "--master", f"local-cluster[{executors},1,1024]", *[x for s in sets for x in ("--set", s)]]
@@ -80,13 +84,20 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of the run trained when 2 are killed")
     ap.add_argument("--out", default="runs/worker_failure")
+    ap.add_argument("--figure", type=int, choices=(3, 4), default=4)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    for name, executors, kill in (("3 workers", 3, None), ("3 workers, kill 2", 3, a.kill_at), ("1 worker", 1, None)):
-        r = run(name.replace(" ", "_").replace(",", ""), executors, kill, a)
+    if a.figure == 4:
+        runs = (("3 workers", 3, 3, None), ("3 workers, kill 2", 3, 3, a.kill_at), ("1 worker", 1, 3, None))
+    else:
+        runs = tuple((f"{n} worker{'s' if n > 1 else ''}", n, n, None) for n in (1, 2, 3))
+    for name, executors, partitions, kill in runs:
+        r = run(name.replace(" ", "_").replace(",", ""), executors, partitions, kill, a)
         r["run"] = name
         print(json.dumps(r), flush=True)
+        with open(os.path.join(a.out, "results.jsonl"), "a") as f:
+            f.write(json.dumps(r) + "\n")
     return 0
 
 

@@ -43,3 +43,13 @@ def test_layers_import_downwards_only():
                     assert not (name.startswith(f"..{other}") or name.startswith(f"rnnlm.{other}")
                                 or name in ("pyspark", "py4j") or name.startswith("pyspark.")), (layer, f, name)
     assert checked > 20
+
+
+def test_run_loading_and_plots_start_no_spark():
+    """A notebook on a laptop reads runs and draws without pyspark or a JVM."""
+    code = ("import sys\n"
+            "import rnnlm.runs, rnnlm.plots\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('pyspark', 'py4j')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

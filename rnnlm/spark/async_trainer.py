@@ -29,11 +29,12 @@ from ..core.local import held_out_nll
 from ..core.metrics import log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
+from ..runs import json_lines
 from ..exchange import wire
 from ..exchange.paramserver import ParameterServer
 from . import runinfo
 from .async_task import worker_task
-from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _json_lines, _StopRequest, load_corpus, \
+from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, load_corpus, \
     total_rounds
 
 _ASYNC_KEYS = ("push_every",)
@@ -116,7 +117,7 @@ class AsyncTrainer(Trainer):
                     raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
                                         f"{theirs[sec][k]!r} in {self.ck_path}")
         old = self.fs.read(self.metrics_path)
-        self.metrics = [m for m in _json_lines(old or b"") if m["syncs"] <= ck.position["version"]]
+        self.metrics = [m for m in json_lines(old or b"") if m["syncs"] <= ck.position["version"]]
         line = ck.position.get("line")
         if line and (not self.metrics or self.metrics[-1]["syncs"] < line["syncs"]):
             self.metrics.append(line)        # the driver died between the checkpoint and its line

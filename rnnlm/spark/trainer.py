@@ -32,6 +32,7 @@ from .hfs import HadoopFS
 from ..core.metrics import due, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
+from ..runs import json_lines
 
 # a change in any of these makes a resumed run a different experiment
 _RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
@@ -186,7 +187,7 @@ class Trainer:
             st.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
         old = self.fs.read(self.metrics_path)
         if old:
-            self.metrics = [m for m in _json_lines(old) if m["round"] <= st.round]
+            self.metrics = [m for m in json_lines(old) if m["round"] <= st.round]
             # rounds after the checkpoint will run again: drop their lines once, atomically
             self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
         return ck.vocab, st
@@ -405,16 +406,6 @@ class _StopRequest:
 
 def _steps(t) -> str:
     return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"
-
-
-def _json_lines(data: bytes) -> list:
-    out = []
-    for line in data.decode().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            break    # a line cut short by a crash mid-append ends the record
-    return out
 
 
 def _broadcast_bytes(bc) -> int:

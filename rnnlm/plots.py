@@ -1,0 +1,193 @@
+"""Convergence against communication: figures from runs' ``metrics.jsonl`` (matplotlib, Agg).
+
+Every function takes :class:`rnnlm.runs.Run` objects (:func:`rnnlm.runs.load_all`), labels
+them by what differs in their configurations (:func:`rnnlm.runs.labels`), draws on a
+given ``ax`` or a new figure, and returns the axes. The data drawn comes from functions
+that return plain arrays (:func:`series`, :func:`frontier`, :func:`sync_fractions`), so
+notebooks and tests can read the numbers behind a figure.
+
+Install with the ``plots`` extra: ``pip install -e ".[plots]"``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+import numpy as np
+
+from .runs import labels as run_labels
+
+# x axes: metric key (or function of a metrics line) and its label
+X_AXES = {
+    "tokens": (lambda m: m["tokens"], "tokens seen (all partitions)"),
+    "syncs": (lambda m: m["syncs"], "all-reduces (async: pushes applied)"),
+    "bytes": (lambda m: m["bytes_sent"] + m["bytes_broadcast"], "bytes sent + broadcast"),
+    "wall": (lambda m: m["wall_s"], "wall time (s)"),
+}
+Y_LABELS = {"train_loss": "training loss (nats/token)", "valid_loss": "validation loss (nats/token)",
+            "valid_ppl": "validation perplexity", "valid_bpc": "validation bits/char",
+            "test_ppl": "test perplexity", "train_ppl": "training perplexity"}
+FORMATS = (".png", ".svg", ".pdf")
+
+
+def _pyplot():
+    import matplotlib
+    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+        matplotlib.use("Agg")        # headless: no display on executors, CI or a server
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _value(m: dict, y: str):
+    if y == "train_ppl" and "train_loss" in m:
+        return math.exp(min(m["train_loss"], 709.0))
+    return m.get(y)
+
+
+def series(run, x: str = "tokens", y: str = "train_loss") -> tuple:
+    """The points of ``y`` against ``x`` in ``run``: the metrics lines that hold a finite ``y``.
+
+    Returns
+    -------
+    xs, ys : float arrays of equal length
+    """
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, not {x!r}")
+    fx = X_AXES[x][0]
+    pts = [(fx(m), v) for m in run.metrics for v in (_value(m, y),)
+           if isinstance(v, (int, float)) and math.isfinite(v)]
+    return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+
+
+def _axes(ax, figsize=(6.4, 4.2)):
+    if ax is None:
+        _, ax = _pyplot().subplots(figsize=figsize)
+    return ax
+
+
+def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=None, log_x: bool = False,
+                marker: str | None = None):
+    """One line per run: ``y`` (any metrics key, or ``train_ppl``) against ``x``
+    (``tokens``, ``syncs``, ``bytes`` or ``wall``)."""
+    ax = _axes(ax)
+    for run, label in zip(runs, labels or run_labels(runs)):
+        xs, ys = series(run, x, y)
+        if xs.size:
+            ax.plot(xs, ys, label=label, marker=marker or ("o" if xs.size < 12 else None), markersize=3)
+    ax.set_xlabel(X_AXES[x][1])
+    ax.set_ylabel(Y_LABELS.get(y, y))
+    if log_x:
+        ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    if runs:
+        ax.legend(fontsize="small")
+    return ax
+
+
+def bytes_per_token(run) -> float:
+    """Bytes sent and broadcast per training token, over the whole run so far."""
+    m = run.metrics[-1]
+    return (m["bytes_sent"] + m["bytes_broadcast"]) / max(1, m["tokens"])
+
+
+def pareto(points) -> list:
+    """Which ``(cost, value)`` points no other point beats on both (lower is better on both)."""
+    return [not any(c2 <= c and v2 <= v and (c2 < c or v2 < v) for c2, v2 in points) for c, v in points]
+
+
+def frontier(runs, y: str = "valid_ppl", pick: str = "best", labels=None) -> list:
+    """One point per run holding ``y``: bytes per training token against its best (lowest)
+    or final ``y``, and whether it is on the Pareto front.
+
+    Returns
+    -------
+    list of dict
+        ``label``, ``bytes_per_token``, ``value``, ``pareto`` (runs without ``y`` are left out).
+    """
+    if pick not in ("best", "final"):
+        raise ValueError(f"pick must be 'best' or 'final', not {pick!r}")
+    rows = []
+    for run, label in zip(runs, labels or run_labels(runs)):
+        _, ys = series(run, "tokens", y)
+        if ys.size:
+            rows.append({"label": label, "bytes_per_token": bytes_per_token(run),
+                         "value": float(ys.min() if pick == "best" else ys[-1])})
+    for r, on in zip(rows, pareto([(r["bytes_per_token"], r["value"]) for r in rows])):
+        r["pareto"] = on
+    return rows
+
+
+def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, labels=None):
+    """Quality against communication: a point per run, the Pareto front joined and ringed."""
+    ax = _axes(ax)
+    rows = frontier(runs, y, pick, labels)
+    for r in rows:
+        ax.scatter(r["bytes_per_token"], r["value"], s=28, zorder=3,
+                   edgecolors="black" if r["pareto"] else "none", linewidths=1.2)
+        ax.annotate(r["label"], (r["bytes_per_token"], r["value"]), fontsize=7, xytext=(4, 3),
+                    textcoords="offset points")
+    front = sorted((r["bytes_per_token"], r["value"]) for r in rows if r["pareto"])
+    if front:
+        ax.plot(*zip(*front), "k--", lw=1, label="Pareto front", zorder=2)
+        ax.legend(fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes sent + broadcast per training token")
+    ax.set_ylabel(f"{pick} {Y_LABELS.get(y, y)}")
+    ax.grid(alpha=0.3, which="both")
+    return ax
+
+
+def codec(cfg: dict) -> str:
+    """A short name of a run's exchange: ``dense``, or its groups' specs (``rows+onebit/dense+onebit``)."""
+    ex = cfg.get("exchange", {})
+    specs = [ex.get(g, "dense") for g in ("embed", "softmax", "hidden")]
+    name = "/".join(dict.fromkeys(specs))
+    return name + (" +sampled softmax" if ex.get("sampled_softmax") else "")
+
+
+def sync_fraction(run) -> float | None:
+    """The median over rounds after the first of ``1 - compute_s / round_s``: the share of a
+    round not spent in the slowest partition's local steps (broadcast, scheduling, the
+    all-reduce, the driver's update). None for runs without round timings (async, one round)."""
+    ms = [m for m in run.metrics[1:] if m.get("round_s") and "compute_s" in m]
+    return statistics.median(1 - m["compute_s"] / m["round_s"] for m in ms) if ms else None
+
+
+def sync_fractions(runs) -> dict:
+    """``{codec: [(K, sync fraction), ...] sorted by K}`` over the synchronous runs."""
+    out = {}
+    for run in runs:
+        f = sync_fraction(run)
+        if f is not None:
+            k = run.config.get("train", {}).get("local_steps", 0)
+            out.setdefault(codec(run.config), []).append((k, f))
+    return {c: sorted(v) for c, v in sorted(out.items())}
+
+
+def plot_sync_fraction(runs, ax=None):
+    """Sync fraction against local steps K, one line per codec."""
+    ax = _axes(ax)
+    for name, pts in sync_fractions(runs).items():
+        ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("local steps between all-reduces (K)")
+    ax.set_ylabel("sync fraction: 1 - compute_s / round_s")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def save(fig_or_ax, path: str) -> str:
+    """Write a figure as PNG, SVG or PDF, chosen by the suffix of ``path``."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(f"{path}: the figure's format comes from its suffix: {', '.join(FORMATS)}")
+    fig = getattr(fig_or_ax, "figure", fig_or_ax)
+    fig.tight_layout()
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path

@@ -1,0 +1,250 @@
+"""Reading training runs for plots and notebooks, without Spark or a JVM.
+
+A run is the ``--out`` directory of ``jobs/train.py``: ``metrics.jsonl`` (one line per
+round, or per ``data.partitions`` pushes in async mode), ``run.json`` (written when the
+run starts: the resolved configuration, versions, master) and ``checkpoint/``. A run
+still in progress reads fine: a last line cut short is dropped.
+
+Paths are local (``runs/x``, ``file:///x``) or on HDFS through WebHDFS
+(``webhdfs://namenode:9870/user/me/runs/x``, with the optional ``hdfs`` package:
+``pip install -e ".[hdfs]"``; the user is ``$HADOOP_USER_NAME`` or the login name).
+The WebHDFS branch is a thin adapter over HdfsCLI's client and is untested here:
+this machine has no HDFS.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+
+class RunError(ValueError):
+    """A path that is not a readable run; the message is one line."""
+
+
+@dataclass
+class Run:
+    """One training run.
+
+    Attributes
+    ----------
+    path : str
+    metrics : list of dict
+        The lines of ``metrics.jsonl``, in order.
+    config : dict
+        The resolved configuration as ``{section: {key: value}}`` (from ``run.json``, else
+        the checkpoint's ``config.json``; empty when neither exists yet).
+    info : dict
+        ``run.json`` (empty for runs written before it existed).
+    """
+
+    path: str
+    metrics: list
+    config: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/")) or self.path
+
+    def flat_config(self) -> dict:
+        """``{"section.key": value}``."""
+        return {f"{s}.{k}": v for s, keys in self.config.items() for k, v in keys.items()}
+
+
+class _Local:
+    def read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def children(self, path: str) -> list:
+        return sorted(os.path.join(path, n) for n in os.listdir(path)
+                      if os.path.isdir(os.path.join(path, n))) if os.path.isdir(path) else []
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+
+class _WebHDFS:
+    """HdfsCLI (``hdfs`` package) over WebHDFS; paths are the URL's path part."""
+
+    def __init__(self, netloc: str):
+        try:
+            from hdfs import InsecureClient
+        except ImportError:
+            raise RunError("webhdfs:// paths need the hdfs package: pip install -e \".[hdfs]\"") from None
+        self.client = InsecureClient(f"http://{netloc}", user=os.environ.get("HADOOP_USER_NAME"))
+
+    def read(self, path: str) -> bytes | None:
+        if self.client.status(path, strict=False) is None:
+            return None
+        with self.client.read(path) as f:
+            return f.read()
+
+    def children(self, path: str) -> list:
+        if not self.is_dir(path):
+            return []
+        return sorted(f"{path.rstrip('/')}/{n}" for n, s in self.client.list(path, status=True)
+                      if s["type"] == "DIRECTORY")
+
+    def is_dir(self, path: str) -> bool:
+        s = self.client.status(path, strict=False)
+        return s is not None and s["type"] == "DIRECTORY"
+
+
+def _fs(path: str):
+    """``(filesystem, path on it, prefix that makes a path a URL again)``."""
+    url = urlparse(path)
+    if url.scheme == "webhdfs":
+        return _WebHDFS(url.netloc), url.path, f"webhdfs://{url.netloc}"
+    if url.scheme == "file":
+        return _Local(), url.path, ""
+    if url.scheme in ("hdfs", "viewfs", "s3a", "gs", "abfs"):
+        raise RunError(f"{path}: reading runs without Spark goes through WebHDFS: use "
+                       f"webhdfs://<namenode>:<http port>{url.path} (or read it with Spark)")
+    if url.scheme:
+        raise RunError(f"{path}: unknown scheme {url.scheme}://")
+    return _Local(), path, ""
+
+
+def json_lines(data: bytes) -> list:
+    """The JSON objects of ``data``, one per line, up to the first line that does not parse
+    (a line cut short by a crash or still being written ends the record)."""
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def _json(fs, path: str) -> dict:
+    raw = fs.read(path)
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def load(path: str) -> Run:
+    """Read the run at ``path``.
+
+    Raises
+    ------
+    RunError
+        ``path`` holds no ``metrics.jsonl`` (or only an empty one).
+    """
+    fs, p, prefix = _fs(path)
+    p = p.rstrip("/") or "/"
+    raw = fs.read(f"{p}/metrics.jsonl")
+    if raw is None:           # a replace cut short by a crash leaves the previous file as .old
+        raw = fs.read(f"{p}/metrics.jsonl.old")
+    if raw is None:
+        what = "no such directory" if not fs.is_dir(p) else "no metrics.jsonl"
+        raise RunError(f"{path}: not a run ({what})")
+    metrics = json_lines(raw)
+    if not metrics:
+        raise RunError(f"{path}: metrics.jsonl holds no complete line yet")
+    info = _json(fs, f"{p}/run.json")
+    cfg = info.get("config") or _json(fs, f"{p}/checkpoint/config.json")
+    return Run(prefix + p if prefix else path.rstrip("/"), metrics, cfg, info)
+
+
+def load_all(paths) -> list:
+    """Read every run named: a run directory, or a directory whose subdirectories are runs
+    (``runs/strategies`` holding one run per strategy; searched two levels deep).
+
+    Raises
+    ------
+    RunError
+        A path that is neither (one line naming it).
+    """
+    out = []
+    for path in paths:
+        fs, p, prefix = _fs(path)
+        try:
+            out.append(load(path))
+            continue
+        except RunError as e:
+            first = e
+        found = _find(fs, p.rstrip("/"), prefix, depth=2)
+        if not found:
+            raise first
+        out.extend(found)
+    return out
+
+
+def _find(fs, p: str, prefix: str, depth: int) -> list:
+    runs = []
+    for child in fs.children(p):
+        try:
+            runs.append(load(prefix + child))
+        except RunError:
+            if depth > 1:
+                runs.extend(_find(fs, child, prefix, depth - 1))
+    return runs
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and "/" in value:
+        return os.path.basename(value.rstrip("/")) or value
+    return str(value)
+
+
+def differing(runs) -> list:
+    """The ``section.key`` names whose values differ between ``runs`` (sorted)."""
+    flats = [r.flat_config() for r in runs]
+    keys = sorted(set().union(*flats)) if flats else []
+    return [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
+
+
+def distinguishing(runs) -> list:
+    """A short list of differing ``section.key`` names that tells ``runs`` apart as well as their
+    whole configurations do (greedy: each step adds the key that splits the runs most)."""
+    flats = [r.flat_config() for r in runs]
+    keys = differing(runs)
+
+    def groups(ks):
+        return len({tuple(json.dumps(f.get(k), sort_keys=True) for k in ks) for f in flats})
+    target, chosen = groups(keys), []
+    while groups(chosen) < target:
+        chosen.append(max((k for k in keys if k not in chosen), key=lambda k: (groups(chosen + [k]), -_rank(k))))
+    return sorted(chosen, key=_rank)
+
+
+# among keys that split runs equally, the ones a reader names a run by come first
+_FIRST = ("train.mode", "model.cell", "data.strategy", "train.local_steps", "exchange.", "server.", "model.",
+          "optim.", "train.", "data.")
+
+
+def _rank(key: str) -> int:
+    return next(i for i, p in enumerate(_FIRST + ("",)) if key == p or (p.endswith(".") or not p) and
+                key.startswith(p))
+
+
+def labels(runs, keys=None) -> list:
+    """A label per run made of what differs in their configurations (``local_steps=10,
+    exchange.embed=rows``; a key's section is dropped where the key name alone is unique):
+    ``keys``, or by default :func:`distinguishing`'s. Runs that configurations do not tell
+    apart (repeats of one setting, runs without a recorded configuration) get their
+    directory names."""
+    keys = list(keys) if keys is not None else distinguishing(runs) if len(runs) > 1 else []
+    names = [k.split(".", 1)[-1] for k in keys]
+    short = {k: (n if names.count(n) == 1 else k) for k, n in zip(keys, names)}
+    out = []
+    for r in runs:
+        f = r.flat_config()
+        out.append(", ".join(f"{short[k]}={_short(f.get(k))}" for k in keys) or r.name)
+    if len(set(out)) < len(out):
+        out = [f"{r.name}: {lab}" if lab != r.name else lab for r, lab in zip(runs, out)]
+    return out

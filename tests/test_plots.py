@@ -1,0 +1,189 @@
+"""Run loading (rnnlm.runs), the figures (rnnlm.plots) and jobs/plot.py."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rnnlm import config, runs
+
+plots = pytest.importorskip("rnnlm.plots")       # the plots extra (part of the test extra)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_run(root, name, lines, sets=(), info=True, raw_tail=""):
+    """A run directory as the trainer writes it: metrics.jsonl and run.json from a real config."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines) + raw_tail)
+    cfg = config.load(None, list(sets))
+    if info:
+        (d / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "master": "local[2]"}))
+    return d
+
+
+def line(r, tokens, sent, bcast, wall, loss, **more):
+    return {"round": r, "tokens": tokens, "syncs": r, "bytes_sent": sent, "bytes_broadcast": bcast,
+            "wall_s": wall, "train_loss": loss, **more}
+
+
+LINES = [line(1, 100, 10, 5, 1.0, 4.0), line(2, 200, 20, 10, 2.0, 3.5, valid_ppl=30.0),
+         line(3, 300, 30, 15, 3.5, 3.0), line(4, 400, 40, 20, 4.0, 2.9, valid_ppl=25.0)]
+
+
+def test_load_reads_metrics_config_and_drops_a_line_cut_short(tmp_path):
+    d = make_run(tmp_path, "a", LINES, ["train.local_steps=7"], raw_tail='{"round": 5, "tok')
+    r = runs.load(str(d))
+    assert r.metrics == LINES                                      # the half-written line is not a point
+    assert r.config["train"]["local_steps"] == 7 and r.info["master"] == "local[2]"
+    assert runs.load(f"file://{d}").metrics == LINES
+
+
+def test_config_comes_from_the_checkpoint_for_runs_without_run_json(tmp_path):
+    d = make_run(tmp_path, "old", LINES, info=False)
+    (d / "checkpoint").mkdir()
+    (d / "checkpoint" / "config.json").write_text(config.load(None, ["train.local_steps=9"]).to_json())
+    assert runs.load(str(d)).config["train"]["local_steps"] == 9
+
+
+def test_not_a_run_is_a_one_line_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(runs.RunError, match="no metrics.jsonl"):
+        runs.load(str(tmp_path / "empty"))
+    with pytest.raises(runs.RunError, match="no such directory"):
+        runs.load(str(tmp_path / "missing"))
+    with pytest.raises(runs.RunError, match="use webhdfs://<namenode>:<http port>/x"):
+        runs.load("hdfs://nn:8020/x")
+    d = make_run(tmp_path, "partial", [], raw_tail='{"round": 1')
+    with pytest.raises(runs.RunError, match="no complete line"):
+        runs.load(str(d))
+
+
+def test_load_all_finds_runs_in_a_folder_and_labels_them_by_their_config(tmp_path):
+    make_run(tmp_path / "sweep", "x1", LINES, ["train.local_steps=1", "exchange.embed=rows"])
+    make_run(tmp_path / "sweep", "x2", LINES, ["train.local_steps=10", "exchange.embed=rows"])
+    make_run(tmp_path / "sweep", "x3", LINES, ["train.local_steps=10", "exchange.embed=dense"])
+    (tmp_path / "sweep" / "not_a_run").mkdir()
+    rs = runs.load_all([str(tmp_path / "sweep")])
+    assert [r.name for r in rs] == ["x1", "x2", "x3"]
+    assert runs.differing(rs) == ["exchange.embed", "train.local_steps"]
+    assert runs.labels(rs) == ["local_steps=1, embed=rows", "local_steps=10, embed=rows",
+                               "local_steps=10, embed=dense"]
+    # keys that do not separate runs are left out of the labels
+    assert runs.labels(rs[:2]) == ["local_steps=1", "local_steps=10"]
+    with pytest.raises(runs.RunError, match="no metrics"):
+        runs.load_all([str(tmp_path / "sweep" / "not_a_run")])
+
+
+def test_runs_with_one_config_are_named_by_their_folders(tmp_path):
+    rs = [runs.load(str(make_run(tmp_path, n, LINES))) for n in ("seed_a", "seed_b")]
+    assert runs.labels(rs) == ["seed_a", "seed_b"]
+
+
+def test_series_are_the_metrics_lines_holding_the_value(tmp_path):
+    r = runs.load(str(make_run(tmp_path, "a", LINES)))
+    xs, ys = plots.series(r, "bytes", "valid_ppl")
+    assert xs.tolist() == [30, 60] and ys.tolist() == [30.0, 25.0]
+    xs, ys = plots.series(r, "wall", "train_loss")
+    assert xs.tolist() == [1.0, 2.0, 3.5, 4.0] and ys.tolist() == [4.0, 3.5, 3.0, 2.9]
+    assert plots.series(r, "syncs", "train_ppl")[1][0] == pytest.approx(np.exp(4.0))
+    with pytest.raises(ValueError, match="x must be"):
+        plots.series(r, "epochs", "train_loss")
+
+
+def test_plot_metric_draws_each_runs_points_with_its_label(tmp_path):
+    a = make_run(tmp_path, "a", LINES, ["train.local_steps=5"])
+    other = [dict(m, tokens=m["tokens"] * 2, train_loss=m["train_loss"] - 1) for m in LINES]
+    b = make_run(tmp_path, "b", other, ["train.local_steps=20"])
+    ax = plots.plot_metric(runs.load_all([str(a), str(b)]), "tokens", "train_loss")
+    got = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+    assert got == {"local_steps=5": ([100, 200, 300, 400], [4.0, 3.5, 3.0, 2.9]),
+                   "local_steps=20": ([200, 400, 600, 800], [3.0, 2.5, 2.0, 1.9])}
+
+
+def test_frontier_marks_the_points_no_other_run_beats_on_both(tmp_path):
+    # (bytes per token, best valid ppl): A (1, 50) front, B (2, 40) front, C (3, 45) beaten by B,
+    # D (4, 30) front, E (2, 40.5) beaten by B
+    specs = {"A": (1, 50), "B": (2, 40), "C": (3, 45), "D": (4, 30), "E": (2, 40.5)}
+    dirs = []
+    for i, (name, (bpt, ppl)) in enumerate(specs.items()):
+        ms = [line(1, 100, 50 * bpt, 50 * bpt, 1.0, 5.0, valid_ppl=ppl + 10),
+              line(2, 200, 100 * bpt, 100 * bpt, 2.0, 4.0, valid_ppl=ppl)]
+        dirs.append(str(make_run(tmp_path, name, ms, [f"train.seed={i}"])))
+    rows = plots.frontier(runs.load_all(dirs), "valid_ppl", "best", labels=list(specs))
+    assert [(r["label"], r["bytes_per_token"], r["value"], r["pareto"]) for r in rows] == [
+        ("A", 1, 50, True), ("B", 2, 40, True), ("C", 3, 45, False), ("D", 4, 30, True), ("E", 2, 40.5, False)]
+    final = plots.frontier(runs.load_all(dirs[:1]), "valid_ppl", "final")
+    assert final[0]["value"] == 50
+    ax = plots.plot_frontier(runs.load_all(dirs), labels=list(specs))
+    front = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto front"][0]
+    assert list(front.get_xdata()) == [1, 2, 4] and list(front.get_ydata()) == [50, 40, 30]
+
+
+def test_sync_fraction_is_the_median_share_outside_compute_per_codec(tmp_path):
+    def timed(pairs):
+        return [line(i + 1, 100 * (i + 1), 0, 0, float(i), 3.0, round_s=r, compute_s=c)
+                for i, (r, c) in enumerate(pairs)]
+    # the first round (warm-up) is left out: medians of 1 - c/r over rounds 2..
+    d1 = make_run(tmp_path, "k1", timed([(9, 1), (1.0, 0.2), (1.0, 0.4), (1.0, 0.3)]), ["train.local_steps=1"])
+    d2 = make_run(tmp_path, "k10", timed([(9, 1), (2.0, 1.8), (2.0, 1.6)]), ["train.local_steps=10"])
+    d3 = make_run(tmp_path, "k1r", timed([(9, 1), (1.0, 0.5)]),
+                  ["train.local_steps=1", "exchange.embed=rows+fp16", "exchange.softmax=rows+fp16"])
+    got = plots.sync_fractions(runs.load_all([str(d1), str(d2), str(d3)]))
+    assert got.keys() == {"dense", "rows+fp16/dense"}
+    assert [(k, round(f, 6)) for k, f in got["dense"]] == [(1, 0.7), (10, 0.15)]
+    assert [(k, round(f, 6)) for k, f in got["rows+fp16/dense"]] == [(1, 0.5)]
+
+
+def test_save_picks_the_format_from_the_suffix(tmp_path):
+    r = runs.load(str(make_run(tmp_path, "a", LINES)))
+    for ext, magic in ((".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")):
+        p = plots.save(plots.plot_metric([r]), str(tmp_path / f"f{ext}"))
+        assert open(p, "rb").read(5).startswith(magic)
+    with pytest.raises(ValueError, match="suffix"):
+        plots.save(plots.plot_metric([r]), str(tmp_path / "f.jpg"))
+
+
+def plot_job(*args):
+    return subprocess.run([sys.executable, "jobs/plot.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plot_job_writes_a_png_and_refuses_a_folder_without_metrics(tmp_path):
+    a = make_run(tmp_path, "a", LINES, ["train.local_steps=5"])
+    b = make_run(tmp_path, "b", LINES, ["train.local_steps=6"])
+    out = tmp_path / "fig.png"
+    r = plot_job("--runs", str(a), str(b), "--x", "bytes", "--y", "valid_ppl", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 1000 and out.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "nothing").mkdir()
+    bad = plot_job("--runs", str(tmp_path / "nothing"), "--out", str(tmp_path / "g.png"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no metrics.jsonl" in bad.stderr
+    assert not (tmp_path / "g.png").exists()
+    none = plot_job("--runs", str(a), "--y", "test_ppl", "--out", str(tmp_path / "h.png"))
+    assert none.returncode == 2 and "test_ppl" in none.stderr and none.stderr.count("\n") == 1
+    jpg = plot_job("--runs", str(a), "--out", str(tmp_path / "h.jpg"))
+    assert jpg.returncode == 2 and "suffix" in jpg.stderr
+
+
+def test_real_runs_plot_from_what_the_trainer_wrote(spark, tiny_cfg, tmp_path):
+    from rnnlm.spark.trainer import Trainer
+    outs = []
+    for k in (2, 3):
+        cfg = config.replace(tiny_cfg, "train", local_steps=k, rounds=3)
+        out = str(tmp_path / f"k{k}")
+        Trainer(spark, cfg, out, log=lambda s: None).run()
+        outs.append(out)
+    rs = runs.load_all(outs)
+    info = rs[0].info
+    assert info["master"] == "local[2]" and info["partitions"] == 2 and info["versions"]["numpy"] == np.__version__
+    assert info["config"]["model"]["vocab_size"] > 0 and info["config"]["train"]["local_steps"] == 2
+    ax = plots.plot_metric(rs, "syncs", "train_loss")
+    for ln, run in zip(ax.get_lines(), rs):
+        assert list(ln.get_ydata()) == [m["train_loss"] for m in run.metrics]
+        assert list(ln.get_xdata()) == [1, 2, 3]
+    assert [ln.get_label() for ln in ax.get_lines()] == ["local_steps=2", "local_steps=3"]
+    assert [k for k, _ in plots.sync_fractions(rs)["dense"]] == [2, 3]
