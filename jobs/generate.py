@@ -2,6 +2,8 @@
 
     python jobs/generate.py --checkpoint DIR [--prime TEXT] [--length N]
                             [--temperature T] [--argmax] [--seed S]
+
+DIR is a checkpoint or a training run's directory (the ``--out`` of train).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from rnnlm.core.model import build as build_model  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--checkpoint", required=True, help="a checkpoint, or a run directory (train's --out)")
     ap.add_argument("--prime", default="")
     ap.add_argument("--length", type=int, default=300)
     ap.add_argument("--temperature", type=float, default=1.0)

@@ -1,7 +1,7 @@
 """Train a language model on Spark.
 
     spark-submit jobs/train.py --config conf/NAME.toml [--set section.key=value ...]
-                               [--out PATH] [--resume]
+                               [--out PATH] [--resume] [--dry-run] [--verbose]
 
 Also runs as plain ``python jobs/train.py ...`` (Spark local mode, ``--master``).
 """
@@ -24,6 +24,10 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit")
     ap.add_argument("--samples", type=int, default=1, help="text samples to print at the end")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the resolved configuration, the parameter count and the bytes a round moves; "
+                         "train nothing, write nothing")
+    ap.add_argument("--verbose", action="store_true", help="Spark's INFO logging (silenced by default)")
     a = ap.parse_args(argv)
     return cli.guarded(lambda: cli.train(a))
 

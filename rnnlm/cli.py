@@ -10,6 +10,7 @@ from .spark.hfs import HadoopFS
 from .core.metrics import loss_fields
 from .spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
 from .core.vocab import VocabError
+from .progress import Progress
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError)
@@ -32,32 +33,40 @@ def guarded(fn) -> int:
         return 2
 
 
-def _session(app: str, master):
+def _session(app: str, master, verbose: bool = False):
     from .spark.session import get_spark
-    spark = get_spark(app, master)
-    spark.sparkContext.setLogLevel("WARN")
+    spark = get_spark(app, master, quiet=not verbose)
+    spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
     return spark
 
 
-def make_trainer(spark, cfg, out: str, log=print) -> Trainer:
+def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
     """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
     if cfg.train.mode == "async":
         from .spark.async_trainer import AsyncTrainer
-        return AsyncTrainer(spark, cfg, out, log)
-    return Trainer(spark, cfg, out, log)
+        return AsyncTrainer(spark, cfg, out, log, progress)
+    return Trainer(spark, cfg, out, log, progress)
 
 
 def train(a) -> int:
     from .core.generate import generate
     from .core.model import build as build_model
     cfg = config.load(a.config, a.set)
-    spark = _session("rnnlm-train", a.master)
+    if a.dry_run:
+        from .spark.dryrun import dry_run
+        dry_run(_session("rnnlm-dry-run", a.master, a.verbose).sparkContext, cfg)
+        return 0
+    spark = _session("rnnlm-train", a.master, a.verbose)
+    bar = Progress() if sys.stdout.isatty() else None
     try:
-        tr = make_trainer(spark, cfg, a.out)
+        tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
         last = tr.run(resume=a.resume)
     except (Interrupted, KeyboardInterrupt):
         spark.stop()          # cancels what runs and releases the executors before the process exits
         raise
+    finally:
+        if bar:
+            bar.close()
     print(f"done: round {last['round']} | train_loss {last['train_loss']:.4f}"
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
           + f" | checkpoint {tr.ck_path}")
@@ -73,7 +82,7 @@ def evaluate(a) -> int:
     run (its data paths, its partitions) is read."""
     if a.streams is not None and a.streams < 1:
         raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
-    spark = _session("rnnlm-evaluate", a.master)
+    spark = _session("rnnlm-evaluate", a.master, a.verbose)
     sc = spark.sparkContext
     ck = read_checkpoint(sc, a.checkpoint)
     cfg = ck.config
@@ -92,8 +101,9 @@ def evaluate(a) -> int:
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
-    """Load a checkpoint directory from any Hadoop path."""
+    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path."""
     fs, path = HadoopFS(sc, path), path.rstrip("/")
+    path = checkpoint.in_run(path, fs)
     fs.restore(path)
     if not fs.exists(path):
         raise checkpoint.CheckpointError(f"checkpoint not found: {path}")

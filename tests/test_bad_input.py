@@ -16,7 +16,7 @@ TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "da
 
 def train(out, *sets, config="conf/demo.toml", resume=False):
     a = argparse.Namespace(config=os.path.join(ROOT, config), set=list(TINY) + list(sets), out=str(out),
-                           resume=resume, master=None, samples=0)
+                           resume=resume, master=None, samples=0, dry_run=False, verbose=False)
     return cli.guarded(lambda: cli.train(a))
 
 
@@ -117,7 +117,7 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     checkpoint.save(str(out / "checkpoint"), ck)
     capsys.readouterr()
     a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=os.path.join(ROOT, "rnnlm/data/harbour_valid.txt"),
-                           streams=None, master=None)
+                           streams=None, master=None, verbose=False)
     assert cli.guarded(lambda: cli.evaluate(a)) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "ppl=inf"
 

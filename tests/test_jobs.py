@@ -57,12 +57,15 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     # another machine: the checkpoint alone, elsewhere; the training run's test file is gone
     shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved")
     test.unlink()
-    for where in ("moved", "run/checkpoint"):
+    for where in ("moved", "run/checkpoint", "run"):           # a checkpoint, or the run directory holding it
         e = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / where), "--data", str(held))
         assert e.returncode == 0, e.stderr[-2000:]
         last = e.stdout.strip().splitlines()[-1]
         assert last.startswith("ppl=") and float(last[4:]) == round(logged["valid_ppl"], 4), (last, logged)
         assert f"test_bpc {logged['valid_bpc']:.4f}" in e.stdout
+    samples = [run("jobs/generate.py", "--checkpoint", str(tmp_path / where), "--length", "40", "--seed", "2")
+               for where in ("run", "run/checkpoint")]
+    assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30
     two = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"), "--data", str(held), "--streams", "2")
     assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
 
@@ -93,3 +96,31 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
             *sets(f"train.rounds={ck.position['round'] + 1}", "train.checkpoint_every=1", "data.valid="))
     assert r.returncode == 0, r.stderr[-2000:]
     assert checkpoint.load(str(out / "checkpoint")).position["round"] == ck.position["round"] + 1
+    info = json.loads((out / "run.json").read_text())       # one record: the first start, then the resume
+    assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]
+    assert info["config"]["train"]["rounds"] == ck.position["round"] + 1
+
+
+def _mb(pattern, text):
+    import re
+    return float(re.search(pattern + r" ([0-9.]+) MB", text).group(1))
+
+
+def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path):
+    sparse = ("exchange.embed=rows+fp16", "exchange.softmax=rows", "exchange.frequent=0.1", "exchange.random=0.05")
+    d = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "dry"), "--dry-run",
+            *sets("data.partitions=2", *sparse))
+    assert d.returncode == 0, d.stderr[-2000:]
+    assert not (tmp_path / "dry").exists()
+    # Spark's start-up INFO lines are silenced; --verbose brings them back
+    assert "INFO" not in d.stderr and "log4j profile" not in d.stderr, d.stderr
+    r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "real"), "--samples", "0",
+            "--verbose", *sets("data.partitions=2", "train.rounds=1", *sparse))
+    assert r.returncode == 0 and " INFO " in r.stderr
+    header = r.stdout.splitlines()[0]                     # "vocab 47 | params 1,234 | ..."
+    assert header.split(" | ")[1] in d.stdout             # the same parameter count
+    m = json.loads((tmp_path / "real" / "metrics.jsonl").read_text().splitlines()[0])
+    sent = sum(v for k, v in m.items() if k.startswith("block_bytes."))
+    assert abs(_mb("partitions send", d.stdout) - sent / 1e6) < 0.0011, (d.stdout, sent)
+    params = int(header.split("params ")[1].split(" ")[0].replace(",", ""))
+    assert _mb("dense float32's", d.stdout) == round(2 * params * 4 / 1e6, 3)

@@ -169,8 +169,20 @@ def _check(ck: Checkpoint, where: str, expect) -> None:
             raise CheckpointError(f"{where}: optimizer slot {k} has shape {v.shape}, expected ({size},)")
 
 
+def in_run(path: str, fs) -> str:
+    """``path``, or ``path/checkpoint`` when ``path`` is a run directory (the ``--out`` of
+    training) rather than a checkpoint; ``fs`` answers ``exists`` (a :class:`LocalFS` or
+    Hadoop's)."""
+    path = path.rstrip("/") or path
+    if fs.exists(f"{path}/{MANIFEST}") or fs.exists(f"{path}.old/{MANIFEST}"):
+        return path
+    inner = f"{path}/checkpoint"
+    return inner if fs.exists(f"{inner}/{MANIFEST}") or fs.exists(f"{inner}.old/{MANIFEST}") else path
+
+
 def load(path: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:
-    """Load and verify the checkpoint directory ``path``.
+    """Load and verify the checkpoint directory ``path`` (or the checkpoint of the run
+    directory ``path``).
 
     Parameters
     ----------
@@ -182,8 +194,9 @@ def load(path: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:
     CheckpointError
         Missing, truncated, corrupt, pickled or mismatched content (one line).
     """
+    path = in_run(os.path.abspath(path), LocalFS())
     # a save that died between its two renames left the last checkpoint as <path>.old
-    LocalFS().restore(os.path.abspath(path))
+    LocalFS().restore(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     return from_files(_read_local(path), path, expect)

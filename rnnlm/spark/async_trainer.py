@@ -253,7 +253,7 @@ class _Run:
             self.ck_time, self.ck_version = time.monotonic(), snap["version"]
         self.tr.metrics.append(m)
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
-        self.tr.log(log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
+        self.tr.report(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
         return m
 
 

@@ -113,3 +113,30 @@ def encode_partitions(paras, bc_vocab):
         tokens = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
         yield pid, tokens, starts[:len(arrays)]
     return paras.mapPartitionsWithIndex(enc, preservesPartitioning=True)
+
+
+def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partitions: int = 2,
+                  longest: int = 1_000_000, draws: int = 8, seed: int = 0) -> tuple:
+    """Seed 002's U against N on a corpus: the mean number of distinct tokens in stretches of
+    N consecutive tokens, measured in every partition (:func:`rnnlm.core.zipf.unique_counts`)
+    and averaged over the partitions long enough for N. Only the (N, U) grid reaches the driver.
+
+    Returns
+    -------
+    n, u : int64 and float64 arrays
+    """
+    from ..core import zipf
+    ns = zipf.sizes(longest)
+
+    def count(pid, paras):
+        ids = {}
+        tokens = np.array([ids.setdefault(t, len(ids)) for p in paras for t in tokenize(p, level)], np.int64)
+        sums = zipf.unique_counts(tokens, ns, draws, seed=seed * 7919 + pid)
+        for n, s in zip(ns, sums):
+            if s:
+                yield int(n), (float(s), draws)
+
+    grid = paragraphs(sc, path, mode, level, partitions).mapPartitionsWithIndex(count) \
+        .reduceByKey(lambda a, b: (a[0] + b[0], a[1] + b[1])).collect()
+    grid.sort()
+    return np.array([n for n, _ in grid], np.int64), np.array([s / d for _, (s, d) in grid])

@@ -7,20 +7,30 @@ import sys
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None = None):
+_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+LOG4J2 = {True: os.path.join(_DATA, "log4j2.properties"), False: os.path.join(_DATA, "log4j2-verbose.properties")}
+
+
+def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None = None, quiet: bool = True):
     """The active SparkSession, or a new one.
 
     Under ``spark-submit`` the master and properties come from its command line
     (SparkConf loads them); run as plain Python, ``master`` (default ``local[2]``)
     is used. Executors' BLAS threads follow ``spark.task.cpus`` unless set, so
-    concurrent tasks do not oversubscribe the cores.
+    concurrent tasks do not oversubscribe the cores. The driver's JVM, when this
+    call starts it, logs with ``rnnlm/data/log4j2.properties`` (``quiet``: warnings
+    and errors only, no start-up INFO lines) or ``log4j2-verbose.properties`` (INFO).
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     c = SparkConf()
-    if master is not None or not c.contains("spark.master"):
+    submitted = c.contains("spark.master")      # spark-submit started the JVM: its options are set
+    if master is not None or not submitted:
         c.setMaster(master or "local[2]")
+    opts = c.get("spark.driver.extraJavaOptions", "")
+    if not submitted and "log4j2.configurationFile" not in opts:
+        c.set("spark.driver.extraJavaOptions", f"{opts} -Dlog4j2.configurationFile=file:{LOG4J2[quiet]}".strip())
     if not c.contains("spark.app.name"):
         c.setAppName(app)
     for k, v in (conf or {}).items():

@@ -143,11 +143,13 @@ class Trainer:
         Output directory (any Hadoop path): ``run.json`` (written at the start),
         ``metrics.jsonl`` and ``checkpoint/``.
     log : callable
-        Receives one progress line per round.
+        Receives messages, and one line per round unless ``progress`` is given.
+    progress : rnnlm.progress.Progress, optional
+        Receives each round's metrics instead (a bar on a terminal).
     """
 
-    def __init__(self, spark, cfg: config.Config, out: str, log=print):
-        self.sc, self.out, self.log = spark.sparkContext, out.rstrip("/"), log
+    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None):
+        self.sc, self.out, self.log, self.progress = spark.sparkContext, out.rstrip("/"), log, progress
         self.fs = HadoopFS(self.sc, self.out)
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
         self.cfg_in = cfg
@@ -319,8 +321,15 @@ class Trainer:
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.log(log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased",
-                                   "seed_groups", "softmax_v")))
+        self.report(m, rounds, log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased",
+                                                 "seed_groups", "softmax_v")))
+
+    def report(self, m: dict, total: int, line: str) -> None:
+        """A metrics line written: to the progress bar, or as a log line."""
+        if self.progress is not None:
+            self.progress.update(m, total, line)
+        else:
+            self.log(line)
 
     def _kept(self) -> str:
         if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):

@@ -1,0 +1,66 @@
+"""The notebooks execute (nbclient) on small runs made here, and are committed without outputs."""
+import json
+import os
+
+import pytest
+
+from rnnlm import config
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = sorted(f for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
+
+
+def execute(name, env):
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)          # the kernel inherits the environment
+    try:
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return nb
+
+
+def outputs(nb):
+    return "".join(o.get("text", "") + json.dumps(o.get("data", {}).get("text/plain", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_committed_notebooks_carry_no_outputs():
+    assert NOTEBOOKS == ["convergence_vs_communication.ipynb", "zipf.ipynb"]
+    for name in NOTEBOOKS:
+        nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
+        for c in nb.cells:
+            if c.cell_type == "code":
+                assert c.outputs == [] and c.execution_count is None, name
+
+
+def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
+    from rnnlm.spark.trainer import Trainer
+    held = os.path.join(ROOT, "rnnlm/data/harbour_valid.txt")
+    for k, embed in ((2, "dense"), (4, "dense"), (4, "rows+fp16")):
+        cfg = config.replace(tiny_cfg, "train", local_steps=k, rounds=3, eval_every=3)
+        cfg = config.replace(config.replace(cfg, "data", valid=held), "exchange", embed=embed)
+        Trainer(spark, cfg, str(tmp_path / "sweep" / f"{k}{embed}"), log=lambda s: None).run()
+    nb = execute("convergence_vs_communication.ipynb", {"RNNLM_RUNS": str(tmp_path / "sweep")})
+    text = outputs(nb)
+    assert "local_steps=2, embed=dense" in text and "local_steps=4, embed=rows+fp16" in text
+    assert "front" in text and "'dense': [(2," in text
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 3            # the four clocks, the frontier, the sync fraction
+
+
+def test_zipf_notebook_counts_with_spark(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(open(os.path.join(ROOT, "rnnlm/data/harbour.txt")).read())
+    nb = execute("zipf.ipynb", {"RNNLM_CORPUS": str(corpus), "RNNLM_ZIPF_LONGEST": "300"})
+    text = outputs(nb)
+    assert f"{corpus}: U = " in text and "N = 10 .. 300" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    exponent = float(text.split(" N^")[1].split(" ")[0])
+    assert 0.4 < exponent < 1.0          # distinct words grow slower than the text
