@@ -1,6 +1,6 @@
 """The seeds' figures, reproduced from this project's runs (PNGs in docs/figures/).
 
-    python benchmarks/figures.py [--only seed001,seed000,seed002,seed004] [--draw-only]
+    python benchmarks/figures.py [--only seed001,seed000,seed002,seed004,frontier] [--draw-only]
                                  [--out runs/figures] [--figures docs/figures]
 
 Every training run is a ``jobs/train.py`` process (its own SparkSession, ``run.json``
@@ -19,6 +19,9 @@ finishes a stage in minutes; ``--draw-only`` redraws from the runs already there
 ``seed004``  the async ffnn (conf/nnlm_async.toml) through benchmarks/worker_failure.py:
              validation loss against time for 1, 2, 3 workers (Fig. 3) and with 2 of 3
              workers killed (Fig. 4).
+``frontier`` PTB small, 0.5 epoch per exchange setting: best validation perplexity against
+             bytes per training token with the Pareto front (with seed000's mu runs); and
+             the sync fraction against K for dense and the sparse conf's exchange.
 """
 from __future__ import annotations
 
@@ -29,10 +32,12 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-STAGES = ("seed001", "seed000", "seed002", "seed004")
+STAGES = ("seed001", "seed000", "seed002", "seed004", "frontier")
 SHAKESPEARE = ("data/tinyshakespeare.train.txt", "data/tinyshakespeare.valid.txt")
 
 # seed 001: 1x25 LSTM, T=25, B=16, 10 local steps a round; sampled strategies train on a sample
@@ -105,6 +110,28 @@ def run_seed000(out: str):
               [*base, *sets, f"train.epochs={S000_MU_EPOCHS}", "train.eval_every=10"])
 
 
+FRONTIER = {
+    "dense_K20": ["train.local_steps=20"],
+    "dense_K5": ["train.local_steps=5"],
+    "rows_fp16_K20": ["train.local_steps=20", "exchange.embed=rows+fp16", "exchange.softmax=rows+fp16",
+                      "exchange.hidden=dense+fp16", "exchange.frequent=0.02", "exchange.random=0.02",
+                      "exchange.seed_groups=one"],
+}
+SYNC_KS = (1, 5, 20, 50)
+
+
+def run_frontier(out: str):
+    base = ["data.test=", "train.checkpoint_every=0", f"train.epochs={S000_MU_EPOCHS}", "train.eval_every=10"]
+    for name, sets in FRONTIER.items():
+        train(os.path.join(out, "quality", name), "conf/ptb_word_small.toml", [*base, *sets])
+    train(os.path.join(out, "quality", "sparse_conf_K20"), "conf/ptb_word_small_sparse.toml", base)
+    for conf, name in (("conf/ptb_word_small.toml", "dense"), ("conf/ptb_word_small_sparse.toml", "sparse")):
+        for k in SYNC_KS:
+            train(os.path.join(out, "sync", f"{name}_K{k}"), conf, [
+                "data.valid=", "data.test=", "train.checkpoint_every=0", "train.eval_every=0",
+                f"train.local_steps={k}", f"train.rounds={max(6, 60 // k)}"])
+
+
 def run_seed004(out: str):
     for fig in (3, 4):
         d = os.path.join(out, f"fig{fig}")
@@ -113,6 +140,137 @@ def run_seed004(out: str):
                              cwd=ROOT)
         if rc != 0:
             raise SystemExit(f"benchmarks/worker_failure.py --figure {fig} failed")
+
+
+def _speed(run) -> float:
+    """Training tokens/s over rounds 2.. (the first warms up workers and caches), from round_s."""
+    ms = run.metrics[1:]
+    return (ms[-1]["tokens"] - run.metrics[0]["tokens"]) / sum(m["round_s"] for m in ms)
+
+
+def _pair(plots, rs, labels, title, smooth=1):
+    fig, axes = plots._pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
+    plots.plot_metric(rs, "tokens", "train_loss", ax=axes[0], labels=labels, smooth=smooth)
+    plots.plot_metric(rs, "syncs", "train_loss", ax=axes[1], labels=labels, smooth=smooth)
+    axes[0].set_xlabel("characters seen (all partitions)")
+    axes[1].set_xlabel("all-reduces")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def draw_seed001(d: str, out: str) -> list:
+    from rnnlm import plots, runs
+    done = []
+    rs = runs.load_all([os.path.join(d, "strategies")])
+    fig = _pair(plots, rs, [r.name for r in rs], "seed 001 Figs. 3-4: Tiny Shakespeare, 1x25 char LSTM, 2 partitions "
+                "(training loss, mean of 5 rounds)", smooth=5)
+    done.append((plots.save(fig, os.path.join(out, "seed001_strategies.png")),
+                 {r.name: round(r.metrics[-1]["valid_loss"], 3) for r in rs}))
+    rs = runs.load_all([os.path.join(d, "local_steps")])
+    rs.sort(key=lambda r: r.config["train"]["local_steps"])
+    fig = _pair(plots, rs, [f"K = {r.config['train']['local_steps']}" for r in rs],
+                "seed 001 Fig. 5: paragraphs, K local steps per all-reduce, equal work (mean of 5 rounds)", smooth=5)
+    done.append((plots.save(fig, os.path.join(out, "seed001_local_steps.png")),
+                 {r.name: round(r.metrics[-1]["valid_loss"], 3) for r in rs}))
+    return done
+
+
+def draw_seed000(d: str, out: str) -> list:
+    from rnnlm import plots, runs
+    done = []
+    rs = runs.load_all([os.path.join(d, "speed")])
+    _, ax = plots._pyplot().subplots(figsize=(6.4, 4.2))
+    table = {}
+    for name in EXCHANGES:
+        key = name.split(" (")[0].replace(" ", "")
+        pts = sorted((r.config["data"]["partitions"], _speed(r)) for r in rs if r.name.rsplit("_", 1)[0] == key)
+        ax.plot([w for w, _ in pts], [v for _, v in pts], marker="o", label=name)
+        table[name] = {f"{w}w": round(v) for w, v in pts}
+    ax.set_xticks([1, 2])
+    ax.set_xlabel("workers (partitions; local[1] / local[2])")
+    ax.set_ylabel("training tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title("seed 000 Fig. 3: PTB small, K = 20, speed against workers", fontsize=10)
+    done.append((plots.save(ax, os.path.join(out, "seed000_speed.png")), table))
+    rs = runs.load_all([os.path.join(d, "mu")])
+    rs.sort(key=lambda r: (r.config["exchange"]["sampled_softmax"], r.config["exchange"]["mu"]))
+    labels = [f"sampled softmax, mu = {r.config['exchange']['mu']:g}" if r.config["exchange"]["sampled_softmax"]
+              else "full softmax" for r in rs]
+    ax = plots.plot_metric(rs, "tokens", "valid_ppl", labels=labels)
+    ax.set_title("seed 000 Fig. 6: PTB small, rows exchange, learning curves against mu", fontsize=10)
+    done.append((plots.save(ax, os.path.join(out, "seed000_mu.png")),
+                 {lab: round(r.metrics[-1]["valid_ppl"], 1) for lab, r in zip(labels, rs)}))
+    return done
+
+
+def draw_seed002(d: str, out: str) -> list:
+    from rnnlm import plots
+    from rnnlm.core import zipf
+    from rnnlm.core.vocab import tokenize
+    _, ax = plots._pyplot().subplots(figsize=(6.4, 4.6))
+    summary = {}
+    for name, path in (("PTB train", "data/ptb.train.txt"), ("Tiny Shakespeare (words)", "data/tinyshakespeare.txt")):
+        lines = open(os.path.join(ROOT, path), encoding="utf-8").read().splitlines()
+        ids = {}
+        tokens = np.array([ids.setdefault(t, len(ids)) for x in lines for t in tokenize(x + "\n", "word")])
+        ns = zipf.sizes(min(len(tokens) // 2, 300_000))
+        u = zipf.unique_counts(tokens, ns, draws=8) / 8
+        # fitted over benchmarks/zipf.py's range, where rounds live (a PTB small round reads 8,000
+        # tokens); the local exponent falls as N grows (PTB's vocabulary is capped at 10,000 words)
+        fit = (ns >= 200) & (ns <= 40_000)
+        c, a = zipf.fit_power_law(ns[fit], u[fit])
+        pts = ax.loglog(ns, u, "o", markersize=3, label=f"{name}: {len(tokens):,} tokens")
+        ax.loglog(ns, c * ns.astype(float) ** a, "--", color=pts[0].get_color(),
+                  label=f"U = {c:.2f} N^{a:.3f} (fit on 200 <= N <= 40,000)")
+        summary[name] = {"c": round(c, 3), "a": round(a, 3), "U(400)": round(float(np.interp(400, ns, u)), 1)}
+    ax.set_xlabel("tokens N (consecutive)")
+    ax.set_ylabel("distinct words U")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    ax.set_title("seed 002 Fig. 1: distinct words against tokens", fontsize=10)
+    return [(plots.save(ax, os.path.join(out, "seed002_zipf.png")), summary)]
+
+
+def draw_seed004(d: str, out: str) -> list:
+    from rnnlm import plots, runs
+    done = []
+    for fig, title in ((3, "seed 004 Fig. 3: async ffnn on PTB, 1, 2, 3 workers (as many partitions)"),
+                       (4, "seed 004 Fig. 4: 3 workers, 2 executors SIGKILLed (dotted), against 3 and 1")):
+        results = [json.loads(x) for x in open(os.path.join(d, f"fig{fig}", "results.jsonl"))]
+        rs = [runs.load(os.path.join(d, f"fig{fig}", r["run"].replace(" ", "_").replace(",", ""))) for r in results]
+        ax = plots.plot_metric(rs, "wall", "valid_loss", labels=[r["run"] for r in results])
+        for r in results:
+            if r["killed_at_s"] is not None:
+                ax.axvline(r["killed_at_s"], ls=":", color="gray")
+        ax.set_title(title, fontsize=10)
+        summary = {r["run"]: {"end_s": round(run.metrics[-1]["wall_s"]), "killed_at_s": r["killed_at_s"],
+                              "valid_loss": round(run.metrics[-1]["valid_loss"], 3)} for r, run in zip(results, rs)}
+        done.append((plots.save(ax, os.path.join(out, f"seed004_fig{fig}.png")), summary))
+    return done
+
+
+def draw_frontier(d: str, out: str) -> list:
+    from rnnlm import plots, runs
+    rs = runs.load_all([os.path.join(d, "quality"), os.path.join(os.path.dirname(d), "seed000", "mu")])
+    labels = [r.name.replace("_", " ") for r in rs]
+    ax = plots.plot_frontier(rs, "valid_ppl", "best", labels=labels)
+    ax.set_title("PTB small, 2 partitions, 0.5 epoch: quality against communication", fontsize=10)
+    rows = plots.frontier(rs, "valid_ppl", "best", labels=labels)
+    done = [(plots.save(ax, os.path.join(out, "frontier.png")),
+             {r["label"]: [round(r["bytes_per_token"]), round(r["value"], 1), r["pareto"]] for r in rows})]
+    rs = runs.load_all([os.path.join(d, "sync")])
+    ax = plots.plot_sync_fraction(rs)
+    ax.set_title("PTB small, 2 partitions on local[2]: share of a round spent synchronising", fontsize=10)
+    done.append((plots.save(ax, os.path.join(out, "sync_fraction.png")),
+                 {c: [(k, round(f, 3)) for k, f in v] for c, v in plots.sync_fractions(rs).items()}))
+    return done
+
+
+def draw(stage: str, d: str, out: str) -> list:
+    return {"seed001": draw_seed001, "seed000": draw_seed000, "seed002": draw_seed002, "seed004": draw_seed004,
+            "frontier": draw_frontier}[stage](d, out)
 
 
 def main(argv=None) -> int:
@@ -127,14 +285,13 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise SystemExit(f"--only: unknown stage {bad[0]} (choose from {', '.join(STAGES)})")
-    runners = {"seed001": run_seed001, "seed000": run_seed000, "seed004": run_seed004}
+    runners = {"seed001": run_seed001, "seed000": run_seed000, "seed004": run_seed004, "frontier": run_frontier}
     if not a.draw_only:
         for s in stages:
             if s in runners:
                 print(f"{s}: training", flush=True)
                 runners[s](os.path.join(a.out, s))
     if not a.no_draw:
-        from figures_draw import draw
         os.makedirs(a.figures, exist_ok=True)
         for s in stages:
             for path, summary in draw(s, os.path.join(a.out, s), a.figures):

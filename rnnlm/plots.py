@@ -66,13 +66,21 @@ def _axes(ax, figsize=(6.4, 4.2)):
     return ax
 
 
+def smoothed(xs, ys, window: int) -> tuple:
+    """The trailing mean of ``window`` points, at the last point of each window."""
+    if window <= 1 or ys.size < window:
+        return xs, ys
+    return xs[window - 1:], np.convolve(ys, np.ones(window) / window, "valid")
+
+
 def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=None, log_x: bool = False,
-                marker: str | None = None):
+                marker: str | None = None, smooth: int = 1):
     """One line per run: ``y`` (any metrics key, or ``train_ppl``) against ``x``
-    (``tokens``, ``syncs``, ``bytes`` or ``wall``)."""
+    (``tokens``, ``syncs``, ``bytes`` or ``wall``); ``smooth`` > 1 draws the trailing
+    mean of that many points (per-round training losses are noisy)."""
     ax = _axes(ax)
     for run, label in zip(runs, labels or run_labels(runs)):
-        xs, ys = series(run, x, y)
+        xs, ys = smoothed(*series(run, x, y), smooth)
         if xs.size:
             ax.plot(xs, ys, label=label, marker=marker or ("o" if xs.size < 12 else None), markersize=3)
     ax.set_xlabel(X_AXES[x][1])

@@ -102,6 +102,9 @@ def test_plot_metric_draws_each_runs_points_with_its_label(tmp_path):
     got = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
     assert got == {"local_steps=5": ([100, 200, 300, 400], [4.0, 3.5, 3.0, 2.9]),
                    "local_steps=20": ([200, 400, 600, 800], [3.0, 2.5, 2.0, 1.9])}
+    ax = plots.plot_metric(runs.load_all([str(a)]), "tokens", "train_loss", smooth=2)     # trailing means
+    xs, ys = ax.get_lines()[0].get_data()
+    assert list(xs) == [200, 300, 400] and np.allclose(ys, [3.75, 3.25, 2.95])
 
 
 def test_frontier_marks_the_points_no_other_run_beats_on_both(tmp_path):
@@ -187,3 +190,15 @@ def test_real_runs_plot_from_what_the_trainer_wrote(spark, tiny_cfg, tmp_path):
         assert list(ln.get_xdata()) == [1, 2, 3]
     assert [ln.get_label() for ln in ax.get_lines()] == ["local_steps=2", "local_steps=3"]
     assert [k for k, _ in plots.sync_fractions(rs)["dense"]] == [2, 3]
+
+
+def test_webhdfs_without_the_hdfs_package_is_a_one_line_error():
+    try:
+        import hdfs  # noqa: F401
+        pytest.skip("the hdfs package is installed: a webhdfs:// path would try to connect")
+    except ImportError:
+        pass
+    with pytest.raises(runs.RunError, match=r'needs the hdfs package: pip install -e "\.\[hdfs\]"'):
+        runs.load("webhdfs://namenode:9870/user/me/runs/x")
+    with pytest.raises(runs.RunError, match="unknown scheme"):
+        runs.load("ftp://host/x")
