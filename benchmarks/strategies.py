@@ -8,7 +8,7 @@ per round; the sampled strategies train each round on their whole sample (seed 0
 iteration), with the fraction chosen so that the sample holds as many characters as those
 steps read. Prints the training loss against characters seen and against all-reduces, and
 the validation loss at the end. Per-round metrics go to ``<out>/<strategy>/metrics.jsonl``
-for plotting (see notebooks/).
+for plotting (``python jobs/plot.py --runs <out> --x syncs``).
 """
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def test_webhdfs_without_the_hdfs_package_is_a_one_line_error():
         pytest.skip("the hdfs package is installed: a webhdfs:// path would try to connect")
     except ImportError:
         pass
-    with pytest.raises(runs.RunError, match=r'needs the hdfs package: pip install -e "\.\[hdfs\]"'):
+    with pytest.raises(runs.RunError, match=r'paths need the hdfs package: pip install -e "\.\[hdfs\]"'):
         runs.load("webhdfs://namenode:9870/user/me/runs/x")
     with pytest.raises(runs.RunError, match="unknown scheme"):
         runs.load("ftp://host/x")
