@@ -208,13 +208,11 @@ def draw_seed000(d: str, out: str) -> list:
 def draw_seed002(d: str, out: str) -> list:
     from rnnlm import plots
     from rnnlm.core import zipf
-    from rnnlm.core.vocab import tokenize
     _, ax = plots._pyplot().subplots(figsize=(6.4, 4.6))
     summary = {}
     for name, path in (("PTB train", "data/ptb.train.txt"), ("Tiny Shakespeare (words)", "data/tinyshakespeare.txt")):
         lines = open(os.path.join(ROOT, path), encoding="utf-8").read().splitlines()
-        ids = {}
-        tokens = np.array([ids.setdefault(t, len(ids)) for x in lines for t in tokenize(x + "\n", "word")])
+        tokens = zipf.token_ids((x + "\n" for x in lines), "word")
         ns = zipf.sizes(min(len(tokens) // 2, 300_000))
         u = zipf.unique_counts(tokens, ns, draws=8) / 8
         # fitted over benchmarks/zipf.py's range, where rounds live (a PTB small round reads 8,000

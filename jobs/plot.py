@@ -57,7 +57,11 @@ def main(argv=None) -> int:
             print("error: no synchronous run with round timings", file=sys.stderr)
             return 2
         ax = plots.plot_sync_fraction(rs)
-    print(plots.save(ax, a.out))
+    try:
+        print(plots.save(ax, a.out))
+    except OSError as e:
+        print(f"error: --out {a.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
     return 0
 
 

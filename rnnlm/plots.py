@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 
+import matplotlib
 import numpy as np
 
 from .runs import labels as run_labels
@@ -32,7 +33,6 @@ FORMATS = (".png", ".svg", ".pdf")
 
 
 def _pyplot():
-    import matplotlib
     if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
         matplotlib.use("Agg")        # headless: no display on executors, CI or a server
     import matplotlib.pyplot as plt
@@ -147,11 +147,15 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
 
 
 def codec(cfg: dict) -> str:
-    """A short name of a run's exchange: ``dense``, or its groups' specs (``rows+onebit/dense+onebit``)."""
+    """A name of a run's exchange: ``dense``, or each group's spec and the settings that change what
+    travels (``embed rows+onebit, softmax rows+onebit, hidden dense+onebit, frequent 0.02, ...``)."""
     ex = cfg.get("exchange", {})
-    specs = [ex.get(g, "dense") for g in ("embed", "softmax", "hidden")]
-    name = "/".join(dict.fromkeys(specs))
-    return name + (" +sampled softmax" if ex.get("sampled_softmax") else "")
+    parts = [f"{g} {ex.get(g, 'dense')}" for g in ("embed", "softmax", "hidden")]
+    defaults = {"frequent": 0.0, "random": 0.0, "seed_groups": "partition", "feedback": False,
+                "broadcast": "rows", "sampled_softmax": False}
+    parts += [f"{k} {ex[k]:g}" if isinstance(ex[k], float) else f"{k} {ex[k]}"
+              for k, d in defaults.items() if k in ex and ex[k] != d]
+    return "dense" if all(p.endswith(" dense") for p in parts) else ", ".join(parts)
 
 
 def sync_fraction(run) -> float | None:
@@ -163,14 +167,15 @@ def sync_fraction(run) -> float | None:
 
 
 def sync_fractions(runs) -> dict:
-    """``{codec: [(K, sync fraction), ...] sorted by K}`` over the synchronous runs."""
+    """``{codec: [(K, sync fraction), ...] sorted by K}`` over the synchronous runs (repeats of
+    one codec and K averaged)."""
     out = {}
     for run in runs:
         f = sync_fraction(run)
         if f is not None:
             k = run.config.get("train", {}).get("local_steps", 0)
-            out.setdefault(codec(run.config), []).append((k, f))
-    return {c: sorted(v) for c, v in sorted(out.items())}
+            out.setdefault(codec(run.config), {}).setdefault(k, []).append(f)
+    return {c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())] for c, v in sorted(out.items())}
 
 
 def plot_sync_fraction(runs, ax=None):
@@ -178,8 +183,8 @@ def plot_sync_fraction(runs, ax=None):
     ax = _axes(ax)
     for name, pts in sync_fractions(runs).items():
         ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("local steps between all-reduces (K)")
+    ax.set_xscale("symlog", linthresh=1)       # K = 0 (one pass per round) stays on the axis
+    ax.set_xlabel("local steps between all-reduces (K; 0 = one pass)")
     ax.set_ylabel("sync fraction: 1 - compute_s / round_s")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3, which="both")

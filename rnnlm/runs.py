@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from .core.metrics import json_lines
+
 
 class RunError(ValueError):
     """A path that is not a readable run; the message is one line."""
@@ -70,29 +72,40 @@ class _Local:
 
 
 class _WebHDFS:
-    """HdfsCLI (``hdfs`` package) over WebHDFS; paths are the URL's path part."""
+    """HdfsCLI (``hdfs`` package) over WebHDFS; paths are the URL's path part. Any failure of
+    the client (HTTP, refused connection, permissions) becomes a one-line :class:`RunError`."""
 
     def __init__(self, netloc: str):
         try:
             from hdfs import InsecureClient
         except ImportError:
             raise RunError("webhdfs:// paths need the hdfs package: pip install -e \".[hdfs]\"") from None
+        self.netloc = netloc
         self.client = InsecureClient(f"http://{netloc}", user=os.environ.get("HADOOP_USER_NAME"))
 
+    def _call(self, path, fn):
+        try:
+            return fn()
+        except Exception as e:          # HdfsError, requests' errors: whatever the client raises
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise RunError(f"webhdfs://{self.netloc}{path}: {first}") from None
+
     def read(self, path: str) -> bytes | None:
-        if self.client.status(path, strict=False) is None:
-            return None
-        with self.client.read(path) as f:
-            return f.read()
+        def read():
+            if self.client.status(path, strict=False) is None:
+                return None
+            with self.client.read(path) as f:
+                return f.read()
+        return self._call(path, read)
 
     def children(self, path: str) -> list:
         if not self.is_dir(path):
             return []
-        return sorted(f"{path.rstrip('/')}/{n}" for n, s in self.client.list(path, status=True)
-                      if s["type"] == "DIRECTORY")
+        return self._call(path, lambda: sorted(f"{path.rstrip('/')}/{n}" for n, s in self.client.list(path, status=True)
+                                               if s["type"] == "DIRECTORY"))
 
     def is_dir(self, path: str) -> bool:
-        s = self.client.status(path, strict=False)
+        s = self._call(path, lambda: self.client.status(path, strict=False))
         return s is not None and s["type"] == "DIRECTORY"
 
 
@@ -109,18 +122,6 @@ def _fs(path: str):
     if url.scheme:
         raise RunError(f"{path}: unknown scheme {url.scheme}://")
     return _Local(), path, ""
-
-
-def json_lines(data: bytes) -> list:
-    """The JSON objects of ``data``, one per line, up to the first line that does not parse
-    (a line cut short by a crash or still being written ends the record)."""
-    out = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            break
-    return out
 
 
 def _json(fs, path: str) -> dict:
@@ -238,13 +239,15 @@ def labels(runs, keys=None) -> list:
     ``keys``, or by default :func:`distinguishing`'s. Runs that configurations do not tell
     apart (repeats of one setting, runs without a recorded configuration) get their
     directory names."""
-    keys = list(keys) if keys is not None else distinguishing(runs) if len(runs) > 1 else []
+    known = [r for r in runs if r.config]
+    keys = list(keys) if keys is not None else distinguishing(known) if len(known) > 1 else []
     names = [k.split(".", 1)[-1] for k in keys]
     short = {k: (n if names.count(n) == 1 else k) for k, n in zip(keys, names)}
     out = []
     for r in runs:
         f = r.flat_config()
-        out.append(", ".join(f"{short[k]}={_short(f.get(k))}" for k in keys) or r.name)
+        out.append(", ".join(f"{short[k]}={_short(f.get(k))}" for k in keys) if f else r.name)
+        out[-1] = out[-1] or r.name
     if len(set(out)) < len(out):
         out = [f"{r.name}: {lab}" if lab != r.name else lab for r, lab in zip(runs, out)]
     return out

@@ -108,3 +108,15 @@ def test_pickle_is_refused(tmp_path, ck):
 
 def _fresh(ck):
     return ckpt.Checkpoint(params=RNNLM(ck.config.model).init_params(0), config=ck.config, vocab=ck.vocab)
+
+
+def test_a_run_directory_loads_its_checkpoint_even_one_left_as_old(tmp_path, ck):
+    run = tmp_path / "run"
+    ckpt.save(str(run / "checkpoint"), ck)
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert np.array_equal(ckpt.load(str(run)).params, ck.params)
+    os.rename(run / "checkpoint", run / "checkpoint.old")      # a save cut between its two renames
+    assert np.array_equal(ckpt.load(str(run)).params, ck.params)
+    assert (run / "checkpoint").is_dir() and not (run / "checkpoint.old").exists()
+    with pytest.raises(ckpt.CheckpointError, match="not a checkpoint"):
+        ckpt.load(str(tmp_path))                                # neither a checkpoint nor a run's

@@ -140,6 +140,8 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
         assert r.returncode == 0, r.stderr[-3000:]
         assert rounds_done(tmp_path / "out") == 3
+        # the run really ran on the standalone master spark-submit named (run.json records the master used)
+        assert json.loads((tmp_path / "out" / "run.json").read_text())["master"] == url
         assert checkpoint.load(str(tmp_path / "out" / "checkpoint")).position["round"] == 3
     finally:
         for p in reversed(procs):

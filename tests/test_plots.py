@@ -81,6 +81,17 @@ def test_load_all_finds_runs_in_a_folder_and_labels_them_by_their_config(tmp_pat
 def test_runs_with_one_config_are_named_by_their_folders(tmp_path):
     rs = [runs.load(str(make_run(tmp_path, n, LINES))) for n in ("seed_a", "seed_b")]
     assert runs.labels(rs) == ["seed_a", "seed_b"]
+    # a run without a recorded configuration is named by its folder; the others by their differences
+    rs = [runs.load(str(make_run(tmp_path, "k1", LINES, ["train.local_steps=1"]))),
+          runs.load(str(make_run(tmp_path, "k2", LINES, ["train.local_steps=2"]))),
+          runs.load(str(make_run(tmp_path, "unknown", LINES, info=False)))]
+    assert runs.labels(rs) == ["local_steps=1", "local_steps=2", "unknown"]
+
+
+def test_a_metrics_file_left_as_old_by_a_crash_is_read(tmp_path):
+    d = make_run(tmp_path, "a", LINES)
+    os.rename(d / "metrics.jsonl", d / "metrics.jsonl.old")
+    assert runs.load(str(d)).metrics == LINES
 
 
 def test_series_are_the_metrics_lines_holding_the_value(tmp_path):
@@ -90,6 +101,10 @@ def test_series_are_the_metrics_lines_holding_the_value(tmp_path):
     xs, ys = plots.series(r, "wall", "train_loss")
     assert xs.tolist() == [1.0, 2.0, 3.5, 4.0] and ys.tolist() == [4.0, 3.5, 3.0, 2.9]
     assert plots.series(r, "syncs", "train_ppl")[1][0] == pytest.approx(np.exp(4.0))
+    odd = [line(1, 100, 0, 0, 1.0, float("nan"), valid_ppl=float("inf")), line(2, 200, 0, 0, 2.0, 3.0, valid_ppl=9.0)]
+    bad = runs.load(str(make_run(tmp_path, "bad", odd)))
+    assert plots.series(bad, "tokens", "train_loss")[0].tolist() == [200]          # NaN left out
+    assert plots.series(bad, "tokens", "valid_ppl")[1].tolist() == [9.0]          # inf left out
     with pytest.raises(ValueError, match="x must be"):
         plots.series(r, "epochs", "train_loss")
 
@@ -135,10 +150,17 @@ def test_sync_fraction_is_the_median_share_outside_compute_per_codec(tmp_path):
     d2 = make_run(tmp_path, "k10", timed([(9, 1), (2.0, 1.8), (2.0, 1.6)]), ["train.local_steps=10"])
     d3 = make_run(tmp_path, "k1r", timed([(9, 1), (1.0, 0.5)]),
                   ["train.local_steps=1", "exchange.embed=rows+fp16", "exchange.softmax=rows+fp16"])
-    got = plots.sync_fractions(runs.load_all([str(d1), str(d2), str(d3)]))
-    assert got.keys() == {"dense", "rows+fp16/dense"}
-    assert [(k, round(f, 6)) for k, f in got["dense"]] == [(1, 0.7), (10, 0.15)]
-    assert [(k, round(f, 6)) for k, f in got["rows+fp16/dense"]] == [(1, 0.5)]
+    d4 = make_run(tmp_path, "k1again", timed([(9, 1), (1.0, 0.9)]), ["train.local_steps=1", "train.seed=5"])
+    d5 = make_run(tmp_path, "k1soft", timed([(9, 1), (1.0, 0.1)]),
+                  ["train.local_steps=1", "exchange.softmax=rows+fp16"])
+    asynchronous = make_run(tmp_path, "async", LINES, ["train.mode=async"])       # no round timings
+    got = plots.sync_fractions(runs.load_all([str(d) for d in (d1, d2, d3, d4, d5, asynchronous)]))
+    sparse, soft = "embed rows+fp16, softmax rows+fp16, hidden dense", "embed dense, softmax rows+fp16, hidden dense"
+    assert got.keys() == {"dense", sparse, soft}
+    # K=1 dense: the median of run k1 (0.7) averaged with the repeat k1again (0.1)
+    assert [(k, round(f, 6)) for k, f in got["dense"]] == [(1, 0.4), (10, 0.15)]
+    assert [(k, round(f, 6)) for k, f in got[sparse]] == [(1, 0.5)]
+    assert [(k, round(f, 6)) for k, f in got[soft]] == [(1, 0.9)]
 
 
 def test_save_picks_the_format_from_the_suffix(tmp_path):

@@ -1,6 +1,7 @@
 """Metric fields and log lines shared by the one-machine and the Spark trainers."""
 from __future__ import annotations
 
+import json
 import math
 
 EVAL_BPTT = 100   # chunk length when held-out text is scored as one stream
@@ -22,3 +23,15 @@ def due(round_: int, every: int, last: int) -> bool:
 def log_line(m: dict, skip=()) -> str:
     return " | ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                       for k, v in m.items() if not k.startswith(tuple(skip)))
+
+
+def json_lines(data: bytes) -> list:
+    """The JSON objects of ``data``, one per line, up to the first line that does not parse
+    (a line cut short by a crash or still being written ends the record)."""
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out

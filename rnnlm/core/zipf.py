@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .vocab import tokenize
+
 
 def sizes(longest: int, smallest: int = 10, per_decade: int = 4) -> np.ndarray:
     """Log-spaced stretch lengths N from ``smallest`` up to ``longest`` (int64, distinct)."""
@@ -32,6 +34,13 @@ def unique_counts(tokens, ns, draws: int = 8, seed: int = 0) -> np.ndarray:
         for s in rng.integers(0, len(tokens) - n + 1, size=draws):
             out[i] += len(np.unique(tokens[s:s + n]))
     return out
+
+
+def token_ids(paragraphs, level: str) -> np.ndarray:
+    """The tokens of ``paragraphs`` (strings, :func:`rnnlm.core.vocab.tokenize`) as int64 ids in
+    order of first appearance: distinct tokens, distinct ids, no vocabulary cap."""
+    ids = {}
+    return np.array([ids.setdefault(t, len(ids)) for p in paragraphs for t in tokenize(p, level)], np.int64)
 
 
 def fit_power_law(n, u) -> tuple:

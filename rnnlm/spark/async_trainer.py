@@ -26,10 +26,9 @@ import time
 from .. import config
 from ..core import checkpoint
 from ..core.local import held_out_nll
-from ..core.metrics import log_line, loss_fields
+from ..core.metrics import json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
-from ..runs import json_lines
 from ..exchange import wire
 from ..exchange.paramserver import ParameterServer
 from . import runinfo

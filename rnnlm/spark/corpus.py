@@ -129,9 +129,7 @@ def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partit
     ns = zipf.sizes(longest)
 
     def count(pid, paras):
-        ids = {}
-        tokens = np.array([ids.setdefault(t, len(ids)) for p in paras for t in tokenize(p, level)], np.int64)
-        sums = zipf.unique_counts(tokens, ns, draws, seed=seed * 7919 + pid)
+        sums = zipf.unique_counts(zipf.token_ids(paras, level), ns, draws, seed=seed * 7919 + pid)
         for n, s in zip(ns, sums):
             if s:
                 yield int(n), (float(s), draws)

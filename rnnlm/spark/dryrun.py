@@ -9,7 +9,8 @@ from ..core.model import build as build_model
 from ..exchange import plan
 from ..exchange.rebase import changed_rows, delta_blocks, size
 from .executor import make_source
-from .trainer import load_corpus, total_rounds
+from .trainer import _steps, load_corpus, total_rounds
+from ..core.optim import make_optimizer
 
 
 def round_words_task(cfg_json: str):
@@ -30,8 +31,9 @@ def estimate(layout, cfg, words: list) -> dict:
     Each partition's change is taken as non-zero wherever training moves parameters (every
     row, but for the input table only the rows of the words read, as SGD moves them), then
     encoded as :func:`rnnlm.exchange.plan.encode` sends it. Returns ``sent`` (all partitions),
-    ``dense`` (the same as float32 without selection), ``broadcast`` (the next round's, from
-    the union of what was sent) and ``model`` (the parameters as float32: the first broadcast).
+    ``dense`` (the same as float32 without selection), ``broadcast`` (the next round's: the rows
+    the union of what was sent changes, and the averaged optimizer state where it travels) and
+    ``model`` (the parameters as float32: the first broadcast).
     """
     ex, P = cfg.exchange, cfg.data.partitions
     sent, mean = 0, np.zeros(layout.size, np.float32)
@@ -56,6 +58,8 @@ def estimate(layout, cfg, words: list) -> dict:
         amount = size(changed_rows(layout, mean, base))
         rebase = amount >= cfg.train.rebase_fraction * layout.size
         bcast = layout.size * 4 if rebase else amount * 4
+    if cfg.train.optim_state == "average":       # the averaged optimizer state travels whole every round
+        bcast += len(make_optimizer(cfg.optim).slots) * layout.size * 4
     return {"sent": sent, "dense": P * layout.size * 4, "broadcast": bcast, "model": layout.size * 4}
 
 
@@ -79,7 +83,7 @@ def dry_run(sc, cfg: config.Config, log=print) -> dict:
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
         f"train tokens {data.tokens:,}")
     unit = "push window" if cfg.train.mode == "async" else "round"
-    log(f"{rounds:,} {unit}s of {steps or 'one pass of'} local steps on {cfg.data.partitions} partitions")
+    log(f"{rounds:,} {unit}s of {_steps(probe.train)} on {cfg.data.partitions} partitions")
     log(f"per {unit}, from round 1's batches: partitions send {est['sent'] / 1e6:.3f} MB in all "
         f"({est['sent'] / est['dense']:.1%} of dense float32's {est['dense'] / 1e6:.3f} MB)"
         + ("" if cfg.train.mode == "async" else

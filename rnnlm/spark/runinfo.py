@@ -33,8 +33,8 @@ def describe(sc, cfg, resume_of: dict | None = None) -> dict:
     info = {"config": cfg.to_dict(), "versions": _versions(), "spark": sc.version, "master": sc.master,
             "partitions": cfg.data.partitions, "default_parallelism": sc.defaultParallelism,
             "application_id": sc.applicationId, "started": now, "resumed": []}
-    if resume_of:
-        info["started"] = resume_of.get("started", now)
+    if resume_of is not None:          # {} for a run from before run.json: its start is unknown
+        info["started"] = resume_of.get("started")
         info["resumed"] = list(resume_of.get("resumed", [])) + [now]
     return info
 
@@ -46,7 +46,8 @@ def write(fs, out: str, sc, cfg, resume: bool) -> None:
     if resume:
         raw = fs.read(path)
         try:
-            old = json.loads(raw) if raw else None
+            old = json.loads(raw) if raw else {}
         except ValueError:
-            old = None            # a damaged record is replaced, never fatal to training
+            old = {}            # a damaged record is replaced, never fatal to training
+        old = old if isinstance(old, dict) else {}
     fs.write_atomic(path, json.dumps(describe(sc, cfg, old), indent=2).encode())

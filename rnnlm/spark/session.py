@@ -25,7 +25,9 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     from pyspark.sql import SparkSession
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     c = SparkConf()
-    submitted = c.contains("spark.master")      # spark-submit started the JVM: its options are set
+    # spark-submit started the JVM and holds the master and properties, but SparkConf() cannot see them
+    # before a SparkContext exists (it is a plain dict until then): its gateway's port is the sign
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is not None or not submitted:
         c.setMaster(master or "local[2]")
     opts = c.get("spark.driver.extraJavaOptions", "")

@@ -29,10 +29,9 @@ from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from . import residuals as residuals_mod
 from . import runinfo
 from .hfs import HadoopFS
-from ..core.metrics import due, log_line, loss_fields
+from ..core.metrics import due, json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
-from ..runs import json_lines
 
 # a change in any of these makes a resumed run a different experiment
 _RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
