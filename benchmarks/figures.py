@@ -199,6 +199,7 @@ def draw_seed000(d: str, out: str) -> list:
     labels = [f"sampled softmax, mu = {r.config['exchange']['mu']:g}" if r.config["exchange"]["sampled_softmax"]
               else "full softmax" for r in rs]
     ax = plots.plot_metric(rs, "tokens", "valid_ppl", labels=labels)
+    ax.set_yscale("log")
     ax.set_title("seed 000 Fig. 6: PTB small, rows exchange, learning curves against mu", fontsize=10)
     done.append((plots.save(ax, os.path.join(out, "seed000_mu.png")),
                  {lab: round(r.metrics[-1]["valid_ppl"], 1) for lab, r in zip(labels, rs)}))
