@@ -260,7 +260,9 @@ def draw_frontier(d: str, out: str) -> list:
     done = [(plots.save(ax, os.path.join(out, "frontier.png")),
              {r["label"]: [round(r["bytes_per_token"]), round(r["value"], 1), r["pareto"]] for r in rows})]
     rs = runs.load_all([os.path.join(d, "sync")])
-    ax = plots.plot_sync_fraction(rs)
+    names = {plots.codec(r.config): "conf/ptb_word_small_sparse.toml (1-bit rows, int8 deltas)"
+             for r in rs if r.name.startswith("sparse")}
+    ax = plots.plot_sync_fraction(rs, names=names)
     ax.set_title("PTB small, 2 partitions on local[2]: share of a round spent synchronising", fontsize=10)
     done.append((plots.save(ax, os.path.join(out, "sync_fraction.png")),
                  {c: [(k, round(f, 3)) for k, f in v] for c, v in plots.sync_fractions(rs).items()}))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import textwrap
 
 import matplotlib
 import numpy as np
@@ -178,11 +179,13 @@ def sync_fractions(runs) -> dict:
     return {c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())] for c, v in sorted(out.items())}
 
 
-def plot_sync_fraction(runs, ax=None):
-    """Sync fraction against local steps K, one line per codec."""
+def plot_sync_fraction(runs, ax=None, names: dict | None = None):
+    """Sync fraction against local steps K, one line per codec (``names`` maps a :func:`codec`
+    name to a legend label; long names are wrapped)."""
     ax = _axes(ax)
     for name, pts in sync_fractions(runs).items():
-        ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=name)
+        label = (names or {}).get(name) or textwrap.fill(name, 48)
+        ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=label)
     ax.set_xscale("symlog", linthresh=1)       # K = 0 (one pass per round) stays on the axis
     ax.set_xlabel("local steps between all-reduces (K; 0 = one pass)")
     ax.set_ylabel("sync fraction: 1 - compute_s / round_s")
