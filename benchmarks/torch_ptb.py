@@ -1,10 +1,13 @@
-"""One PyTorch CPU process training PTB small: the wall-time reference for the Spark trainer.
+"""One PyTorch CPU process training PTB small or medium: the wall-time reference for the Spark trainer.
 
-    python benchmarks/torch_ptb.py [--epochs 2] [--threads 2] [--evals-per-epoch 2]
+    python benchmarks/torch_ptb.py [--model small|medium] [--epochs 2] [--threads 2] [--evals-per-epoch 2]
 
 Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
 embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
-uniform +-0.1; lr halving starts after epoch 4, so not within the first four), on
+uniform +-0.1; lr halving starts after epoch 4, so not within the first four), or
+``--model medium`` as ``conf/ptb_word_medium.toml`` has it (2x650, embedding 650,
+T=35, B=20, init +-0.05, dropout 0.5 on the embedding, between the layers and before
+the softmax, as the trainer places it; lr decay starts after epoch 6), on
 the same vocabulary and token ids (``rnnlm.core.vocab``) and the same batching
 (``rnnlm.core.strategies.StreamBlock``: B contiguous streams, state carried).
 Validation reads the held-out text as one stream in chunks of 100, as the
@@ -25,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("small", "medium"), default="small")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--evals-per-epoch", type=int, default=2)
@@ -43,18 +47,20 @@ def main(argv=None):
     vocab = Vocab.build(train_text, "word")
     train = vocab.encode(train_text)
     valid = vocab.encode(open(os.path.join(a.data, "ptb.valid.txt"), encoding="utf-8").read())
-    V, H, T, B = len(vocab), 200, 20, 20
+    H, T, scale, drop = {"small": (200, 20, 0.1, 0.0), "medium": (650, 35, 0.05, 0.5)}[a.model]
+    V, B = len(vocab), 20
 
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.lstm, self.out = nn.Embedding(V, H), nn.LSTM(H, H, 2), nn.Linear(H, V)
+            self.emb, self.lstm, self.out = nn.Embedding(V, H), nn.LSTM(H, H, 2, dropout=drop), nn.Linear(H, V)
+            self.drop = nn.Dropout(drop)
             for p in self.parameters():
-                nn.init.uniform_(p, -0.1, 0.1)
+                nn.init.uniform_(p, -scale, scale)
 
         def forward(self, x, state):
-            h, state = self.lstm(self.emb(x), state)
-            return self.out(h), state
+            h, state = self.lstm(self.drop(self.emb(x)), state)
+            return self.out(self.drop(h)), state
 
     model = Model()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -78,7 +84,8 @@ def main(argv=None):
         model.train()
         return math.exp(nll / n)
 
-    print(f"# torch={torch.__version__} threads={a.threads} V={V} steps/epoch={steps_per_epoch}", flush=True)
+    print(f"# torch={torch.__version__} threads={a.threads} model={a.model} V={V} steps/epoch={steps_per_epoch}",
+          flush=True)
     state, wall = None, 0.0
     for k in range(total):
         t0 = time.perf_counter()
