@@ -31,6 +31,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rnnlm.core.metrics import json_lines  # noqa: E402
 
 
 def executor_pids() -> list:
@@ -47,8 +50,9 @@ def executor_pids() -> list:
 
 def metrics(out: str) -> list:
     try:
-        return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")).read().splitlines()]
-    except (FileNotFoundError, ValueError):
+        with open(os.path.join(out, "metrics.jsonl"), "rb") as f:
+            return json_lines(f.read())           # a line still being written is left out, not the file
+    except FileNotFoundError:
         return []
 
 

@@ -10,6 +10,7 @@ Install with the ``plots`` extra: ``pip install -e ".[plots]"``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -18,6 +19,7 @@ import textwrap
 import matplotlib
 import numpy as np
 
+from .config import ExchangeConfig
 from .runs import labels as run_labels
 
 # x axes: metric key (or function of a metrics line) and its label
@@ -31,6 +33,7 @@ Y_LABELS = {"train_loss": "training loss (nats/token)", "valid_loss": "validatio
             "valid_ppl": "validation perplexity", "valid_bpc": "validation bits/char",
             "test_ppl": "test perplexity", "train_ppl": "training perplexity"}
 FORMATS = (".png", ".svg", ".pdf")
+_EXCHANGE_DEFAULTS = dataclasses.asdict(ExchangeConfig())
 
 
 def _pyplot():
@@ -150,12 +153,11 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
 def codec(cfg: dict) -> str:
     """A name of a run's exchange: ``dense``, or each group's spec and the settings that change what
     travels (``embed rows+onebit, softmax rows+onebit, hidden dense+onebit, frequent 0.02, ...``)."""
-    ex = cfg.get("exchange", {})
-    parts = [f"{g} {ex.get(g, 'dense')}" for g in ("embed", "softmax", "hidden")]
-    defaults = {"frequent": 0.0, "random": 0.0, "seed_groups": "partition", "feedback": False,
-                "broadcast": "rows", "sampled_softmax": False}
+    ex, groups = cfg.get("exchange", {}), ("embed", "softmax", "hidden")
+    parts = [f"{g} {ex.get(g, 'dense')}" for g in groups]
     parts += [f"{k} {ex[k]:g}" if isinstance(ex[k], float) else f"{k} {ex[k]}"
-              for k, d in defaults.items() if k in ex and ex[k] != d]
+              for k, d in _EXCHANGE_DEFAULTS.items()
+              if k not in groups and k in ex and ex[k] != d and (k != "mu" or ex.get("sampled_softmax"))]
     return "dense" if all(p.endswith(" dense") for p in parts) else ", ".join(parts)
 
 

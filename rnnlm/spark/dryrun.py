@@ -6,11 +6,11 @@ import numpy as np
 
 from .. import config
 from ..core.model import build as build_model
+from ..core.optim import make_optimizer
 from ..exchange import plan
 from ..exchange.rebase import changed_rows, delta_blocks, size
 from .executor import make_source
 from .trainer import _steps, load_corpus, total_rounds
-from ..core.optim import make_optimizer
 
 
 def round_words_task(cfg_json: str):
