@@ -62,6 +62,22 @@ def matmul_gflops(xp, seconds=2.0, windows=5, sync=lambda: None):
     return best
 
 
+def blas_line():
+    """Which BLAS NumPy runs and with which kernels (threadpoolctl), and the variables that force them.
+
+    OpenBLAS picks its kernels by CPU when it loads; ``OPENBLAS_CORETYPE`` overrides that
+    (this project's machines set it to ``Haswell``, AVX2, where an old OpenBLAS misbehaved).
+    """
+    try:
+        from threadpoolctl import threadpool_info
+        libs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} x{i.get('num_threads')}"
+                for i in threadpool_info() if i.get("user_api") == "blas"]
+    except ImportError:
+        libs = ["(threadpoolctl not installed)"]
+    forced = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    return f"# numpy blas: {', '.join(libs) or 'none found'}; forced: {forced or 'nothing'}"
+
+
 def time_loop(fn, seconds, sync=lambda: None):
     """Mean seconds per call over a window of at least ``seconds`` (and 3 calls)."""
     n, t0 = 0, time.perf_counter()
@@ -190,6 +206,7 @@ def sampled_main(a, xp, sync):
     peak = matmul_gflops(xp, sync=sync)
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={np.__version__} "
           f"sampled softmax mu={a.sampled}: v_all = targets + top 1% + random 1%, v_f = v_all + random mu")
+    print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     speedups = []
     for name in (a.shapes or "ptb-small,ptb-medium").split(","):
@@ -276,6 +293,7 @@ def main(argv=None):
             torch.cuda.synchronize()
     peak = matmul_gflops(xp, sync=sync)
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
+    print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     ratios = []
     for name in (a.shapes or ",".join(SHAPES)).split(","):

@@ -87,6 +87,9 @@ def rng_for(xp, seed: int, *keys: int):
     return xp.random.default_rng(int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1)))
 
 
+ONE_HOT_MAX_V = 1024   # up to this many rows a one-hot product beats gathering and scattering rows
+
+
 def scatter_add_rows(dst, idx, src) -> None:
     """``dst[idx[n]] += src[n]`` for every row n, duplicates summed.
 
@@ -99,7 +102,7 @@ def scatter_add_rows(dst, idx, src) -> None:
         cupyx.scatter_add(dst, idx, src)
         return
     V, N = dst.shape[0], idx.shape[0]
-    if V <= 1024:
+    if V <= ONE_HOT_MAX_V:
         onehot = np.zeros((V, N), dtype=dst.dtype)       # (V, N)
         onehot[idx, np.arange(N)] = 1
         dst += onehot @ src
@@ -108,6 +111,45 @@ def scatter_add_rows(dst, idx, src) -> None:
     sorted_idx = idx[order]
     rows, starts = np.unique(sorted_idx, return_index=True)
     dst[rows] += np.add.reduceat(src[order], starts, axis=0)
+
+
+def swap01(dst, src) -> None:
+    """``dst[i, j, :] = src[j, i, :]``: swap the two leading axes of a 3-d array into ``dst``.
+
+    NumPy copies element by element along the short last axis (B, a few dozen), paying
+    its inner-loop overhead once per row; viewing each row as one opaque item makes it
+    a plain strided copy of whole rows, ~3x faster here. CuPy transposes on the device.
+    """
+    xp = xp_of(dst)
+    if xp is np and dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype:
+        row = np.dtype((np.void, dst.shape[2] * dst.itemsize))
+        d = dst.reshape(dst.shape[0], -1).view(row)                  # (A, J) rows
+        s = src.reshape(src.shape[0], -1).view(row)                  # (J, A) rows
+        np.copyto(d, s.T)
+        return
+    xp.copyto(dst, src.transpose(1, 0, 2))
+
+
+def transpose_panels(xp, R: int, C: int, dtype, b: int = 8):
+    """Scratch for :func:`transpose_into` of an (R, C) matrix, or None where it has no use."""
+    return np.empty((C // b, R, b), dtype=dtype) if (xp is np and C % b == 0) else None
+
+
+def transpose_into(dst, src, panels=None) -> None:
+    """``dst = src.T`` for a 2-d ``src`` (R, C) into a contiguous ``dst`` (C, R).
+
+    NumPy copies a transposed view one strided element at a time (~2.6 ns each
+    here); with ``panels``, a scratch (C // b, R, b) array, it first moves b-wide
+    row pieces as whole items (:func:`swap01`), then transposes each (R, b) panel,
+    which stays in cache: ~5x faster for a 2048 x 512 matrix.
+    """
+    xp = xp_of(dst)
+    if xp is not np or panels is None:
+        xp.copyto(dst, src.T)
+        return
+    n, R, b = panels.shape
+    swap01(panels, np.ascontiguousarray(src).reshape(R, n, b))       # (C / b, R, b)
+    np.copyto(dst.reshape(n, b, R), panels.transpose(0, 2, 1))
 
 
 def device_key(xp) -> str:

@@ -8,14 +8,22 @@ are converted by one transposing copy per chunk, not by strided writes in the
 loop (those cost ~4x more and evict the weights between steps).
 
 The caller computes the input projection ``zin = Wx @ x`` (GH, T, B) for all
-steps in one product; the kernels add the bias and run the recurrence. The backward pass
-propagates ``dh`` per step and forms ``dWhh`` as one (GH, N) @ (N, H) product.
+steps in one product, or fills ``z`` (T, GH, B) itself and passes ``step_major``.
+The kernels add the bias inside the loop, where the step's (GH, B) block is hot
+in cache. The chunk-wide layout changes go through :func:`backend.swap01`, which
+NumPy does as a copy of B-wide rows rather than of single numbers. The backward
+pass propagates ``dh`` per step with ``Whh`` transposed once per chunk
+(:func:`backend.transpose_into`) and forms ``dWhh`` as one (GH, N) @ (N, H) product.
 
 Stream resets: ``keep`` is (T, 1, B) with 0 where a stream restarts at step t:
 its incoming state is zeroed and no gradient flows back across the boundary.
-LSTM gate order is (i, f, o, g): the sigmoid gates are one contiguous block.
+LSTM gate order is (i, f, o, g): the sigmoid gates are one contiguous block,
+and ``sigmoid(a) = (1 + tanh(a / 2)) / 2`` lets one ``tanh`` call cover all four
+gates (NumPy's tanh is about twice as fast as the exp and division it replaces).
 """
 from __future__ import annotations
+
+from .backend import swap01, transpose_into, transpose_panels
 
 
 class Workspace:
@@ -29,6 +37,9 @@ class Workspace:
         self.hs = e(T + 1, H, B)      # [0] incoming state, [t + 1] output of step t
         self.hcat = e(H, T + 1, B)    # the same, feature-major
         self.tmp_g = e(G * H, B)
+        self.WhhT = e(H, G * H)       # the recurrent weights transposed, for the backward pass
+        self.panels = transpose_panels(xp, G * H, H, dtype)
+        self.bias = e(G * H, B)       # the bias broadcast over the batch, for in-loop adds
         self.dhs = e(T, H, B)         # gradient from above, step-major
         self.dzs = e(T, G * H, B)     # gate pre-activation gradients per step
         self.dz = e(G * H, T, B)      # the same, feature-major
@@ -49,14 +60,6 @@ class Workspace:
         return self.hcat[:, 1:, :].reshape(self.H, self.T * self.B)
 
 
-def _sigmoid_(xp, a):
-    # a <- 1 / (1 + exp(-a)), in place
-    xp.negative(a, out=a)
-    xp.exp(a, out=a)
-    a += 1.0
-    xp.reciprocal(a, out=a)
-
-
 def _incoming(xp, ws, t, keep, reset_steps):
     """The state entering step t: a view, or a masked copy at a mid-chunk reset."""
     h = ws.hs[t]
@@ -66,8 +69,10 @@ def _incoming(xp, ws, t, keep, reset_steps):
     return h, False
 
 
-def _start(xp, ws, b, state, keep, reset_steps):
-    xp.add(ws.zin.transpose(1, 0, 2), b[None, :, None], out=ws.z)    # (T, GH, B), bias folded in
+def _start(xp, ws, b, state, keep, reset_steps, step_major):
+    if not step_major:
+        swap01(ws.z, ws.zin)                                         # (T, GH, B)
+    xp.copyto(ws.bias, b[:, None])                                   # (GH, B)
     ws.hs[0] = state[0]
     if 0 in reset_steps:
         ws.hs[0] *= keep[0]
@@ -77,18 +82,25 @@ def _start(xp, ws, b, state, keep, reset_steps):
             ws.c[0] *= keep[0]
 
 
+def _step_input(xp, ws, z, Whh, hp):
+    """``z += Whh hp + bias``: the step's pre-activations (GH, B)."""
+    xp.matmul(Whh, hp, out=ws.tmp_g)
+    z += ws.tmp_g
+    z += ws.bias
+
+
 def _finish_forward(xp, ws):
-    xp.copyto(ws.hcat, ws.hs.transpose(1, 0, 2))                     # (H, T + 1, B)
+    swap01(ws.hcat, ws.hs)                                           # (H, T + 1, B)
 
 
 def _start_backward(xp, ws, dhout):
-    xp.copyto(ws.dhs, dhout.transpose(1, 0, 2))                     # (T, H, B)
+    swap01(ws.dhs, dhout)                                            # (T, H, B)
 
 
 def _dwhh(xp, ws, dWhh, keep, reset_steps):
     # dWhh = sum_t dz_t hprev_t^T over the chunk, then undo the unmasked part at resets
     N, H = ws.T * ws.B, ws.H
-    xp.copyto(ws.dz, ws.dzs.transpose(1, 0, 2))                     # (GH, T, B)
+    swap01(ws.dz, ws.dzs)                                            # (GH, T, B)
     hprev = ws.hcat[:, :ws.T, :].reshape(H, N)                      # (H, N) view
     xp.matmul(ws.dz.reshape(-1, N), hprev.T, out=dWhh)              # (GH, H)
     for t in reset_steps:
@@ -97,14 +109,13 @@ def _dwhh(xp, ws, dWhh, keep, reset_steps):
             dWhh -= ws.dzs[t] @ dropped.T
 
 
-def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps):
+def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
     """``h_t = tanh(zin_t + b + Whh h_{t-1})``; returns the final state (1, H, B)."""
-    _start(xp, ws, b, state, keep, reset_steps)
+    _start(xp, ws, b, state, keep, reset_steps, step_major)
     for t in range(ws.T):
         hp, _ = _incoming(xp, ws, t, keep, reset_steps)
         z = ws.z[t]                                                  # (H, B)
-        xp.matmul(Whh, hp, out=ws.tmp_g)
-        z += ws.tmp_g
+        _step_input(xp, ws, z, Whh, hp)
         xp.tanh(z, out=ws.hs[t + 1])
     _finish_forward(xp, ws)
     return ws.hs[None, ws.T].copy()
@@ -115,7 +126,8 @@ def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
 
     Leaves ``dz`` (H, T, B) in ``ws.dz`` and writes ``dWhh``.
     """
-    WhhT = xp.ascontiguousarray(Whh.T)                               # (H, GH)
+    WhhT = ws.WhhT                                                   # (H, GH)
+    transpose_into(WhhT, Whh, ws.panels)
     _start_backward(xp, ws, dhout)
     dh, dh_next = ws.dh, ws.dh_next
     dh_next.fill(0)
@@ -125,16 +137,18 @@ def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
         xp.multiply(h, h, out=dzt)                                   # dz = (1 - h^2) dh
         xp.subtract(1.0, dzt, out=dzt)
         dzt *= dh
+        if t == 0:
+            break                       # truncated BPTT: nothing flows into the incoming state
         xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
     _dwhh(xp, ws, dWhh, keep, reset_steps)
 
 
-def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps):
+def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
     """LSTM over the chunk; returns the final state (2, H, B): (h, c)."""
     H = ws.H
-    _start(xp, ws, b, state, keep, reset_steps)
+    _start(xp, ws, b, state, keep, reset_steps, step_major)
     for t in range(ws.T):
         hp, masked = _incoming(xp, ws, t, keep, reset_steps)
         cp = ws.c[t]
@@ -142,10 +156,12 @@ def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps):
             xp.multiply(cp, keep[t], out=ws.cmask)
             cp = ws.cmask
         z = ws.z[t]                                                  # (4H, B)
-        xp.matmul(Whh, hp, out=ws.tmp_g)
-        z += ws.tmp_g
-        _sigmoid_(xp, z[:3 * H])
-        xp.tanh(z[3 * H:], out=z[3 * H:])
+        _step_input(xp, ws, z, Whh, hp)
+        s = z[:3 * H]
+        s *= 0.5                                                     # sigmoid through tanh
+        xp.tanh(z, out=z)
+        s *= 0.5
+        s += 0.5
         i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
         ct = ws.c[t + 1]
         xp.multiply(f, cp, out=ct)
@@ -166,7 +182,8 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     Leaves the pre-activation gradients (4H, T, B) in ``ws.dz``, writes ``dWhh``.
     """
     H = ws.H
-    WhhT = xp.ascontiguousarray(Whh.T)                               # (H, 4H)
+    WhhT = ws.WhhT                                                   # (H, 4H)
+    transpose_into(WhhT, Whh, ws.panels)
     _start_backward(xp, ws, dhout)
     dh, dh_next, dc = ws.dh, ws.dh_next, ws.dc_next
     tmp, tmp3 = ws.tmp, ws.tmp3
@@ -179,9 +196,8 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
         di, df, do, dg = dzt[:H], dzt[H:2 * H], dzt[2 * H:3 * H], dzt[3 * H:]
         tc = ws.tc[t]
         xp.multiply(dh, tc, out=do)
-        xp.multiply(tc, tc, out=tmp)                                 # dc += dh o (1 - tanh(c)^2)
-        xp.subtract(1.0, tmp, out=tmp)
-        tmp *= o
+        xp.multiply(ws.hs[t + 1], tc, out=tmp)                       # dc += dh o (1 - tanh(c)^2),
+        xp.subtract(o, tmp, out=tmp)                                 # o (1 - tc^2) = o - h tc
         tmp *= dh
         dc += tmp
         xp.multiply(dc, g, out=di)
@@ -199,6 +215,8 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
         xp.multiply(g, g, out=tmp)                                   # tanh' = 1 - g^2
         xp.subtract(1.0, tmp, out=tmp)
         dg *= tmp
+        if t == 0:
+            break                       # truncated BPTT: nothing flows into the incoming state
         xp.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]

@@ -26,6 +26,18 @@ def _gather_columns(xp, table, idx, out):
         out[...] = xp.take(table, idx, axis=0).T
 
 
+def _onehot_steps(xp, table, x, onehot, out):
+    """``out[t] = table[x[t]].T``: rows of ``table`` (V, W) as step-major columns (T, W, B).
+
+    One batched product with one-hot columns: exact (one nonzero term per sum) and,
+    for a small vocabulary, ~3x faster than a gather plus a change of layout.
+    """
+    T, B = x.shape
+    onehot.fill(0)
+    onehot[xp.arange(T)[:, None], x, xp.arange(B)[None, :]] = 1        # (T, V, B)
+    xp.matmul(table.T, onehot, out=out)                                  # (T, W, B)
+
+
 class _ChunkBuffers:
     """Everything one (T, B) chunk needs, allocated once and reused."""
 
@@ -34,6 +46,8 @@ class _ChunkBuffers:
         e = lambda *s: xp.empty(s, dtype=dt)  # noqa: E731
         self.layers = [cells.Workspace(xp, T, B, H, m.G, dt) for _ in range(m.L)]
         self.x0 = e(m.E, N) if m.E else None           # embedded input (E, N)
+        small = not m.E and m.V <= backend.ONE_HOT_MAX_V
+        self.onehot = e(T, m.V, B) if small else None  # one-hot input, step-major
         self.dx0 = e(m.E, N) if m.E else None
         self.dh = [e(H, T, B) for _ in range(m.L)]      # dL/d(layer output)
         self.dropped = [e(H, N) for _ in range(m.L)] if m.dropout else None
@@ -144,17 +158,21 @@ class RNNLM:
         for layer in range(self.L):
             ws = buf.layers[layer]
             zin = ws.zin.reshape(-1, N)                                  # (GH, N)
+            step_major = False
             if layer == 0 and self.E:
                 _gather_columns(xp, p["embed"], idx, buf.x0)             # (E, N)
                 if drop:
                     self._dropout(rng, buf.x0, buf.mask0, drop)
                 xp.matmul(p["Wx0"], buf.x0, out=zin)
-            elif layer == 0:                                             # one-hot input
+            elif layer == 0 and buf.onehot is not None:                  # one-hot input
+                _onehot_steps(xp, p["embed"], x, buf.onehot, ws.z)       # (T, GH, B)
+                step_major = True
+            elif layer == 0:
                 _gather_columns(xp, p["embed"], idx, zin)
             else:
                 xp.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
             new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], p[f"b{layer}"], state[layer],
-                                                keep, reset_steps)
+                                                keep, reset_steps, step_major)
             act = ws.hout                                                # (H, N)
             if drop:
                 buf.dropped[layer][...] = act

@@ -1,0 +1,46 @@
+"""Array helpers of rnnlm.core.backend."""
+import itertools
+
+import numpy as np
+import pytest
+
+from rnnlm.core import backend
+
+
+@pytest.mark.parametrize("shape", [(5, 7, 3), (1, 4, 32), (6, 1, 1)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_swap01_swaps_the_leading_axes(xp, shape, dtype):
+    A, J, C = shape
+    src = np.arange(A * J * C, dtype=dtype).reshape(J, A, C) * 1.5 - 7
+    dst = xp.full((A, J, C), np.nan, dtype=dtype)
+    backend.swap01(dst, xp.asarray(src))
+    got = backend.to_numpy(dst)
+    for i, j in itertools.product(range(A), range(J)):
+        assert list(got[i, j]) == list(src[j, i])
+
+
+def test_swap01_of_a_strided_source_or_destination():
+    src = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4)
+    dst = np.zeros((6, 2, 8), dtype=np.float32)
+    backend.swap01(dst[:, :, ::2], src)               # neither a contiguous destination...
+    assert np.array_equal(dst[:, :, ::2], np.moveaxis(src, 0, 1))
+    assert not dst[:, :, 1::2].any()                  # ...nor a write outside it
+    out = np.zeros((6, 2, 2), dtype=np.float32)
+    backend.swap01(out, src[:, :, 1:3])               # nor a contiguous source
+    assert np.array_equal(out, np.moveaxis(src[:, :, 1:3], 0, 1))
+
+
+@pytest.mark.parametrize("R,C", [(24, 16), (2048, 512), (5, 3)])
+def test_transpose_into(xp, R, C):
+    src = np.arange(R * C, dtype=np.float32).reshape(R, C) - 100
+    dst = xp.zeros((C, R), dtype=np.float32)
+    backend.transpose_into(dst, xp.asarray(src), backend.transpose_panels(xp, R, C, np.float32))
+    got = backend.to_numpy(dst)
+    for r, c in [(0, 0), (R - 1, C - 1), (R // 2, C // 3), (1, C - 1), (R - 1, 0)]:
+        assert got[c, r] == src[r, c]
+    assert np.array_equal(got, src.T)
+
+
+def test_transpose_panels_only_where_the_shape_allows():
+    assert backend.transpose_panels(np, 24, 16, np.float32).shape == (2, 24, 8)
+    assert backend.transpose_panels(np, 24, 12, np.float32) is None
