@@ -4,6 +4,7 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
     python benchmarks/kernels.py [--threads N] [--seconds S] [--shapes a,b]
     python benchmarks/kernels.py --device gpu --batch 128   # CuPy vs PyTorch CUDA
     python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax (seed 000)
+    python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time
 
 Prints one line per shape and, last, ``min_ratio_vs_torch=<number>``.
 Character models take one-hot inputs in both (PyTorch: an LSTM whose input
@@ -225,6 +226,35 @@ def sampled_main(a, xp, sync):
     print(f"min_sampled_speedup={min(speedups):.3f}")
 
 
+def profile_main(a, xp, steps=20):
+    """Where rnnlm's step spends its time: cProfile's own time per function over ``steps`` steps.
+
+    The kernels call NumPy directly, so a function's own time is the NumPy work it issues:
+    ``_step_input`` is the per-step recurrent product, ``lstm_backward`` / ``rnn_backward`` the
+    backward loop (its per-step product included), ``_dwhh`` and ``loss_and_grad`` the chunk-wide
+    products, ``swap01`` / ``transpose_into`` the layout changes.
+    """
+    import cProfile
+    import pstats
+    print(blas_line())
+    for name in (a.shapes or ",".join(SHAPES)).split(","):
+        shape = SHAPES[name]
+        B = a.batch or shape[6]
+        step = make_rnnlm_step(xp, shape, B)
+        step()
+        step()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.runcall(lambda: [step() for _ in range(steps)])
+        ms = (time.perf_counter() - t0) / steps * 1e3
+        print(f"== {name}: {ms:.1f} ms per step under the profiler ({shape[5] * B / ms * 1e3:.0f} tok/s)")
+        stats = pstats.Stats(prof).stats
+        rows = sorted(((tt / steps * 1e3, f"{func[2]} ({os.path.basename(func[0])})")
+                       for func, (_, _, tt, _, _) in stats.items()), reverse=True)
+        for own, label in rows[:12]:
+            print(f"  {own:7.2f} ms  {label}")
+
+
 def make_torch_step(torch, shape, B, device):
     cell, V, E, H, L, T, _ = shape
     nn = torch.nn
@@ -271,6 +301,8 @@ def main(argv=None):
     ap.add_argument("--shapes", default=None, help="default: all; ptb-small,ptb-medium with --sampled")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--batch", type=int, default=0, help="override B for every shape")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile rnnlm's step (cProfile, own time per function) instead of timing against PyTorch")
     ap.add_argument("--sampled", type=float, default=None, metavar="MU",
                     help="time full against sampled softmax (v_f adds MU of the vocabulary), no PyTorch")
     a = ap.parse_args(argv)
@@ -282,6 +314,8 @@ def main(argv=None):
             if a.device == "gpu":
                 xp.cuda.Device().synchronize()
         return sampled_main(a, xp, xp_sync)
+    if a.profile:
+        return profile_main(a, xp)
     import torch
 
     torch.set_num_threads(a.threads)
