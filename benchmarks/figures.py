@@ -1,6 +1,6 @@
 """The seeds' figures, reproduced from this project's runs (PNGs in docs/figures/).
 
-    python benchmarks/figures.py [--only seed001,seed000,seed002,seed004,frontier] [--draw-only]
+    python benchmarks/figures.py [--only seed001,seed000,seed002,seed004,frontier,shakespeare] [--draw-only]
                                  [--out runs/figures] [--figures docs/figures]
 
 Every training run is a ``jobs/train.py`` process (its own SparkSession, ``run.json``
@@ -22,6 +22,9 @@ finishes a stage in minutes; ``--draw-only`` redraws from the runs already there
 ``frontier`` PTB small, 0.5 epoch per exchange setting: best validation perplexity against
              bytes per training token with the Pareto front (with seed000's mu runs); and
              the sync fraction against K for dense and the sparse conf's exchange.
+``shakespeare`` conf/shakespeare_char.toml as it stands (2x512 char LSTM, 2 partitions, 10
+             epochs, ~14 minutes): training and validation loss against wall time, with
+             nanoGPT's 1.47 on the same split.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-STAGES = ("seed001", "seed000", "seed002", "seed004", "frontier")
+STAGES = ("seed001", "seed000", "seed002", "seed004", "frontier", "shakespeare")
+NANOGPT_CHAR = 1.47           # nanoGPT's baby char transformer, validation nats/char on the same 90/10 split
 SHAKESPEARE = ("data/tinyshakespeare.train.txt", "data/tinyshakespeare.valid.txt")
 
 # seed 001: 1x25 LSTM, T=25, B=16, 10 local steps a round; sampled strategies train on a sample
@@ -140,6 +144,10 @@ def run_seed004(out: str):
                              cwd=ROOT)
         if rc != 0:
             raise SystemExit(f"benchmarks/worker_failure.py --figure {fig} failed")
+
+
+def run_shakespeare(out: str):
+    train(os.path.join(out, "char"), "conf/shakespeare_char.toml", [])
 
 
 def _speed(run) -> float:
@@ -269,9 +277,29 @@ def draw_frontier(d: str, out: str) -> list:
     return done
 
 
+def draw_shakespeare(d: str, out: str) -> list:
+    from rnnlm import plots, runs
+    run = runs.load(os.path.join(d, "char"))
+    ax = plots._axes(None)
+    for y, label in (("train_loss", "training (mean of the round's steps, dropout on)"), ("valid_loss", "validation")):
+        xs, ys = plots.series(run, "wall", y)
+        ax.plot(xs, ys, label=label, marker="." if y == "valid_loss" else None)
+    ax.axhline(NANOGPT_CHAR, color="grey", linestyle="--", label=f"nanoGPT char transformer, {NANOGPT_CHAR}")
+    ax.set_ylim(1.0, 2.4)
+    ax.set_xlabel("wall time (s), 2 partitions on local[2]")
+    ax.set_ylabel("loss (nats/char)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Tiny Shakespeare, raw text, conf/shakespeare_char.toml (2x512 LSTM)", fontsize=10)
+    last = [m for m in run.metrics if "valid_loss" in m][-1]
+    return [(plots.save(ax, os.path.join(out, "shakespeare_char.png")),
+             {"valid_loss": round(last["valid_loss"], 3), "epoch": round(last["epoch"], 2),
+              "wall_s": round(last["wall_s"])})]
+
+
 def draw(stage: str, d: str, out: str) -> list:
     return {"seed001": draw_seed001, "seed000": draw_seed000, "seed002": draw_seed002, "seed004": draw_seed004,
-            "frontier": draw_frontier}[stage](d, out)
+            "frontier": draw_frontier, "shakespeare": draw_shakespeare}[stage](d, out)
 
 
 def main(argv=None) -> int:
@@ -286,7 +314,8 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise SystemExit(f"--only: unknown stage {bad[0]} (choose from {', '.join(STAGES)})")
-    runners = {"seed001": run_seed001, "seed000": run_seed000, "seed004": run_seed004, "frontier": run_frontier}
+    runners = {"seed001": run_seed001, "seed000": run_seed000, "seed004": run_seed004, "frontier": run_frontier,
+               "shakespeare": run_shakespeare}
     if not a.draw_only:
         for s in stages:
             if s in runners:
