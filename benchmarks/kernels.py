@@ -236,6 +236,8 @@ def profile_main(a, xp, steps=20):
     """
     import cProfile
     import pstats
+    if a.device != "cpu":
+        raise SystemExit("--profile times NumPy's step on the CPU: leave out --device gpu")
     print(blas_line())
     for name in (a.shapes or ",".join(SHAPES)).split(","):
         shape = SHAPES[name]

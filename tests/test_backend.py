@@ -44,3 +44,20 @@ def test_transpose_into(xp, R, C):
 def test_transpose_panels_only_where_the_shape_allows():
     assert backend.transpose_panels(np, 24, 16, np.float32).shape == (2, 24, 8)
     assert backend.transpose_panels(np, 24, 12, np.float32) is None
+
+
+def test_swap01_refuses_shapes_that_do_not_match():
+    with pytest.raises(ValueError, match="does not match"):
+        backend.swap01(np.zeros((2, 3, 4)), np.zeros((3, 4, 2)))
+
+
+def test_transpose_into_from_a_strided_source():
+    big = np.arange(16 * 24, dtype=np.float32).reshape(16, 24)
+    src = big[:, ::2]                                   # (16, 12), not contiguous
+    dst = np.zeros((12, 16), dtype=np.float32)
+    backend.transpose_into(dst, src, backend.transpose_panels(np, 16, 12, np.float32))
+    assert np.array_equal(dst, src.T)
+    src = big[::2, :16]                                 # (8, 16): the panel path
+    dst = np.zeros((16, 8), dtype=np.float32)
+    backend.transpose_into(dst, src, backend.transpose_panels(np, 8, 16, np.float32))
+    assert np.array_equal(dst, src.T)

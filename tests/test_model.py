@@ -78,8 +78,8 @@ def test_one_chunk_of_2T_equals_two_chunks_with_carried_state(xp, cell):
 
 @pytest.mark.parametrize("cell", ["rnn", "lstm"])
 def test_gathered_one_hot_input_equals_the_one_hot_product(xp, cell, monkeypatch):
-    """Above ``ONE_HOT_MAX_V`` one-hot input is gathered row by row: same loss, same gradient, and
-    both equal the per-token reference."""
+    """Above ``ONE_HOT_INPUT_MAX_V`` (or on CuPy) one-hot input is gathered row by row: same loss,
+    same gradient, and both equal the per-token reference."""
     cfg = ModelConfig(cell=cell, vocab_size=13, hidden=6, layers=2, init_scale=0.5)
     r = np.random.default_rng(6)
     x, y = r.integers(0, 13, (6, 3)), r.integers(0, 13, (6, 3))
@@ -87,17 +87,17 @@ def test_gathered_one_hot_input_equals_the_one_hot_product(xp, cell, monkeypatch
     reset[2, 1] = True
     state = r.normal(0, 0.3, (2, 2 if cell == "lstm" else 1, 6, 3))
     out = {}
-    for limit in (1024, 4):
-        monkeypatch.setattr(backend, "ONE_HOT_MAX_V", limit)
+    for limit in (80, 4):
+        monkeypatch.setattr(backend, "ONE_HOT_INPUT_MAX_V", limit)
         m = RNNLM(cfg, xp=xp, dtype="float64")
-        assert (m._bufs(6, 3).onehot is None) == (limit < 13)
+        assert (m._bufs(6, 3).onehot is None) == (limit < 13 or xp is not np)
         p = m.init_params(7)
         g = xp.empty_like(p)
         loss, _, _ = m.loss_and_grad(p, g, xp.asarray(x), xp.asarray(y), xp.asarray(state), xp.asarray(reset),
                                      grad_scale=1.0)
         assert loss == pytest.approx(naive_nll(m, p, x, y, state, reset), rel=1e-12)
         out[limit] = backend.to_numpy(g)
-    assert np.allclose(out[4], out[1024], rtol=1e-12, atol=1e-14)
+    assert np.allclose(out[4], out[80], rtol=1e-12, atol=1e-14)
     assert np.abs(out[4]).max() > 0
 
 

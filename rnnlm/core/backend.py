@@ -87,7 +87,8 @@ def rng_for(xp, seed: int, *keys: int):
     return xp.random.default_rng(int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1)))
 
 
-ONE_HOT_MAX_V = 1024   # up to this many rows a one-hot product beats gathering and scattering rows
+ONE_HOT_MAX_V = 1024   # up to this many rows a one-hot product beats scattering rows (the embedding gradient)
+ONE_HOT_INPUT_MAX_V = 80   # up to this many, NumPy builds one-hot input as a product (model._onehot_steps)
 
 
 def scatter_add_rows(dst, idx, src) -> None:
@@ -120,6 +121,9 @@ def swap01(dst, src) -> None:
     its inner-loop overhead once per row; viewing each row as one opaque item makes it
     a plain strided copy of whole rows, ~3x faster here. CuPy transposes on the device.
     """
+    A, J, C = dst.shape
+    if src.shape != (J, A, C):
+        raise ValueError(f"swap01: source {src.shape} does not match destination {dst.shape} with its axes swapped")
     xp = xp_of(dst)
     if xp is np and dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype:
         row = np.dtype((np.void, dst.shape[2] * dst.itemsize))

@@ -32,7 +32,7 @@ class Workspace:
     def __init__(self, xp, T, B, H, G, dtype):
         self.T, self.B, self.H, self.G = T, B, H, G
         e = lambda *s: xp.empty(s, dtype=dtype)  # noqa: E731
-        self.zin = e(G * H, T, B)     # input projection of every step (caller fills)
+        self.zin = e(G * H, T, B)     # input projection of every step (caller fills, unless step-major)
         self.z = e(T, G * H, B)       # per step: projection, then gate activations
         self.hs = e(T + 1, H, B)      # [0] incoming state, [t + 1] output of step t
         self.hcat = e(H, T + 1, B)    # the same, feature-major
