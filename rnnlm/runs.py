@@ -246,8 +246,8 @@ def labels(runs, keys=None) -> list:
     out = []
     for r in runs:
         f = r.flat_config()
-        out.append(", ".join(f"{short[k]}={_short(f.get(k))}" for k in keys) if f else r.name)
-        out[-1] = out[-1] or r.name
+        label = ", ".join(f"{short[k]}={_short(f.get(k))}" for k in keys) if f else ""
+        out.append(label or r.name)
     if len(set(out)) < len(out):
         out = [f"{r.name}: {lab}" if lab != r.name else lab for r, lab in zip(runs, out)]
     return out

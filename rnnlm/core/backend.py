@@ -91,6 +91,12 @@ ONE_HOT_MAX_V = 1024   # up to this many rows a one-hot product beats scattering
 ONE_HOT_INPUT_MAX_V = 80   # up to this many, NumPy builds one-hot input as a product (model._onehot_steps)
 
 
+def onehot_input_product(xp, V: int) -> bool:
+    """Whether one-hot input over ``V`` symbols is built as a product rather than gathered:
+    on NumPy for a small vocabulary only (the product's cost grows with V; CuPy gathers)."""
+    return xp is np and V <= ONE_HOT_INPUT_MAX_V
+
+
 def scatter_add_rows(dst, idx, src) -> None:
     """``dst[idx[n]] += src[n]`` for every row n, duplicates summed.
 
@@ -152,7 +158,7 @@ def transpose_into(dst, src, panels=None) -> None:
         xp.copyto(dst, src.T)
         return
     n, R, b = panels.shape
-    swap01(panels, np.ascontiguousarray(src).reshape(R, n, b))       # (C / b, R, b)
+    swap01(panels, src.reshape(R, n, b))                             # (C / b, R, b); a strided src is copied
     np.copyto(dst.reshape(n, b, R), panels.transpose(0, 2, 1))
 
 

@@ -173,11 +173,11 @@ def in_run(path: str, fs) -> str:
     """``path``, or ``path/checkpoint`` when ``path`` is a run directory (the ``--out`` of
     training) rather than a checkpoint; ``fs`` answers ``exists`` (a :class:`LocalFS` or
     Hadoop's)."""
+    def is_checkpoint(p):
+        return fs.exists(f"{p}/{MANIFEST}") or fs.exists(f"{p}.old/{MANIFEST}")
     path = path.rstrip("/") or path
-    if fs.exists(f"{path}/{MANIFEST}") or fs.exists(f"{path}.old/{MANIFEST}"):
-        return path
     inner = f"{path}/checkpoint"
-    return inner if fs.exists(f"{inner}/{MANIFEST}") or fs.exists(f"{inner}.old/{MANIFEST}") else path
+    return inner if not is_checkpoint(path) and is_checkpoint(inner) else path
 
 
 def load(path: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:

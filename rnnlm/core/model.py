@@ -49,7 +49,7 @@ class _ChunkBuffers:
         e = lambda *s: xp.empty(s, dtype=dt)  # noqa: E731
         self.layers = [cells.Workspace(xp, T, B, H, m.G, dt) for _ in range(m.L)]
         self.x0 = e(m.E, N) if m.E else None           # embedded input (E, N)
-        small = not m.E and m.V <= backend.ONE_HOT_INPUT_MAX_V and xp is np
+        small = not m.E and backend.onehot_input_product(xp, m.V)
         self.onehot = e(T, m.V, B) if small else None  # one-hot input, step-major
         self.dx0 = e(m.E, N) if m.E else None
         self.dh = [e(H, T, B) for _ in range(m.L)]      # dL/d(layer output)
