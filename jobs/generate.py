@@ -3,7 +3,9 @@
     python jobs/generate.py --checkpoint DIR [--prime TEXT] [--length N]
                             [--temperature T] [--argmax] [--seed S]
 
-DIR is a checkpoint or a training run's directory (the ``--out`` of train).
+DIR is a checkpoint or a training run's directory (the ``--out`` of train). A local DIR is read
+with plain Python; any other Hadoop path (``hdfs://...``, or a path without a scheme while
+``$HADOOP_CONF_DIR`` names HDFS as the default filesystem) through a local Spark JVM.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from rnnlm.cli import load_checkpoint  # noqa: E402
 from rnnlm.core import checkpoint  # noqa: E402
 from rnnlm.core.generate import generate  # noqa: E402
 from rnnlm.core.model import build as build_model  # noqa: E402
@@ -28,7 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:
-        ck = checkpoint.load(a.checkpoint)
+        ck = load_checkpoint(a.checkpoint)
         model = build_model(ck.config.model)
         text = generate(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
                         temperature=a.temperature, argmax=a.argmax, seed=a.seed)

@@ -6,7 +6,7 @@ import sys
 from .core import checkpoint
 from . import config
 from .spark import corpus
-from .spark.hfs import HadoopFS
+from .spark.hfs import HadoopFS, default_fs, resolve
 from .core.metrics import loss_fields
 from .spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
 from .core.vocab import VocabError
@@ -98,6 +98,20 @@ def evaluate(a) -> int:
         print(f"{k} {v:.4f}")
     print(f"ppl={fields['test_ppl']:.4f}")
     return 0
+
+
+def load_checkpoint(path: str) -> checkpoint.Checkpoint:
+    """A checkpoint or run directory: a local one with plain Python, any other Hadoop path
+    (``hdfs://``, or a scheme-less path while ``$HADOOP_CONF_DIR`` names another default
+    filesystem) through Hadoop's client in a local Spark JVM."""
+    is_local, local = resolve(path, default_fs())
+    if is_local:
+        return checkpoint.load(local)
+    spark = _session("rnnlm-read-checkpoint", "local[1]")
+    try:
+        return read_checkpoint(spark.sparkContext, path)
+    finally:
+        spark.stop()
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:

@@ -13,6 +13,7 @@ logic this module runs over Hadoop's client too).
 from __future__ import annotations
 
 import os
+import xml.etree.ElementTree as ET
 from urllib.parse import urlparse
 
 from ..core.files import LocalFS, ReplaceSafely
@@ -45,6 +46,20 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
     if urlparse(default_fs).scheme in ("", "file"):
         return True, os.path.abspath(path)
     return False, path
+
+
+def default_fs(conf_dir: str | None = None) -> str:
+    """``fs.defaultFS`` as Hadoop's client on this machine would see it, read without a JVM:
+    from ``core-site.xml`` in ``conf_dir`` (default ``$HADOOP_CONF_DIR``), else ``file:///``."""
+    conf_dir = conf_dir if conf_dir is not None else os.environ.get("HADOOP_CONF_DIR", "")
+    try:
+        root = ET.parse(os.path.join(conf_dir, "core-site.xml")).getroot() if conf_dir else None
+    except (OSError, ET.ParseError):
+        root = None
+    for prop in root.iter("property") if root is not None else ():
+        if (prop.findtext("name") or "").strip() == "fs.defaultFS":
+            return (prop.findtext("value") or "").strip() or "file:///"
+    return "file:///"
 
 
 class HadoopFS(ReplaceSafely):
