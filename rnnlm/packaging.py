@@ -1,8 +1,17 @@
-"""Building what ``spark-submit --py-files`` ships: the ``rnnlm`` package as a zip."""
+"""Building what ``spark-submit`` ships to a cluster: the ``rnnlm`` package as a zip for
+``--py-files``, and a packed Python environment with NumPy for ``--archives``."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import zipfile
+
+
+class PackagingError(RuntimeError):
+    """The environment cannot be built; the message is one line."""
 
 
 def build_pyfiles(dest: str) -> str:
@@ -19,4 +28,43 @@ def build_pyfiles(dest: str) -> str:
                     full = os.path.join(d, f)
                     z.write(full, os.path.relpath(full, root))
     os.replace(tmp, dest)
+    return dest
+
+
+def executor_requirements() -> list:
+    """What executors need besides ``rnnlm`` (which travels with ``--py-files``) and PySpark
+    (which Spark ships itself): NumPy, at the driver's version, so both compute alike."""
+    import numpy
+    return [f"numpy=={numpy.__version__}"]
+
+
+def build_env(dest: str, requirements: list | None = None, python: str = sys.executable) -> str:
+    """Pack a new virtual environment holding ``requirements`` into ``dest`` (``.tar.gz``).
+
+    The environment is made by ``python -m venv`` and packed by venv-pack (the ``cluster``
+    extra), whose archives keep the interpreter's absolute path: every node needs that
+    Python at the same path, as nodes installed from one image have. ``spark-submit
+    --archives dest#env`` unpacks it in each container as ``./env``.
+    """
+    try:
+        import venv_pack
+    except ImportError:
+        raise PackagingError("packing an environment needs venv-pack: pip install -e \".[cluster]\"") from None
+    requirements = requirements or executor_requirements()
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="rnnlm-env.")
+    try:
+        env = os.path.join(work, "env")
+        for cmd, what in (([python, "-m", "venv", env], "creating the virtual environment"),
+                          ([os.path.join(env, "bin", "python"), "-m", "pip", "install", "-q",
+                            "--disable-pip-version-check", *requirements], f"installing {' '.join(requirements)}")):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+                raise PackagingError(f"{what} failed: {last}")
+        tmp = os.path.join(work, "env.tar.gz")
+        venv_pack.pack(prefix=env, output=tmp, verbose=False)
+        shutil.move(tmp, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return dest
