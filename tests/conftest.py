@@ -33,6 +33,31 @@ def spark():
     s.stop()
 
 
+@pytest.fixture(scope="session")
+def hadoop(tmp_path_factory):
+    """One real HDFS (2 DataNodes, WebHDFS) and YARN (2 NodeManagers) for the whole session.
+
+    Without Java or Maven the tests that need it skip with the reason, unless
+    ``RNNLM_REQUIRE_HADOOP`` is set (CI sets it: a skip there is a failure).
+    """
+    from rnnlm.hadoop.minicluster import MiniCluster, missing_tools
+    problem = missing_tools()
+    if problem:
+        if os.environ.get("RNNLM_REQUIRE_HADOOP"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    with MiniCluster(str(tmp_path_factory.mktemp("hadoop"))) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def webhdfs(hadoop):
+    """An HdfsCLI client of the session's cluster, as the user the tests run as."""
+    import getpass
+    from hdfs import InsecureClient
+    return InsecureClient(hadoop.endpoints.webhdfs, user=getpass.getuser())
+
+
 @pytest.fixture
 def tiny_cfg():
     """A small, fast character LSTM on the project's own text."""

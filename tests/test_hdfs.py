@@ -1,0 +1,295 @@
+"""HDFS for real: a NameNode and two DataNodes (rnnlm.hadoop.minicluster), driven through the
+same code and jobs users run. The corpus, a run's output, resume, crash-safe replacement, a
+DataNode lost mid-run, evaluate and generate on HDFS, and runs read back over WebHDFS."""
+import getpass
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rnnlm import cli, config, runs
+from rnnlm.core import checkpoint
+from rnnlm.spark import trainer
+from rnnlm.spark.hfs import HadoopFS, default_fs
+
+pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")
+HARBOUR_VALID = os.path.join(ROOT, "rnnlm", "data", "harbour_valid.txt")
+USER = getpass.getuser()
+# a small character LSTM that writes a checkpoint every round, so that HDFS is written throughout
+TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4", "train.eval_every=3",
+        "train.checkpoint_every=1", f"data.train=file://{HARBOUR}", f"data.valid=file://{HARBOUR_VALID}"]
+
+
+def train(hadoop, out, *sets, resume=False, cwd=None):
+    """``jobs/train.py`` as a user runs it, with the cluster's ``HADOOP_CONF_DIR``."""
+    args = [a for s in (*TINY, *sets) for a in ("--set", s)]
+    env = hadoop.env()
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config",
+                        os.path.join(ROOT, "conf", "demo.toml"), "--out", out, "--samples", "0",
+                        *(["--resume"] if resume else []), *args],
+                       cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def read_ck(webhdfs, path):
+    """A checkpoint on HDFS, read over WebHDFS (no Spark), as ``checkpoint.load`` reads a local one."""
+    def read(name):
+        if webhdfs.status(f"{path}/{name}", strict=False) is None:
+            return None
+        with webhdfs.read(f"{path}/{name}") as f:
+            return f.read()
+    return checkpoint.from_files(read, path)
+
+
+def cat(webhdfs, path) -> bytes:
+    with webhdfs.read(path) as f:
+        return f.read()
+
+
+def metrics(webhdfs, run):
+    return [json.loads(x) for x in cat(webhdfs, f"{run}/metrics.jsonl").decode().splitlines()]
+
+
+def home(path):
+    """The absolute HDFS path of a scheme-less one: relative paths are under /user/<name>."""
+    return f"/user/{USER}/{path}"
+
+
+@pytest.fixture(scope="module")
+def reference(hadoop, webhdfs, tmp_path_factory):
+    """A 6-round run written to HDFS through a scheme-less --out, as on a YARN cluster."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    train(hadoop, "runs/ref", "train.rounds=6", cwd=str(cwd))
+    assert list(cwd.iterdir()) == []            # nothing landed on the local disk
+    return home("runs/ref")
+
+
+def test_cluster_is_real_and_on_loopback(hadoop, webhdfs):
+    assert default_fs(hadoop.endpoints.conf_dir) == hadoop.endpoints.fs_default
+    assert hadoop.endpoints.fs_default.startswith("hdfs://localhost:")
+    webhdfs.write("/probe/x", b"abc", overwrite=True, replication=2)
+    st = webhdfs.status("/probe/x")
+    assert (st["length"], st["replication"]) == (3, 2)
+    # every port the JVM listens on is on loopback
+    pid = hadoop.proc.pid
+    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+              if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")}
+    listening = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:          # LISTEN
+                listening.append(f[1].split(":")[0])
+    assert len(listening) >= 8, listening
+    loopback = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+    assert set(listening) <= loopback, listening
+
+
+def test_corpus_on_hdfs_reads_as_on_the_local_disk(spark, hadoop, webhdfs, tmp_path):
+    """Plain, gzip and a directory of files: vocabulary and every partition's tokens equal file://'s."""
+    text = open(HARBOUR, "rb").read()
+    cut = text.index(b"\n\n", len(text) // 2) + 2
+    local = tmp_path / "dir"
+    local.mkdir()
+    (local / "part-0").write_bytes(text[:cut])
+    (local / "part-1").write_bytes(text[cut:])
+    (tmp_path / "h.txt.gz").write_bytes(gzip.compress(text))
+    webhdfs.write("/corpus/plain/harbour.txt", text, overwrite=True)
+    webhdfs.write("/corpus/gz/harbour.txt.gz", gzip.compress(text), overwrite=True)
+    webhdfs.write("/corpus/dir/part-0", text[:cut], overwrite=True)
+    webhdfs.write("/corpus/dir/part-1", text[cut:], overwrite=True)
+    fs = hadoop.endpoints.fs_default
+    pairs = [(f"file://{HARBOUR}", f"{fs}/corpus/plain/harbour.txt"),
+             (f"file://{tmp_path}/h.txt.gz", f"{fs}/corpus/gz/harbour.txt.gz"),
+             (f"file://{local}", f"{fs}/corpus/dir")]
+    sc = spark.sparkContext
+    for level in ("char", "word"):
+        for on_disk, on_hdfs in pairs:
+            got = []
+            for path in (on_disk, on_hdfs):
+                cfg = config.load(None, [f"data.train={path}", f"data.level={level}", "data.partitions=2",
+                                         "train.bptt=8", "train.batch=2"])
+                data = trainer.load_corpus(sc, cfg)
+                got.append((data.vocab, [(pid, t.tolist(), s.tolist()) for pid, t, s in data.train.collect()]))
+                data.train.unpersist()
+            assert got[0][0] == got[1][0], (level, on_hdfs)
+            assert got[0][1] == got[1][1], (level, on_hdfs)
+            assert sum(len(t) for _, t, _ in got[0][1]) > 1000
+
+
+def test_run_on_hdfs_resumes_bit_for_bit(hadoop, webhdfs, reference):
+    """3 + 3 rounds with the checkpoint on HDFS equal 6 rounds at once."""
+    run = f"{hadoop.endpoints.fs_default}{home('runs/halves')}"
+    train(hadoop, run, "train.rounds=3")
+    train(hadoop, run, "train.rounds=6", resume=True)
+    assert set(webhdfs.list(reference)) == {"run.json", "metrics.jsonl", "checkpoint"}
+    info = json.loads(cat(webhdfs, f"{home('runs/halves')}/run.json"))
+    assert len(info["resumed"]) == 1
+    a, b = read_ck(webhdfs, f"{reference}/checkpoint"), read_ck(webhdfs, f"{home('runs/halves')}/checkpoint")
+    assert np.array_equal(a.params, b.params)
+    assert a.optim.keys() == b.optim.keys() and all(np.array_equal(a.optim[k], b.optim[k]) for k in a.optim)
+    ma, mb = metrics(webhdfs, reference), metrics(webhdfs, home("runs/halves"))
+    assert [m["train_loss"] for m in ma] == [m["train_loss"] for m in mb] and len(ma) == 6
+
+
+def test_evaluate_and_generate_read_a_checkpoint_on_hdfs(hadoop, webhdfs, reference, tmp_path):
+    env = hadoop.env()
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    last = metrics(webhdfs, reference)[-1]
+    ev = subprocess.run([sys.executable, "jobs/evaluate.py", "--checkpoint", "runs/ref", "--data",
+                         f"file://{HARBOUR_VALID}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    ppl = float(ev.stdout.strip().splitlines()[-1].removeprefix("ppl="))
+    assert ppl == pytest.approx(last["valid_ppl"], rel=1e-4)
+    # generate: the same text from HDFS as from a local copy of the checkpoint
+    local = tmp_path / "checkpoint"
+    webhdfs.download(f"{reference}/checkpoint", str(local))
+    outs = []
+    for path in (f"{hadoop.endpoints.fs_default}{reference}", f"file://{local}"):
+        g = subprocess.run([sys.executable, "jobs/generate.py", "--checkpoint", path, "--length", "80",
+                            "--seed", "7"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert g.returncode == 0, g.stderr[-2000:]
+        outs.append(g.stdout)
+    assert outs[0] == outs[1] and len(outs[0]) >= 80
+
+
+def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
+    """The <name>.old protocol against the NameNode's own rename semantics: a write that dies
+    after any of its steps leaves the old or the new checkpoint for the next reader, never neither."""
+    sc = spark.sparkContext
+    root = f"{hadoop.endpoints.fs_default}/crash"
+    cfg = config.load(None, ["data.train=x", "model.vocab_size=5", "model.hidden=4"])
+    from rnnlm.core.model import build as build_model
+    from rnnlm.core.vocab import Vocab
+    vocab = Vocab.from_counts({c: 1 for c in "abcd"}, "char")
+    size = build_model(cfg.model).layout.size
+    cks = [checkpoint.Checkpoint(params=np.full(size, v, np.float32), config=cfg, vocab=vocab, optim={})
+           for v in (1.0, 2.0)]
+
+    class Crash(Exception):
+        pass
+
+    class Dying(HadoopFS):
+        """Dies before its ``budget``-th change to the filesystem."""
+        def __init__(self, budget):
+            super().__init__(sc, root)
+            self.budget, self.changes = budget, 0
+
+        def _change(self):
+            self.changes += 1
+            if self.changes == self.budget:
+                raise Crash()
+
+        def write(self, p, data):
+            self._change()
+            super().write(p, data)
+
+        def rename(self, src, dst):
+            self._change()
+            super().rename(src, dst)
+
+        def _remove(self, p):
+            self._change()
+            super()._remove(p)
+
+        def mkdirs(self, p):
+            self._change()
+            super().mkdirs(p)
+
+    path = f"{root}/checkpoint"
+    HadoopFS(sc, root).write_dir_atomic(path, checkpoint.to_files(cks[0]))
+    counter = Dying(0)                            # never dies: counts the changes a replacement makes
+    counter.write_dir_atomic(path, checkpoint.to_files(cks[1]))
+    steps = counter.changes
+    assert steps >= 8
+    seen = set()
+    for budget in range(1, steps + 2):
+        fs = HadoopFS(sc, root)
+        fs.delete(path)
+        fs.write_dir_atomic(path, checkpoint.to_files(cks[0]))
+        try:
+            Dying(budget).write_dir_atomic(path, checkpoint.to_files(cks[1]))
+        except Crash:
+            pass
+        got = cli.read_checkpoint(sc, path)       # a new reader, as --resume would be
+        seen.add(float(got.params[0]))
+        assert float(got.params[0]) in (1.0, 2.0)
+    assert seen == {1.0, 2.0}
+    # the moment that matters: between the two renames only <name>.old exists on HDFS
+    fs = HadoopFS(sc, root)
+    fs.write_dir_atomic(path, checkpoint.to_files(cks[0]))
+    try:
+        Dying(steps - 1).write_dir_atomic(path, checkpoint.to_files(cks[1]))
+    except Crash:
+        pass
+    assert not fs.exists(path) and fs.exists(f"{path}.old")
+    assert float(cli.read_checkpoint(sc, path).params[0]) == 1.0
+    assert fs.exists(path) and not fs.exists(f"{path}.old")
+
+
+def test_a_datanode_lost_mid_run_changes_nothing(hadoop, webhdfs, reference):
+    """Replication 2: with one of the two DataNodes stopped after round 2, the run completes,
+    writing its checkpoints to the other, with exactly the reference's result."""
+    env = hadoop.env()
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    out = home("runs/dn")
+    args = [a for s in (*TINY, "train.rounds=6") for a in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", out,
+                             "--samples", "0", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        deadline = time.time() + 240
+        while proc.poll() is None and time.time() < deadline and not stopped:
+            st = webhdfs.status(f"{out}/metrics.jsonl", strict=False)
+            if st is not None and len(metrics(webhdfs, out)) >= 2:
+                hadoop.stop_datanode(1)
+                stopped = True
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if stopped:
+            hadoop.restart_datanode(1)
+    assert stopped, "the run ended before a DataNode could be stopped"
+    assert proc.returncode == 0, err[-3000:]
+    done = metrics(webhdfs, out)
+    assert len(done) == 6
+    a, b = read_ck(webhdfs, f"{reference}/checkpoint"), read_ck(webhdfs, f"{out}/checkpoint")
+    assert np.array_equal(a.params, b.params)
+    assert [m["train_loss"] for m in done] == [m["train_loss"] for m in metrics(webhdfs, reference)]
+
+
+def test_runs_and_plots_read_hdfs_over_webhdfs(hadoop, webhdfs, reference, tmp_path):
+    url = hadoop.endpoints.webhdfs.replace("http://", "webhdfs://")
+    r = runs.load(f"{url}{reference}")
+    assert r.metrics == metrics(webhdfs, reference)
+    assert r.config["model"]["hidden"] == 24 and r.info["master"] == "local[2]"
+    # a run still being written: its last line cut short is dropped, as on a local disk
+    lines = cat(webhdfs, f"{reference}/metrics.jsonl")
+    webhdfs.write(f"{home('runs/partial')}/metrics.jsonl", lines + b'{"round": 7, "tra', overwrite=True)
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "metrics.jsonl").write_bytes(lines + b'{"round": 7, "tra')
+    assert runs.load(f"{url}{home('runs/partial')}").metrics == runs.load(str(tmp_path / "partial")).metrics \
+        == r.metrics
+    # a folder of runs on HDFS, drawn by the plot job
+    fig = tmp_path / "fig.png"
+    p = subprocess.run([sys.executable, "jobs/plot.py", "--runs", f"{url}{home('runs')}", "--out", str(fig)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(runs.load_all([f"{url}{home('runs')}"])) >= 3
+    # and the convergence notebook, pointed at HDFS
+    from test_notebooks import execute, outputs
+    nb = execute("convergence_vs_communication.ipynb", {"RNNLM_RUNS": f"{url}{home('runs')}"})
+    assert f"train_loss {r.metrics[-1]['train_loss']:.3f}" in outputs(nb)
+    assert sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs) == 3
