@@ -7,9 +7,8 @@ still in progress reads fine: a last line cut short is dropped.
 
 Paths are local (``runs/x``, ``file:///x``) or on HDFS through WebHDFS
 (``webhdfs://namenode:9870/user/me/runs/x``, with the optional ``hdfs`` package:
-``pip install -e ".[hdfs]"``; the user is ``$HADOOP_USER_NAME`` or the login name).
-The WebHDFS branch is a thin adapter over HdfsCLI's client and is untested here:
-this machine has no HDFS.
+``pip install -e ".[hdfs]"``; the user is ``$HADOOP_USER_NAME`` or the login name),
+a thin adapter over HdfsCLI's client (``tests/test_hdfs.py`` reads runs on a real NameNode).
 """
 from __future__ import annotations
 
