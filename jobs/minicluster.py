@@ -19,7 +19,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rnnlm.hadoop.minicluster import MiniCluster, MiniClusterError, build, missing_tools  # noqa: E402
+from rnnlm.hadoop.minicluster import (  # noqa: E402
+    MiniCluster, MiniClusterError, build, hostname_not_on_loopback, missing_tools)
 
 
 class _Stop(Exception):
@@ -55,6 +56,14 @@ def main(argv=None) -> int:
     if a.nm_memory_mb < 1024:
         print("error: --nm-memory-mb must be at least 1024 (a Spark container needs ~900 MB)", file=sys.stderr)
         return 2
+    try:
+        os.makedirs(a.dir, exist_ok=True)
+    except OSError as e:
+        print(f"error: --dir {a.dir}: {e.strerror}", file=sys.stderr)
+        return 2
+    warning = hostname_not_on_loopback()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     cluster = MiniCluster(a.dir, a.datanodes, a.nodemanagers, a.nm_memory_mb)
@@ -73,7 +82,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut the shutdown short
+        for sig in (signal.SIGINT, signal.SIGTERM):      # a second one must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
 
 

@@ -107,9 +107,13 @@ def load_checkpoint(path: str) -> checkpoint.Checkpoint:
     is_local, local = resolve(path, default_fs())
     if is_local:
         return checkpoint.load(local)
+    from py4j.protocol import Py4JJavaError
     spark = _session("rnnlm-read-checkpoint", "local[1]")
     try:
         return read_checkpoint(spark.sparkContext, path)
+    except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
+        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+        raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
     finally:
         spark.stop()
 

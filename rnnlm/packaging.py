@@ -51,20 +51,29 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
     except ImportError:
         raise PackagingError("packing an environment needs venv-pack: pip install -e \".[cluster]\"") from None
     requirements = requirements or executor_requirements()
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    except OSError as e:
+        raise PackagingError(f"cannot write {dest}: {e.strerror}") from None
     work = tempfile.mkdtemp(prefix="rnnlm-env.")
     try:
         env = os.path.join(work, "env")
         for cmd, what in (([python, "-m", "venv", env], "creating the virtual environment"),
                           ([os.path.join(env, "bin", "python"), "-m", "pip", "install", "-q",
                             "--disable-pip-version-check", *requirements], f"installing {' '.join(requirements)}")):
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            except subprocess.TimeoutExpired:
+                raise PackagingError(f"{what} took more than 900 s") from None
             if r.returncode != 0:
                 last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
                 raise PackagingError(f"{what} failed: {last}")
         tmp = os.path.join(work, "env.tar.gz")
         venv_pack.pack(prefix=env, output=tmp, verbose=False)
-        shutil.move(tmp, dest)
+        try:
+            shutil.move(tmp, dest)
+        except OSError as e:
+            raise PackagingError(f"cannot write {dest}: {e.strerror}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest

@@ -33,6 +33,21 @@ def spark():
     s.stop()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that need the Hadoop cluster run last, so its JVM is up only while they run."""
+    items.sort(key=lambda item: item.get_closest_marker("hadoop") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With ``RNNLM_REQUIRE_HADOOP`` set (CI), a skipped ``hadoop`` test is a failure, whatever skipped it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("RNNLM_REQUIRE_HADOOP") and item.get_closest_marker("hadoop"):
+        report.outcome = "failed"
+        report.longrepr = f"a hadoop test was skipped where RNNLM_REQUIRE_HADOOP is set: {report.longrepr}"
+
+
 @pytest.fixture(scope="session")
 def hadoop(tmp_path_factory):
     """One real HDFS (2 DataNodes, WebHDFS) and YARN (2 NodeManagers) for the whole session.

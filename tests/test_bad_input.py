@@ -133,3 +133,17 @@ def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_pa
     one_error(capsys, train(tmp_path / "fresh", *demo(), resume=True), "no checkpoint")
     after = {f: open(out / "checkpoint" / f, "rb").read() for f in os.listdir(out / "checkpoint")}
     assert after == before and open(out / "metrics.jsonl").read() == metrics
+
+
+def test_generate_from_an_unreadable_hadoop_path_is_one_line():
+    """A non-local checkpoint path goes through Hadoop's client: its failure is one line too."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_GATEWAY_PORT", "HADOOP_CONF_DIR")}
+    r = subprocess.run([sys.executable, "jobs/generate.py", "--checkpoint", "nofs://nowhere/run"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert errors == ['error: cannot read nofs://nowhere/run: org.apache.hadoop.fs.UnsupportedFileSystemException: '
+                      'No FileSystem for scheme "nofs"'], r.stderr

@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -19,6 +18,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def site(conf_dir, name):
     root = ET.parse(os.path.join(conf_dir, name)).getroot()
     return {p.findtext("name"): p.findtext("value") for p in root.iter("property")}
+
+
+def listening(pid):
+    """``{(address hex, port)}`` of every socket process ``pid`` listens on (from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:             # closed while we looked
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:          # state LISTEN
+                addr, port = f[1].split(":")
+                found.add((addr, int(port, 16)))
+    return found
+
+
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def cmdline_has(pid, text):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"MiniCluster" in cmd and text.encode() in cmd
 
 
 def port_open(hostport):
@@ -41,6 +72,7 @@ def test_command_prints_its_endpoints_and_stops_clean_on_sigterm(hadoop, tmp_pat
         ready, _, _ = select.select([p.stdout], [], [], 180)
         assert ready, "no line in 180 s"
         line = p.stdout.readline().strip()
+        assert line.startswith("HADOOP_CONF_DIR="), p.stderr.read() if p.poll() is not None else line
         fields = dict(kv.split("=", 1) for kv in line.split(" "))
         assert sorted(fields) == ["HADOOP_CONF_DIR", "fs.defaultFS", "webhdfs", "yarn"], line
         conf = fields["HADOOP_CONF_DIR"]
@@ -51,13 +83,23 @@ def test_command_prints_its_endpoints_and_stops_clean_on_sigterm(hadoop, tmp_pat
         endpoints = [fields["fs.defaultFS"].removeprefix("hdfs://"), fields["webhdfs"].removeprefix("http://"),
                      fields["yarn"]]
         assert all(port_open(e) for e in endpoints), endpoints
+        jvm = [int(x) for x in os.listdir("/proc") if x.isdigit() and cmdline_has(int(x), str(tmp_path / "mc"))]
+        assert len(jvm) == 1
+        ports = listening(jvm[0])
+        # NameNode (RPC, HTTP), DataNode (data, IPC, HTTP), ResourceManager (5), NodeManager (3 at least)
+        assert len(ports) >= 12 and {a for a, _ in ports} <= LOOPBACK, ports
+        assert {int(e.rsplit(":", 1)[1]) for e in endpoints} <= {port for _, port in ports}
     finally:
         p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
+        try:
+            _, err = p.communicate(timeout=120)
+        finally:
+            p.kill()
     assert p.returncode == 0, err
     assert "stopping (SIGTERM)" in err
-    time.sleep(0.5)
-    assert [e for e in endpoints if port_open(e)] == []
+    assert not os.path.exists(f"/proc/{jvm[0]}") or not cmdline_has(jvm[0], str(tmp_path / "mc"))
+    open_now = {port for _, port in ports if port_open(f"localhost:{port}")}
+    assert open_now == set()
 
 
 def test_command_without_java_or_maven_says_what_is_missing(tmp_path):

@@ -51,7 +51,7 @@ public final class MiniCluster {
     int datanodes = Integer.parseInt(opt.getOrDefault("--datanodes", "2"));
     int nodemanagers = Integer.parseInt(opt.getOrDefault("--nodemanagers", "2"));
     int nmMemory = Integer.parseInt(opt.getOrDefault("--nm-memory-mb", "3072"));
-    int nmVcores = Integer.parseInt(opt.getOrDefault("--nm-vcores", "4"));
+    int nmVcores = Integer.parseInt(opt.getOrDefault("--nm-vcores", "2"));
 
     Configuration conf = new Configuration();
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File(dir, "dfs").getPath());

@@ -1,8 +1,9 @@
 """A real HDFS and YARN on one machine: Hadoop's own test clusters, started in one JVM.
 
 ``MiniCluster(dir).start()`` runs ``MiniCluster.java`` (beside this file): a NameNode with
-WebHDFS and two DataNodes (``MiniDFSCluster``), a ResourceManager and NodeManagers
-(``MiniYARNCluster``), every port on loopback and chosen by the system. Once both are up it
+WebHDFS and two DataNodes (``MiniDFSCluster``, on 127.0.0.1), a ResourceManager and
+NodeManagers (``MiniYARNCluster``, on the address the hostname resolves to: loopback where
+``/etc/hosts`` says so; :func:`hostname_not_on_loopback` tells), every port chosen by the system. Once both are up it
 writes a client configuration directory (``core-site.xml``, ``hdfs-site.xml``,
 ``yarn-site.xml``) for ``HADOOP_CONF_DIR``. Its HDFS is formatted at every start: a scratch
 cluster for trying the YARN recipe and for the tests, not a place to keep data.
@@ -14,10 +15,12 @@ own copy in ``~/.m2``) and compiles the launcher with ``javac`` into a cache dir
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -85,13 +88,21 @@ def build(cache: str | None = None, timeout: float = 900) -> str:
     jars = os.path.join(cache, f"jars-{_digest(_POM)}")
     if not os.path.isdir(jars):
         tmp = tempfile.mkdtemp(prefix="jars.", dir=cache)
-        _run(["mvn", "-q", "-B", "-f", _POM, "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"],
-             "fetching the Hadoop jars with Maven", timeout)
+        try:
+            _run(["mvn", "-q", "-B", "-f", _POM, "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"],
+                 "fetching the Hadoop jars with Maven", timeout)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         _rename_into_place(tmp, jars)
     classes = os.path.join(cache, f"classes-{_digest(_POM, _SOURCE)}")
     if not os.path.isdir(classes):
         tmp = tempfile.mkdtemp(prefix="classes.", dir=cache)
-        _run(["javac", "-cp", os.path.join(jars, "*"), "-d", tmp, _SOURCE], "compiling MiniCluster.java", timeout)
+        try:
+            _run(["javac", "-cp", os.path.join(jars, "*"), "-d", tmp, _SOURCE], "compiling MiniCluster.java", timeout)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         _rename_into_place(tmp, classes)
     return f"{classes}{os.pathsep}{os.path.join(jars, '*')}"
 
@@ -109,6 +120,22 @@ def java_home() -> str:
     if os.environ.get("JAVA_HOME"):
         return os.environ["JAVA_HOME"]
     return os.path.dirname(os.path.dirname(os.path.realpath(shutil.which("java"))))
+
+
+def hostname_not_on_loopback() -> str | None:
+    """None when this machine's hostname resolves to loopback, else one line saying where
+    YARN will listen: MiniYARNCluster binds its NodeManagers to the hostname's address
+    (HDFS is always on 127.0.0.1)."""
+    name = socket.gethostname()
+    try:
+        addrs = {a[4][0] for a in socket.getaddrinfo(name, None)}
+    except OSError:
+        return None     # unresolvable: Hadoop falls back to localhost
+    outside = sorted(a for a in addrs if not ipaddress.ip_address(a).is_loopback)
+    if not outside:
+        return None
+    return (f"the hostname {name} resolves to {', '.join(outside)}: YARN's NodeManagers listen there, "
+            "reachable from that network (map the hostname to 127.0.0.1 in /etc/hosts to keep them local)")
 
 
 @dataclass(frozen=True)
@@ -137,12 +164,13 @@ class MiniCluster:
     datanodes, nodemanagers : int
         HDFS replicates to ``min(2, datanodes)``.
     nm_memory_mb, nm_vcores : int
-        What each NodeManager offers YARN (memory is not enforced: containers are plain
-        processes, so the sum may exceed the machine only as far as they really use it).
+        What each NodeManager offers YARN. Neither is enforced (containers are plain
+        processes), and the capacity scheduler places containers by memory alone: the
+        defaults fit an ApplicationMaster and two 512 MB executors on a 2-core machine.
     """
 
     def __init__(self, dir: str, datanodes: int = 2, nodemanagers: int = 2,
-                 nm_memory_mb: int = 3072, nm_vcores: int = 4, heap_mb: int = 1024):
+                 nm_memory_mb: int = 3072, nm_vcores: int = 2, heap_mb: int = 1024):
         self.dir = os.path.abspath(dir)
         self.args = ["--datanodes", str(datanodes), "--nodemanagers", str(nodemanagers),
                      "--nm-memory-mb", str(nm_memory_mb), "--nm-vcores", str(nm_vcores)]
@@ -164,14 +192,15 @@ class MiniCluster:
         log4j = os.path.join(self.dir, "log4j.properties")
         with open(log4j, "w") as f:
             f.write(_LOG4J)
-        log = open(self.log_path, "ab")
         env = dict(os.environ, JAVA_HOME=java_home())
         env.pop("HADOOP_CONF_DIR", None)   # the cluster must not read a client configuration
-        self.proc = subprocess.Popen(
-            ["java", f"-Xmx{self.heap_mb}m", f"-Dlog4j.configuration=file:{log4j}", "-cp", classpath,
-             "MiniCluster", "--dir", self.dir, *self.args],
-            cwd=self.dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            # a session of its own: Ctrl-C reaches the launcher, which stops the cluster in order
+            self.proc = subprocess.Popen(
+                ["java", f"-Xmx{self.heap_mb}m", f"-Dlog4j.configuration=file:{log4j}", "-cp", classpath,
+                 "MiniCluster", "--dir", self.dir, *self.args],
+                cwd=self.dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
         try:
             kind, rest = self._answer(timeout)
             if kind != "ready":

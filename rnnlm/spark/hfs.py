@@ -49,9 +49,10 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
 
 
 def default_fs(conf_dir: str | None = None) -> str:
-    """``fs.defaultFS`` as Hadoop's client on this machine would see it, read without a JVM:
-    from ``core-site.xml`` in ``conf_dir`` (default ``$HADOOP_CONF_DIR``), else ``file:///``."""
-    conf_dir = conf_dir if conf_dir is not None else os.environ.get("HADOOP_CONF_DIR", "")
+    """``fs.defaultFS`` read without a JVM, as Spark's launcher finds it: from ``core-site.xml``
+    in ``conf_dir`` (default ``$HADOOP_CONF_DIR``, else ``$YARN_CONF_DIR``), else ``file:///``."""
+    if conf_dir is None:
+        conf_dir = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")
     try:
         root = ET.parse(os.path.join(conf_dir, "core-site.xml")).getroot() if conf_dir else None
     except (OSError, ET.ParseError):
