@@ -109,3 +109,33 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     sync = config.replace(cfg, "train", mode="sync", local_steps=3)
     with pytest.raises(TrainingError, match="train.mode is 'sync' here but 'async'"):
         make_trainer(spark, sync, out, log=lambda *_: None).run(resume=True)
+
+
+def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, monkeypatch):
+    """The driver's checkpoint waits for the pushes being applied: at most server.timeout_s, then the run
+    stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
+    import threading
+    import time
+    from rnnlm.exchange.paramserver import ParameterServer
+    release, original, calls = threading.Event(), ParameterServer._apply, []
+
+    def second_hangs(self, decoded, scale):
+        calls.append(1)
+        if len(calls) == 2:
+            release.wait(120)
+        original(self, decoded, scale)
+
+    monkeypatch.setattr(ParameterServer, "_apply", second_hangs)
+    cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
+                 "server.timeout_s=1", "server.checkpoint_pushes=1")
+    tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TrainingError, match=r"^parameter server: 1 push still being applied after 1 s "
+                                                r"\(server.timeout_s\); stopped, the last good checkpoint is kept"):
+            tr.run()
+        assert time.monotonic() - t0 < 60
+    finally:
+        release.set()
+    assert checkpoint.load(str(tmp_path / "run" / "checkpoint")).position["version"] == 1
+    assert [m["syncs"] for m in lines(tmp_path / "run")] == [1]

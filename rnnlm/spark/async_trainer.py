@@ -30,7 +30,7 @@ from ..core.metrics import json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
-from ..exchange.paramserver import ParameterServer
+from ..exchange.paramserver import ParameterServer, Stalled
 from . import runinfo
 from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, load_corpus, \
@@ -96,6 +96,8 @@ class AsyncTrainer(Trainer):
         except KeyboardInterrupt:
             job.cancel()
             raise Interrupted(f"interrupted; {self._kept()}") from None
+        except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
+            raise TrainingError(f"{e}; stopped, {self._kept()}") from None
         finally:
             stop.release()
             job.cancel()
