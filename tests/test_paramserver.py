@@ -550,3 +550,27 @@ def test_a_row_block_selecting_no_rows_is_applied_as_no_change(codec):
     assert kind == "pushed" and f["applied"] and ps.totals["refused_protocol"] == 0
     views = LAYOUT.views(ps.params)
     assert not views["embed"].any() and views["W1"].all()
+
+
+def test_a_worker_whose_window_outlasts_the_servers_idle_limit_still_pushes():
+    """The server closes a connection idle for server_idle_s; a worker replaces one idle for timeout_s itself
+    before pushing, so a long window never loses its push to the idle limit."""
+    from rnnlm.exchange.paramserver import server_idle_s
+    sv = config.load(None, ["server.heartbeat_s=0.2", "server.timeout_s=0.3"]).server
+    ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), sv, 3, 2, log=lambda *_: None)
+    secret = wire.new_secret()
+    frames = wire.FrameServer(ps.handle, secret, timeout=sv.timeout_s, idle=server_idle_s(sv),
+                              log=lambda *_: None).start()
+    client = WorkerClient(frames.address, secret, 0, sv, LAYOUT)
+    try:
+        _, _, version, params = client.hello()
+        time.sleep(2 * server_idle_s(sv))                    # a long window: the server closed the connection
+        assert frames.closed_idle == 1                       # (the heartbeats' connection stays busy)
+        blocks, _, _ = plan.encode(LAYOUT, np.ones(LAYOUT.size, np.float32), config.load(None).exchange,
+                                   np.array([1]), 1, 1, 0, 2)
+        assert client.push(0, version, blocks, params, tokens=5) == 1
+        np.testing.assert_array_equal(params, ps.params)
+        assert ps.done == [1, 0] and frames.refused == {} and frames.connections == 3
+    finally:
+        client.close()
+        frames.close()

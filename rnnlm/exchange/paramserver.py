@@ -517,6 +517,18 @@ class ParameterServer:
                 self._book.notify_all()
 
 
+def server_idle_s(sv) -> float:
+    """How long the server keeps a worker's connection idle between requests: twice the
+    ``timeout_s`` after which :class:`WorkerClient` replaces an idle connection itself."""
+    return 2 * sv.timeout_s
+
+
+def server_connections(partitions: int) -> int:
+    """The server's cap on connections: each worker holds two (requests, heartbeats), a retried
+    attempt two more while its predecessor's are closing, and a few spare."""
+    return 4 * partitions + 4
+
+
 class WorkerClient:
     """A worker's side of the protocol: announce, push windows, heartbeat, finish.
 
@@ -533,8 +545,12 @@ class WorkerClient:
         from . import wire
         self.pid, self.sv, self.layout = pid, sv, layout
         max_frame = int(sv.max_frame_mb * (1 << 20))
-        self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s))
-        self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s)
+        # a window can take longer than the server keeps an idle connection (server_idle_s): a connection
+        # idle for timeout_s is replaced before the next push rather than lost under it
+        self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s),
+                                max_idle=sv.timeout_s)
+        self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s,
+                                 max_idle=sv.timeout_s)
         self.lease, self.window = None, None
         self._stop = threading.Event()
         self._thread = None

@@ -30,7 +30,7 @@ from ..core.metrics import json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
-from ..exchange.paramserver import ParameterServer, Stalled
+from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, load_corpus, \
@@ -80,7 +80,8 @@ class AsyncTrainer(Trainer):
         secret = wire.new_secret()
         try:
             frames = wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
-                                      log=self.log).start()
+                                      log=self.log, max_connections=server_connections(P),
+                                      idle=server_idle_s(sv)).start()
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
