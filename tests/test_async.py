@@ -139,3 +139,27 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
         release.set()
     assert checkpoint.load(str(tmp_path / "run" / "checkpoint")).position["version"] == 1
     assert [m["syncs"] for m in lines(tmp_path / "run")] == [1]
+
+
+@pytest.mark.parametrize("master, host", [
+    ("local", "127.0.0.1"), ("local[*]", "127.0.0.1"), ("local[4]", "127.0.0.1"), ("local[2,3]", "127.0.0.1"),
+    ("local-cluster[2,1,1024]", "127.0.0.1"),
+    ("yarn", "10.1.2.3"), ("spark://10.0.0.9:7077", "10.1.2.3"), ("k8s://https://api:6443", "10.1.2.3"),
+    ("localhost:7077", "10.1.2.3"),
+])
+def test_the_server_listens_on_loopback_when_every_executor_is_local(master, host):
+    from rnnlm.spark.async_trainer import bind_host
+    assert bind_host("", master, "10.1.2.3") == host
+    assert bind_host("192.168.7.7", master, "10.1.2.3") == "192.168.7.7"     # server.host wins
+
+
+def test_a_local_run_does_not_listen_on_the_drivers_external_address(spark, tmp_path, monkeypatch):
+    """spark.driver.host is an address other machines reach: a local run's server once listened there."""
+    sc = spark.sparkContext
+    conf = sc.getConf().set("spark.driver.host", "192.0.2.1")       # TEST-NET-1: routable, on no interface here
+    monkeypatch.setattr(sc, "getConf", lambda: conf)
+    logs = []
+    tr = make_trainer(spark, cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=2"),
+                      str(tmp_path / "run"), log=logs.append)
+    tr.run()
+    assert sum(" | server 127.0.0.1:" in line for line in logs) == 1, logs

@@ -2,7 +2,8 @@
 
 The driver starts :class:`rnnlm.exchange.paramserver.ParameterServer` behind an
 authenticated :class:`rnnlm.exchange.wire.FrameServer` bound to the address the
-executors reach (``server.host``, default ``spark.driver.host``), then runs one
+executors reach (``server.host``; by default loopback with a local master,
+``spark.driver.host`` on a cluster: :func:`bind_host`), then runs one
 Spark job with one long-running task per partition
 (:func:`rnnlm.spark.async_task.worker_task`). While the job runs, the driver writes
 one metrics line per ``data.partitions`` applied pushes (a push window of every
@@ -37,6 +38,19 @@ from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopReq
     total_rounds
 
 _ASYNC_KEYS = ("push_every",)
+_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
+
+
+def bind_host(configured: str, master: str, driver_host: str | None) -> str:
+    """The address the parameter server listens on: ``server.host`` when set; loopback when every
+    executor runs on this machine (``local``, ``local[N]``, ``local-cluster[...]``), so no other
+    machine can reach the port; else ``spark.driver.host``, the address a cluster's executors
+    (YARN containers, standalone or Kubernetes workers) already reach the driver at."""
+    if configured:
+        return configured
+    if _LOCAL_MASTER.fullmatch(master.strip()):
+        return "127.0.0.1"
+    return driver_host or "127.0.0.1"
 
 
 class AsyncTrainer(Trainer):
@@ -69,7 +83,7 @@ class AsyncTrainer(Trainer):
         held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
                     if rdd is not None}
         sv = cfg.server
-        host = sv.host or self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        host = bind_host(sv.host, self.sc.master, self.sc.getConf().get("spark.driver.host"))
         max_frame = int(sv.max_frame_mb * (1 << 20))
         if params.nbytes + (1 << 16) > max_frame:
             raise config.ConfigError(f"server.max_frame_mb = {sv.max_frame_mb:g} is smaller than the model "
