@@ -133,3 +133,18 @@ def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_pa
     one_error(capsys, train(tmp_path / "fresh", *demo(), resume=True), "no checkpoint")
     after = {f: open(out / "checkpoint" / f, "rb").read() for f in os.listdir(out / "checkpoint")}
     assert after == before and open(out / "metrics.jsonl").read() == metrics
+
+
+def test_resume_with_a_hidden_state_the_configuration_does_not_carry_is_one_line(spark, tmp_path, capsys):
+    """A hidden.npy of another shape ended --resume in an executor's 286-line traceback."""
+    out = tmp_path / "run"
+    assert train(out, *demo()) == 0
+    capsys.readouterr()
+    ck = checkpoint.load(str(out / "checkpoint"))
+    want = list(ck.hidden.shape)
+    ck.hidden = ck.hidden[..., :1]                       # the states of another batch size
+    checkpoint.save(str(out / "checkpoint"), ck)
+    before = {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")}
+    one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
+              f"hidden.npy is float32{want[:-1] + [1]}, the configuration needs float32{want}")
+    assert {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")} == before
