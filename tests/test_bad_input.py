@@ -148,3 +148,21 @@ def test_resume_with_a_hidden_state_the_configuration_does_not_carry_is_one_line
     one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
               f"hidden.npy is float32{want[:-1] + [1]}, the configuration needs float32{want}")
     assert {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")} == before
+
+
+def test_a_corpus_made_on_windows_trains_as_its_unix_copy(spark, tmp_path, capsys):
+    """With CRLF line ends the corpus was one paragraph: "the corpus has 1 paragraphs, fewer than
+    data.partitions=2"."""
+    text = open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read()
+    (tmp_path / "crlf.txt").write_bytes(text.replace(b"\n", b"\r\n"))
+    assert train(tmp_path / "o", *demo(f"data.train={tmp_path}/crlf.txt")) == 0
+    assert f"vocab {len(set(text.decode())) + 1} |" in capsys.readouterr().out      # no \r among them
+
+
+def test_a_corpus_directory_holding_a_subdirectory_is_one_line(spark, tmp_path, capsys):
+    d = tmp_path / "corpus"
+    (d / "2024").mkdir(parents=True)
+    (d / "a.txt").write_bytes(open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read())
+    one_error(capsys, train(tmp_path / "o", *demo(f"data.train={d}")), f"{d}/2024 is a directory",
+              f"such as {d}/*/*")
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
