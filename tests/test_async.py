@@ -163,3 +163,26 @@ def test_a_local_run_does_not_listen_on_the_drivers_external_address(spark, tmp_
                       str(tmp_path / "run"), log=logs.append)
     tr.run()
     assert sum(" | server 127.0.0.1:" in line for line in logs) == 1, logs
+
+
+def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, monkeypatch):
+    """The last line of an async run often counts no push; it said train_loss 0.0000, and so did the run's
+    closing line. A resumed run with every window applied writes only such a line."""
+    import argparse
+    import os
+    from rnnlm import cli
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    a = argparse.Namespace(config=None, set=BASE + ["data.partitions=2", "train.mode=async", "train.push_every=2",
+                                                    "train.rounds=2"],
+                           out=str(tmp_path / "run"), resume=False, master=None, samples=0, dry_run=False,
+                           verbose=False)
+    monkeypatch.chdir(root)
+    assert cli.guarded(lambda: cli.train(a)) == 0
+    a.resume = True
+    assert cli.guarded(lambda: cli.train(a)) == 0
+    m = lines(tmp_path / "run")
+    assert m[-1]["pushes"] == 0 and m[-1]["syncs"] == 4 and "train_loss" not in m[-1]
+    assert all(("train_loss" in x) == (x["pushes"] > 0) for x in m), m
+    loss = [x["train_loss"] for x in m if "train_loss" in x][-1]
+    done = capsys.readouterr().out.strip().splitlines()[-1]
+    assert done.startswith(f"done: round 2 | train_loss {loss:.4f} | checkpoint "), done

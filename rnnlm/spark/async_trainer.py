@@ -246,8 +246,7 @@ class _Run:
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
              "wall_s": round(wall, 3),
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
-             "train_loss": s.get("loss_sum", 0.0) / max(1, s.get("tokens", 0)),
-             "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
+             **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
         m.update(sorted(srv.totals.items()))
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
@@ -271,6 +270,13 @@ class _Run:
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
         self.tr.report(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
         return m
+
+
+def _train_loss(drained: dict) -> dict:
+    """``train_loss`` of the pushes a line counts; a line without any (the last one, often) has
+    none: a 0.0 there read as a perfect model in the log and on plots."""
+    tokens = drained.get("tokens", 0)
+    return {"train_loss": drained.get("loss_sum", 0.0) / tokens} if tokens else {}
 
 
 def _cause(text: str) -> str:
