@@ -62,7 +62,14 @@ def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_pa
         for k, v in x["staleness"].items():
             stale[k] = stale.get(k, 0) + v
     assert sum(stale.values()) == 24
-    assert m[-1]["bytes_sent"] > 0 and m[-1]["bytes_broadcast"] > 0
+    # every byte on the server's connections: each of the 24 pushes carries the dense float32 change in
+    # full (the model's bytes), each reply the rows changed since the worker's last pull (all of them), each
+    # hello the parameters; frame headers, handshakes and heartbeats (5 a second per worker) add the rest
+    n, frames = tr.params.nbytes, 24 + 2 * (5 * m[-1]["wall_s"] + 4)
+    assert 24 * n <= m[-1]["bytes_sent"] <= 24 * n + 2048 * frames, (n, m[-1])
+    assert 26 * n <= m[-1]["bytes_broadcast"] <= 26 * n + 2048 * frames, (n, m[-1])
+    assert m[-1]["bytes_sent"] == sum(x["round_bytes_sent"] for x in m)
+    assert m[-1]["bytes_broadcast"] == sum(x["round_bytes_broadcast"] for x in m)
     assert all(x["tokens_per_s"] > 0 for x in m if x["pushes"])
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert len(valid) >= 2 and valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
