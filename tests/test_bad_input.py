@@ -148,6 +148,10 @@ def test_resume_with_a_hidden_state_the_configuration_does_not_carry_is_one_line
     one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
               f"hidden.npy is float32{want[:-1] + [1]}, the configuration needs float32{want}")
     assert {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")} == before
+    ck.hidden = np.zeros(want[1:], np.float32)           # one stream's state, as the one-machine trainer saves
+    checkpoint.save(str(out / "checkpoint"), ck)
+    one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
+              "holds one stream's hidden state (a one-machine run's), not one per partition")
 
 
 def test_a_corpus_made_on_windows_trains_as_its_unix_copy(spark, tmp_path, capsys):

@@ -41,6 +41,9 @@ def test_round_trip(tmp_path, ck):
     # overwrite is atomic: no temp or old directories are left behind
     ckpt.save(path, ck)
     assert sorted(os.listdir(tmp_path)) == ["c1"]
+    ck.hidden = ck.hidden[0]               # one stream's state, as the one-machine trainer saves it
+    ckpt.save(path, ck)
+    assert np.array_equal(ckpt.load(path).hidden, ck.hidden)
 
 
 def _saved(tmp_path, ck):

@@ -244,11 +244,13 @@ def _check(ck: Checkpoint, where: str, expect) -> None:
         if v.shape != (size,) or v.dtype not in (dtype, np.dtype(np.float32)):   # residuals may stay float32
             raise CheckpointError(f"{where}: optimizer slot {k} is {v.dtype}{list(v.shape)}, "
                                   f"the configuration needs {dtype}[{size}]")
-    if ck.hidden is not None:       # the carried states: one (L, S, H, B) per partition
-        want = (ck.config.data.partitions, *model.zero_state(ck.config.train.batch).shape)
-        if ck.hidden.shape != want or ck.hidden.dtype != dtype:
-            raise CheckpointError(f"{where}: hidden.npy is {ck.hidden.dtype}{list(ck.hidden.shape)}, "
-                                  f"the configuration needs {dtype}{list(want)}")
+    if ck.hidden is not None:       # the carried states: one (L, S, H, B) per partition, or one stream's
+        stream = model.zero_state(ck.config.train.batch).shape                  # (the one-machine trainer's)
+        per_partition = (ck.config.data.partitions, *stream)
+        if ck.hidden.shape not in (per_partition, stream) or ck.hidden.dtype != dtype:
+            raise CheckpointError(f"{where}: hidden.npy is {ck.hidden.dtype}{list(ck.hidden.shape)}, the "
+                                  f"configuration needs {dtype}{list(per_partition)} (a state per partition) "
+                                  f"or {dtype}{list(stream)} (one stream)")
 
 
 def in_run(path: str, fs) -> str:
