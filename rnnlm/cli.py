@@ -67,7 +67,9 @@ def train(a) -> int:
     finally:
         if bar:
             bar.close()
-    print(f"done: round {last['round']} | train_loss {last['train_loss']:.4f}"
+    # an async run's last line may count no push, and so carry no loss: the latest one is reported
+    loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
+    print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
           + f" | checkpoint {tr.ck_path}")
     model = build_model(tr.cfg.model)

@@ -40,6 +40,7 @@ class Progress:
         self.width, self.clock = width, clock
         self.t0 = None
         self.first = None        # the first round reported: the rate is measured from it (a resumed run's too)
+        self.loss = None         # the latest training loss: an async line without pushes carries none
         self.drawn = False
 
     def message(self, text: str) -> None:
@@ -53,6 +54,7 @@ class Progress:
             self.message(line)
             return
         now, r = self.clock(), m["round"]
+        self.loss = m.get("train_loss", self.loss)
         if self.t0 is None:
             self.t0, self.first = now, r
         if any(k.startswith(("valid_", "test_")) for k in m):
@@ -70,8 +72,9 @@ class Progress:
         done = r - self.first
         eta = _clock(elapsed / done * (total - r)) if done > 0 else "?"
         per_round = m.get("round_bytes_sent", 0) + m.get("round_bytes_broadcast", 0)
+        loss = "-" if self.loss is None else f"{self.loss:.3f}"
         return (f"round {r}/{total} [{'#' * fill}{'.' * (self.width - fill)}] {100 * frac:3.0f}% | "
-                f"{_clock(elapsed)} < {eta} | loss {m['train_loss']:.3f} | {_mb(per_round)}/round")
+                f"{_clock(elapsed)} < {eta} | loss {loss} | {_mb(per_round)}/round")
 
     def _clear(self):
         if self.drawn:

@@ -8,13 +8,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "rnnlm")
 
 
-def imports_of(path):
-    tree = ast.parse(open(path).read())
-    for node in ast.walk(tree):
+def imports_in(source):
+    """Every module a source imports, relative ones with their dots, and every name imported from a
+    package as its own module: ``from .. import spark`` is ``..spark``, ``from rnnlm import spark``
+    is ``rnnlm`` and ``rnnlm.spark``."""
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
-            yield "." * node.level + (node.module or "")
+            base = "." * node.level + (node.module or "")
+            if node.module:
+                yield base
+            yield from (base + ("." if node.module else "") + a.name for a in node.names)
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
+
+
+def violations(pkg):
+    """``(layer, file, module)`` for every import of a layer above in the package at ``pkg``, and
+    how many imports were checked: core imports nothing of exchange or spark; exchange nothing of spark."""
+    below = {"core": ("exchange", "spark"), "exchange": ("spark",)}
+    found, checked = [], 0
+    for layer, forbidden in below.items():
+        for f in sorted(os.listdir(os.path.join(pkg, layer))):
+            if not f.endswith(".py"):
+                continue
+            with open(os.path.join(pkg, layer, f)) as src:
+                names = list(imports_in(src.read()))
+            checked += len(names)
+            found += [(layer, f, name) for name in names
+                      if any(name.startswith((f"..{other}", f"rnnlm.{other}")) for other in forbidden)
+                      or name in ("pyspark", "py4j") or name.startswith(("pyspark.", "py4j."))]
+    return found, checked
 
 
 def test_core_and_exchange_never_import_pyspark():
@@ -30,19 +53,24 @@ def test_core_and_exchange_never_import_pyspark():
 
 
 def test_layers_import_downwards_only():
-    """core imports nothing of exchange or spark; exchange nothing of spark."""
-    below = {"core": ("exchange", "spark"), "exchange": ("spark",)}
-    checked = 0
-    for layer, forbidden in below.items():
-        for f in os.listdir(os.path.join(PKG, layer)):
-            if not f.endswith(".py"):
-                continue
-            for name in imports_of(os.path.join(PKG, layer, f)):
-                checked += 1
-                for other in forbidden:
-                    assert not (name.startswith(f"..{other}") or name.startswith(f"rnnlm.{other}")
-                                or name in ("pyspark", "py4j") or name.startswith("pyspark.")), (layer, f, name)
-    assert checked > 20
+    found, checked = violations(PKG)
+    assert found == [] and checked > 20
+
+
+def test_the_layer_check_sees_every_form_of_import(tmp_path):
+    """``from .. import spark`` once read as ``..`` and passed (core/single.py uses that form for config)."""
+    (tmp_path / "core").mkdir()
+    (tmp_path / "exchange").mkdir()
+    (tmp_path / "core" / "a.py").write_text("from .. import spark\nfrom .. import config\nfrom . import model\n")
+    (tmp_path / "core" / "b.py").write_text("from ..exchange.plan import encode\n")
+    (tmp_path / "exchange" / "c.py").write_text("import pyspark.sql\nfrom rnnlm import spark\n"
+                                                "from py4j import java_gateway\n")
+    found, checked = violations(str(tmp_path))
+    assert found == [("core", "a.py", "..spark"), ("core", "b.py", "..exchange.plan"),
+                     ("core", "b.py", "..exchange.plan.encode"), ("exchange", "c.py", "pyspark.sql"),
+                     ("exchange", "c.py", "rnnlm.spark"), ("exchange", "c.py", "py4j"),
+                     ("exchange", "c.py", "py4j.java_gateway")]
+    assert checked == 10
 
 
 def test_run_loading_and_plots_start_no_spark():

@@ -62,7 +62,14 @@ def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_pa
         for k, v in x["staleness"].items():
             stale[k] = stale.get(k, 0) + v
     assert sum(stale.values()) == 24
-    assert m[-1]["bytes_sent"] > 0 and m[-1]["bytes_broadcast"] > 0
+    # every byte on the server's connections: each of the 24 pushes carries the dense float32 change in
+    # full (the model's bytes), each reply the rows changed since the worker's last pull (all of them), each
+    # hello the parameters; frame headers, handshakes and heartbeats (5 a second per worker) add the rest
+    n, frames = tr.params.nbytes, 24 + 2 * (5 * m[-1]["wall_s"] + 4)
+    assert 24 * n <= m[-1]["bytes_sent"] <= 24 * n + 2048 * frames, (n, m[-1])
+    assert 26 * n <= m[-1]["bytes_broadcast"] <= 26 * n + 2048 * frames, (n, m[-1])
+    assert m[-1]["bytes_sent"] == sum(x["round_bytes_sent"] for x in m)
+    assert m[-1]["bytes_broadcast"] == sum(x["round_bytes_broadcast"] for x in m)
     assert all(x["tokens_per_s"] > 0 for x in m if x["pushes"])
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert len(valid) >= 2 and valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
@@ -109,3 +116,80 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     sync = config.replace(cfg, "train", mode="sync", local_steps=3)
     with pytest.raises(TrainingError, match="train.mode is 'sync' here but 'async'"):
         make_trainer(spark, sync, out, log=lambda *_: None).run(resume=True)
+
+
+def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, monkeypatch):
+    """The driver's checkpoint waits for the pushes being applied: at most server.timeout_s, then the run
+    stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
+    import threading
+    import time
+    from rnnlm.exchange.paramserver import ParameterServer
+    release, original, calls = threading.Event(), ParameterServer._apply, []
+
+    def second_hangs(self, decoded, scale):
+        calls.append(1)
+        if len(calls) == 2:
+            release.wait(120)
+        original(self, decoded, scale)
+
+    monkeypatch.setattr(ParameterServer, "_apply", second_hangs)
+    cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
+                 "server.timeout_s=1", "server.checkpoint_pushes=1")
+    tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TrainingError, match=r"^parameter server: 1 push still being applied after 1 s "
+                                                r"\(server.timeout_s\); stopped, the last good checkpoint is kept"):
+            tr.run()
+        assert time.monotonic() - t0 < 60
+    finally:
+        release.set()
+    assert checkpoint.load(str(tmp_path / "run" / "checkpoint")).position["version"] == 1
+    assert [m["syncs"] for m in lines(tmp_path / "run")] == [1]
+
+
+@pytest.mark.parametrize("master, host", [
+    ("local", "127.0.0.1"), ("local[*]", "127.0.0.1"), ("local[4]", "127.0.0.1"), ("local[2,3]", "127.0.0.1"),
+    ("local-cluster[2,1,1024]", "127.0.0.1"),
+    ("yarn", "10.1.2.3"), ("spark://10.0.0.9:7077", "10.1.2.3"), ("k8s://https://api:6443", "10.1.2.3"),
+    ("localhost:7077", "10.1.2.3"),
+])
+def test_the_server_listens_on_loopback_when_every_executor_is_local(master, host):
+    from rnnlm.spark.async_trainer import bind_host
+    assert bind_host("", master, "10.1.2.3") == host
+    assert bind_host("192.168.7.7", master, "10.1.2.3") == "192.168.7.7"     # server.host wins
+
+
+def test_a_local_run_does_not_listen_on_the_drivers_external_address(spark, tmp_path, monkeypatch):
+    """spark.driver.host is an address other machines reach: a local run's server once listened there."""
+    sc = spark.sparkContext
+    conf = sc.getConf().set("spark.driver.host", "192.0.2.1")       # TEST-NET-1: routable, on no interface here
+    monkeypatch.setattr(sc, "getConf", lambda: conf)
+    logs = []
+    tr = make_trainer(spark, cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=2"),
+                      str(tmp_path / "run"), log=logs.append)
+    tr.run()
+    assert sum(" | server 127.0.0.1:" in line for line in logs) == 1, logs
+
+
+def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, monkeypatch):
+    """The last line of an async run often counts no push; it said train_loss 0.0000, and so did the run's
+    closing line. A resumed run with every window applied writes only such a line."""
+    import argparse
+    import os
+    from rnnlm import cli
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    a = argparse.Namespace(config=None, set=BASE + ["data.partitions=2", "train.mode=async", "train.push_every=2",
+                                                    "train.rounds=2"],
+                           out=str(tmp_path / "run"), resume=False, master=None, samples=0, dry_run=False,
+                           verbose=False)
+    monkeypatch.chdir(root)
+    assert cli.guarded(lambda: cli.train(a)) == 0
+    a.resume = True
+    assert cli.guarded(lambda: cli.train(a)) == 0
+    m = lines(tmp_path / "run")
+    assert m[-1]["pushes"] == 0 and m[-1]["syncs"] == 4 and "train_loss" not in m[-1]
+    assert all(("train_loss" in x) == (x["pushes"] > 0) for x in m), m
+    loss = [x["train_loss"] for x in m if "train_loss" in x][-1]
+    done = capsys.readouterr().out.strip().splitlines()[-1]
+    assert done.startswith(f"done: round 2 | train_loss {loss:.4f} | checkpoint "), done

@@ -147,3 +147,40 @@ def test_generate_from_an_unreadable_hadoop_path_is_one_line():
     errors = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
     assert errors == ['error: cannot read nofs://nowhere/run: org.apache.hadoop.fs.UnsupportedFileSystemException: '
                       'No FileSystem for scheme "nofs"'], r.stderr
+
+
+def test_resume_with_a_hidden_state_the_configuration_does_not_carry_is_one_line(spark, tmp_path, capsys):
+    """A hidden.npy of another shape ended --resume in an executor's 286-line traceback."""
+    out = tmp_path / "run"
+    assert train(out, *demo()) == 0
+    capsys.readouterr()
+    ck = checkpoint.load(str(out / "checkpoint"))
+    want = list(ck.hidden.shape)
+    ck.hidden = ck.hidden[..., :1]                       # the states of another batch size
+    checkpoint.save(str(out / "checkpoint"), ck)
+    before = {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")}
+    one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
+              f"hidden.npy is float32{want[:-1] + [1]}, the configuration needs float32{want}")
+    assert {f: (out / "checkpoint" / f).read_bytes() for f in os.listdir(out / "checkpoint")} == before
+    ck.hidden = np.zeros(want[1:], np.float32)           # one stream's state, as the one-machine trainer saves
+    checkpoint.save(str(out / "checkpoint"), ck)
+    one_error(capsys, train(out, *demo(), "train.rounds=2", resume=True),
+              "holds one stream's hidden state (a one-machine run's), not one per partition")
+
+
+def test_a_corpus_made_on_windows_trains_as_its_unix_copy(spark, tmp_path, capsys):
+    """With CRLF line ends the corpus was one paragraph: "the corpus has 1 paragraphs, fewer than
+    data.partitions=2"."""
+    text = open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read()
+    (tmp_path / "crlf.txt").write_bytes(text.replace(b"\n", b"\r\n"))
+    assert train(tmp_path / "o", *demo(f"data.train={tmp_path}/crlf.txt")) == 0
+    assert f"vocab {len(set(text.decode())) + 1} |" in capsys.readouterr().out      # no \r among them
+
+
+def test_a_corpus_directory_holding_a_subdirectory_is_one_line(spark, tmp_path, capsys):
+    d = tmp_path / "corpus"
+    (d / "2024").mkdir(parents=True)
+    (d / "a.txt").write_bytes(open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read())
+    one_error(capsys, train(tmp_path / "o", *demo(f"data.train={d}")), f"{d}/2024 is a directory",
+              f"such as {d}/*/*")
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()

@@ -24,7 +24,8 @@ def ck():
     st["m"] += 0.25
     return ckpt.Checkpoint(params=p, config=cfg, vocab=vocab,
                            optim={k: v for k, v in st.items() if k != "t"}, optim_t=7,
-                           position={"round": 3, "epoch": 0.5}, hidden=m.zero_state(2) + 1,
+                           position={"round": 3, "epoch": 0.5},
+                           hidden=np.stack([m.zero_state(cfg.train.batch) + 1] * cfg.data.partitions),
                            schedule={"lr": 0.5, "best": 2.0})
 
 
@@ -40,6 +41,9 @@ def test_round_trip(tmp_path, ck):
     # overwrite is atomic: no temp or old directories are left behind
     ckpt.save(path, ck)
     assert sorted(os.listdir(tmp_path)) == ["c1"]
+    ck.hidden = ck.hidden[0]               # one stream's state, as the one-machine trainer saves it
+    ckpt.save(path, ck)
+    assert np.array_equal(ckpt.load(path).hidden, ck.hidden)
 
 
 def _saved(tmp_path, ck):
@@ -120,3 +124,130 @@ def test_a_run_directory_loads_its_checkpoint_even_one_left_as_old(tmp_path, ck)
     assert (run / "checkpoint").is_dir() and not (run / "checkpoint.old").exists()
     with pytest.raises(ckpt.CheckpointError, match="not a checkpoint"):
         ckpt.load(str(tmp_path))                                # neither a checkpoint nor a run's
+
+
+def _crafted(tmp_path, ck, **changes):
+    """A checkpoint directory whose files are ``ck``'s with ``changes`` (name -> bytes) and a manifest that
+    vouches for them: what a crafted checkpoint looks like to the loader."""
+    files = ckpt.to_files(ck)
+    manifest = json.loads(files.pop(ckpt.MANIFEST))
+    for name, data in changes.items():
+        files[name] = data
+        manifest[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    path = tmp_path / "crafted"
+    path.mkdir()
+    for name, data in files.items():
+        (path / name).write_bytes(data)
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    return str(path)
+
+
+def _save(a):
+    import io
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
+def _state(ck, **changes):
+    state = json.loads(ckpt.to_files(ck)["state.json"])
+    state.update(changes)
+    return json.dumps(state).encode()
+
+
+@pytest.mark.parametrize("name", ["../../etc/hostname", "/dev/zero", "sub/params.npy", "..", ".hidden", "", "a\\b"])
+def test_manifest_entries_must_be_plain_file_names_in_the_checkpoint(ck, name):
+    """The manifest's names were joined to the directory unchecked: ../../etc/hostname and /dev/zero were read."""
+    files = ckpt.to_files(ck)
+    manifest = json.loads(files[ckpt.MANIFEST])
+    manifest[name] = {"size": 10, "sha256": "0" * 64}
+    files[ckpt.MANIFEST] = json.dumps(manifest).encode()
+    asked = []
+
+    def read(n):
+        asked.append(n)
+        return files.get(n)
+
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.from_files(read, "where")
+    assert str(e.value) == f"where: MANIFEST.json names {name!r}, not a plain file name in the checkpoint"
+    assert name not in asked
+
+
+def test_a_checkpoint_file_that_is_not_a_regular_file_is_not_read(tmp_path, ck):
+    """A fifo (or a link to /dev/zero) under a manifest's name: refused before it is opened."""
+    path = _saved(tmp_path, ck)
+    os.remove(os.path.join(path, "vocab.json"))
+    os.mkfifo(os.path.join(path, "vocab.json"))
+    import threading
+    out = {}
+    th = threading.Thread(target=lambda: out.update(e=pytest.raises(ckpt.CheckpointError, ckpt.load, path)),
+                          daemon=True)
+    th.start()
+    th.join(10)
+    if th.is_alive():                                        # it opened the fifo: let it go, then fail
+        open(os.path.join(path, "vocab.json"), "wb").close()
+        th.join(5)
+    assert not th.is_alive() and "e" in out, "the loader opened a fifo"
+    assert str(out["e"].value) == f"{path}: vocab.json is not a regular file"
+
+
+@pytest.mark.parametrize("what, needle", [
+    ("manifest list", "MANIFEST.json is not a table of files"),
+    ("manifest entry", "MANIFEST.json: params.npy needs an integer size and a sha256"),
+    ("zip in params.npy", "params.npy is not a NumPy array file"),
+    ("truncated optim.npz", "optim.npz is not a zip of NumPy arrays"),
+    ("huge declared shape", "params.npy declares 8000000000000 bytes of float64 in a"),
+    ("state.json list", "state.json must be a table with position, schedule and optim_t"),
+    ("optim_t string", "state.json: optim_t must be an integer >= 0"),
+    ("optim_t float", "state.json: optim_t must be an integer >= 0"),
+    ("position list", "state.json must be a table with position, schedule and optim_t"),
+    ("hidden shape", "hidden.npy is float32[2, 1, 2, 8, 19], the configuration needs float32[2, 1, 2, 8, 20]"),
+    ("hidden dtype", "hidden.npy is float64[2, 1, 2, 8, 20], the configuration needs float32[2, 1, 2, 8, 20]"),
+    ("optim dtype", "optimizer slot m is int64[{size}], the configuration needs float32[{size}]"),
+    ("optim name", "optimizer slot name 'px/m' is not one a trainer writes"),
+    ("object array", "hidden.npy contains pickled data, refused"),
+])
+def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, needle):
+    size = ck.params.size
+    b = __import__("io").BytesIO()
+    if what == "manifest list":
+        path = _saved(tmp_path, ck)
+        open(os.path.join(path, ckpt.MANIFEST), "w").write("[1, 2]")
+    elif what == "manifest entry":
+        path = _saved(tmp_path, ck)
+        man = json.load(open(os.path.join(path, ckpt.MANIFEST)))
+        man["params.npy"] = "big"
+        open(os.path.join(path, ckpt.MANIFEST), "w").write(json.dumps(man))
+    elif what == "zip in params.npy":
+        np.savez(b, params=ck.params)
+        path = _crafted(tmp_path, ck, **{"params.npy": b.getvalue()})
+    elif what == "truncated optim.npz":
+        np.savez(b, **ck.optim)
+        path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()[:len(b.getvalue()) // 2]})
+    elif what == "huge declared shape":
+        head = _save(np.zeros(3)).replace(b"(3,), }", b"(1000000000000,), }")      # 24 bytes of data follow
+        path = _crafted(tmp_path, ck, **{"params.npy": head})
+    elif what == "state.json list":
+        path = _crafted(tmp_path, ck, **{"state.json": b"[1, 2]"})
+    elif what == "optim_t string":
+        path = _crafted(tmp_path, ck, **{"state.json": _state(ck, optim_t="7")})
+    elif what == "optim_t float":
+        path = _crafted(tmp_path, ck, **{"state.json": _state(ck, optim_t=7.5)})
+    elif what == "position list":
+        path = _crafted(tmp_path, ck, **{"state.json": _state(ck, position=[3])})
+    elif what in ("hidden shape", "hidden dtype"):
+        h = np.zeros((2, 1, 2, 8, 19), np.float32) if what == "hidden shape" else np.zeros((2, 1, 2, 8, 20))
+        path = _crafted(tmp_path, ck, **{"hidden.npy": _save(h)})
+    elif what == "object array":
+        np.save(b, np.array([None, {"evil": 1}], dtype=object), allow_pickle=True)
+        path = _crafted(tmp_path, ck, **{"hidden.npy": b.getvalue()})
+    elif what == "optim dtype":
+        np.savez(b, m=np.zeros(size, np.int64), v=ck.optim["v"])
+        path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
+    else:
+        np.savez(b, **{"px/m": ck.optim["m"]})
+        path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value).startswith(f"{path}: {needle.format(size=size)}") and "\n" not in str(e.value), str(e.value)

@@ -2,6 +2,7 @@
 Python does not have rnnlm installed (it arrives with --py-files)."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,6 +46,13 @@ def executor_pids():
     return pids
 
 
+def executor_id(pid) -> str:
+    """The Spark executor id an executor JVM was started with (``--executor-id N``)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+    return args[args.index(b"--executor-id") + 1].decode()
+
+
 def rounds_done(out):
     try:
         return len(open(os.path.join(out, "metrics.jsonl")).read().splitlines())
@@ -74,7 +82,7 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     while proc.poll() is None and time.time() < deadline:
         pids = executor_pids()
         if killed is None and rounds_done(tmp_path / "kill") >= 2 and pids:
-            killed = pids[0]
+            killed, eid = pids[0], executor_id(pids[0])
             os.kill(killed, signal.SIGKILL)       # mid-training, between or during rounds
         time.sleep(0.05)
     proc.wait(timeout=120)
@@ -82,7 +90,9 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     err = log.read()
     assert killed is not None, f"training ended before an executor could be killed: {err[-2000:]}"
     assert proc.returncode == 0, err[-2000:]
-    assert "lost" in err.lower() or "removed" in err.lower() or "exited" in err.lower(), err[-3000:]
+    # Spark noticed the very executor killed, by its exit code (128 + SIGKILL), and lost no other
+    assert f"Lost executor {eid} on 127.0.0.1: Command exited with code 137" in err, err[-3000:]
+    assert set(re.findall(r"Lost executor (\d+) on", err)) == {eid}, err[-3000:]
     a = checkpoint.load(str(tmp_path / "ref" / "checkpoint"))
     b = checkpoint.load(str(tmp_path / "kill" / "checkpoint"))
     assert np.array_equal(a.params, b.params)

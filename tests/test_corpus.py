@@ -2,6 +2,7 @@
 import os
 
 import numpy as np
+import pytest
 
 from rnnlm.spark import corpus
 from rnnlm.core.vocab import Vocab
@@ -55,3 +56,46 @@ def test_encoded_partitions(spark):
     tokens = np.concatenate([r[1] for r in recs])
     assert vocab.decode(tokens) == "ab\ncab\n" + vocab.tokens[vocab.unk_id] * 2 + "\n"
     assert [r[0] for r in recs] == [0, 1] and all(r[2][0] == 0 for r in recs)
+
+
+def test_text_made_on_windows_reads_as_the_same_paragraphs(spark, tmp_path):
+    """CRLF line ends: blank_line mode saw one paragraph (with two partitions, a misleading "1 paragraphs"
+    error; with one, \\r became a token). \\r\\n is a line end, as in the line mode and the one-machine trainer."""
+    raw = "First line,\nsecond line.\n\nAnother one.\n\n\nAfter two blank lines.\n\nLast.\n"
+    lf, crlf = tmp_path / "lf.txt", tmp_path / "crlf.txt"
+    lf.write_bytes(raw.encode())
+    crlf.write_bytes(raw.replace("\n", "\r\n").encode())
+    sc = spark.sparkContext
+    for mode in ("blank_line", "line"):
+        for level in ("char", "word"):
+            got = corpus.paragraphs(sc, str(crlf), mode, level).collect()
+            assert got == corpus.paragraphs(sc, str(lf), mode, level).collect(), (mode, level, got)
+            assert not any("\r" in p for p in got)
+    assert len(corpus.paragraphs(sc, str(crlf), "blank_line", "word").collect()) == 4
+
+
+def test_files_with_either_line_end_in_one_corpus(spark, tmp_path):
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.txt").write_bytes(b"a b\r\nc\r\n\r\nd e\r\n")
+    (d / "b.txt").write_bytes(b"f g\n\nh\n")
+    got = sorted(corpus.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect())
+    assert got == ["a b\nc", "d e", "f g", "h"]
+
+
+def test_a_corpus_directory_holding_a_subdirectory_is_refused_in_one_line(spark, tmp_path):
+    """Hadoop reads a directory's files, not its subdirectories: a subdirectory ended in a 76-line
+    NullPointerException (blank_line) or an IOException (line). Names Hadoop hides (_x, .x) do not count."""
+    d = tmp_path / "corpus"
+    (d / "_temporary").mkdir(parents=True)
+    (d / ".git").mkdir()
+    (d / "a.txt").write_text("a b\n\nc d\n")
+    sc = spark.sparkContext
+    assert corpus.paragraphs(sc, str(d), "blank_line", "word").collect() == ["a b", "c d"]
+    (d / "more").mkdir()
+    (d / "more" / "b.txt").write_text("e f\n")
+    for mode in ("blank_line", "line"):
+        with pytest.raises(corpus.CorpusError) as e:
+            corpus.paragraphs(sc, str(d), mode, "word")
+        assert str(e.value) == (f"{d}: {d}/more is a directory: a corpus directory is read as its files, not "
+                                f"its subdirectories (name them with a glob, such as {d}/*/*)")

@@ -1,5 +1,6 @@
 """The parameter server's protocol, without a network: at-most-once, leases, updates, refusals."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -321,3 +322,255 @@ def test_a_push_in_flight_during_a_pull_is_sent_by_the_next_pull():
     patch(LAYOUT, p0, r["pulled"], a)
     np.testing.assert_array_equal(p0, 3.0)
     np.testing.assert_array_equal(p0, ps.params)
+
+
+def within(seconds, fn, *args):
+    """``fn(*args)``'s result or exception, or AssertionError if it has not returned in ``seconds``."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:
+            out["error"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(seconds)
+    assert not th.is_alive(), f"{getattr(fn, '__name__', fn)} still waits after {seconds} s"
+    return out.get("error", out.get("value"))
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("tokens", 10 ** 400, "tokens must be an integer in [0, 2**53]"),        # once landed, then wedged the server
+    ("tokens", -1, "tokens must be an integer in [0, 2**53]"),
+    ("tokens", 2.5, "tokens must be an integer in [0, 2**53]"),
+    ("steps", True, "steps must be an integer in [0, 2**53]"),
+    ("loss_sum", float("nan"), "loss_sum must be a finite number in [0, 2**53]"),
+    ("loss_sum", float("inf"), "loss_sum must be a finite number in [0, 2**53]"),
+    ("loss_sum", -1.0, "loss_sum must be a finite number in [0, 2**53]"),
+    ("compute_s", 10 ** 400, "compute_s must be a finite number in [0, 2**53]"),
+    ("compute_s", "1", "compute_s must be a finite number in [0, 2**53]"),
+    ("version", 1, "version 1 is not one this server has issued (0..0)"),
+    ("version", -1, "version -1 is not one this server has issued (0..0)"),
+    ("window", None, "push needs an integer window and version"),
+], ids=lambda v: v if isinstance(v, str) else repr(v)[:12])
+def test_every_number_of_a_push_is_checked_before_anything_is_reserved(field, value, reason):
+    ps = server()
+    hello(ps, 0)
+    fields, arrays = push_msg(np.ones(LAYOUT.size))
+    fields.update(pid=0, lease=1, window=0, version=0, tokens=10, loss_sum=5.0, steps=2, compute_s=0.5)
+    fields[field] = value
+    kind, f, _ = ps.handle("t", "push", fields, arrays)
+    assert (kind, f) == ("refused", {"reason": reason}) and ps.totals["refused_protocol"] == 1
+    assert ps.version == 0 and ps.done == [0, 0] and not ps.params.any()
+    snap = within(2.0, ps.snapshot, True)                   # nothing left reserved: the checkpoint does not wait
+    assert snap["version"] == 0 and snap["drained"]["syncs"] == 0
+
+
+def test_push_statistics_are_counted_as_sent():
+    ps = server()
+    hello(ps, 0)
+    push(ps, 0, 1, 0, 0, np.ones(LAYOUT.size), tokens=2 ** 53, loss_sum=7.5, steps=3, compute_s=0.25)
+    d = ps.drain()
+    assert (d["tokens"], d["loss_sum"], d["steps"], d["pushes"]) == (2 ** 53, 7.5, 3, 1)
+
+
+def test_a_snapshot_waits_for_a_push_that_never_lands_at_most_timeout_s():
+    """A push reserved but never landed (an apply that hangs) must not wedge the driver's checkpoint: the
+    snapshot gives up after server.timeout_s with one line, and other partitions' pushes are served meanwhile."""
+    ps = server(heartbeat_s=0.1, timeout_s=0.5)
+    hello(ps, 0)
+    hello(ps, 1)
+    applying, release, original = threading.Event(), threading.Event(), ps._apply
+
+    def stuck(decoded, scale):
+        if not applying.is_set():
+            applying.set()
+            release.wait(20)
+        original(decoded, scale)
+
+    ps._apply = stuck
+    th = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32)), daemon=True)
+    th.start()
+    try:
+        assert applying.wait(5)
+        t0 = time.monotonic()
+        e = within(3.0, ps.snapshot)
+        assert type(e).__name__ == "Stalled", e             # (imported by name: it did not exist)
+        assert str(e) == "parameter server: 1 push still being applied after 0.5 s (server.timeout_s)"
+        assert 0.5 <= time.monotonic() - t0 < 1.5
+        kind, r, _ = within(2.0, push, ps, 1, 1, 0, 0, np.ones(LAYOUT.size, np.float32))   # not frozen any more
+        assert kind == "pushed" and r["applied"]
+    finally:
+        release.set()
+        th.join(5)
+    assert within(2.0, ps.snapshot)["done"] == [1, 1]
+
+
+def test_a_push_for_a_window_past_the_run_is_refused():
+    ps = server(windows=2)
+    hello(ps, 0)
+    one = np.ones(LAYOUT.size, np.float32)
+    assert push(ps, 0, 1, 0, 0, one)[1]["applied"] and push(ps, 0, 1, 1, 1, one)[1]["applied"]
+    kind, f, _ = push(ps, 0, 1, 2, 2, one)
+    assert (kind, f) == ("refused", {"reason": "window 2 is not one of this run's 2 windows"})
+    assert ps.done == [2, 0] and ps.version == 2 and ps.totals["refused_protocol"] == 1
+    np.testing.assert_array_equal(ps.params, 2.0)
+
+
+def test_requests_from_a_partition_that_never_said_hello_are_refused():
+    ps = server()
+    hello(ps, 0)
+    fields, arrays = push_msg(np.ones(LAYOUT.size))
+    requests = [("push", dict(fields, pid=1, lease=0, window=0, version=0), arrays),
+                ("heartbeat", {"pid": 1, "lease": 0, "window": 1}, {}),
+                ("failed", {"pid": 1, "lease": 0, "error": "made up"}, {})]
+    for i, (kind, f, a) in enumerate(requests):
+        got = ps.handle("t", kind, f, a)
+        assert got == ("refused", {"reason": "partition 1 has not said hello"}, {}) and \
+            ps.totals["refused_protocol"] == i + 1, got
+    assert ps.version == 0 and not ps.params.any() and ps.started == [0, 0] and ps.failures == []
+
+
+@pytest.mark.parametrize("kind, fields, reason", [
+    ("push", {"lease": None}, "request 'push' needs a lease (an integer from hello), not None"),
+    ("push", {"lease": True}, "request 'push' needs a lease (an integer from hello), not True"),
+    ("push", {"lease": 2}, "lease 2 of partition 0 was never issued"),
+    ("heartbeat", {"window": 4}, "heartbeat: window 4 is not in [0, 3]"),
+    ("heartbeat", {"window": 10 ** 400}, "heartbeat: window 1000"),
+    ("failed", {"error": ["x"]}, "failed: the error must be a string"),
+])
+def test_malformed_requests_of_a_known_partition_are_refused(kind, fields, reason):
+    ps = server()
+    hello(ps, 0)
+    f, a = push_msg(np.ones(LAYOUT.size)) if kind == "push" else ({}, {})
+    f = {**f, "pid": 0, "lease": 1, "window": 0, "version": 0, **fields}
+    got_kind, got, _ = ps.handle("t", kind, f, a)
+    assert got_kind == "refused" and got["reason"].startswith(reason) and len(got["reason"]) < 200, got
+    assert ps.totals["refused_protocol"] == 1 and ps.version == 0 and ps.started == [0, 0] and ps.failures == []
+
+
+def crafted(**ex):
+    """A well-formed push of ones in the given exchange codecs (fields, arrays), for pid 0's first window."""
+    fields, arrays = push_msg(np.ones(LAYOUT.size), **ex)
+    fields.update(pid=0, lease=1, window=0, version=0)
+    return fields, arrays
+
+
+@pytest.mark.parametrize("breakage, reason", [
+    ("fp16 scale 10**400", "W1: the fp16 scale must be a finite positive number"),
+    ("fp16 scale 0", "W1: the fp16 scale must be a finite positive number"),
+    ("fp16 scale array", "W1: push carries an array W1.scale the fp16 codec does not have"),
+    ("onebit scalar scale", "embed: onebit scale must be a float32[6, 2] array"),
+    ("onebit zero groups", "embed: onebit scale must be a float32[6, 2] array"),
+    ("onebit one-row scale", "embed: onebit scale must be a float32[6, 2] array"),
+    ("onebit short data", "embed: onebit data must be a uint8[6, 1] array"),
+    ("int8 broadcast scale", "embed: int8 data must be a int8[6, 3] array"),
+    ("int8 nan scale", "embed: int8 scale must hold finite values"),
+    ("ids 2-D", "embed: row ids must be sorted unique int32 in [0, 6)"),
+])
+def test_malformed_codec_payloads_are_refused_with_their_reason(breakage, reason):
+    codec = breakage.split()[0]
+    ex = {"fp16": {"hidden": "dense+fp16"}, "onebit": {"embed": "rows+onebit", "feedback": "true"},
+          "int8": {"embed": "rows+int8"}, "ids": {"embed": "rows"}}[codec]
+    fields, arrays = crafted(**ex)
+    meta = fields["blocks"]
+    if breakage == "fp16 scale 10**400":
+        meta["W1"]["scale"] = 10 ** 400
+    elif breakage == "fp16 scale 0":
+        meta["W1"]["scale"] = 0
+    elif breakage == "fp16 scale array":
+        arrays["W1.scale"] = np.ones((4, 1), np.float32)
+    elif breakage == "onebit scalar scale":
+        del arrays["embed.scale"]
+        meta["embed"]["scale"] = 1.0
+    elif breakage == "onebit zero groups":
+        arrays["embed.scale"] = np.zeros((0, 2), np.float32)
+    elif breakage == "onebit one-row scale":
+        arrays["embed.scale"] = np.zeros((1, 2), np.float32)
+    elif breakage == "onebit short data":
+        arrays["embed.data"] = arrays["embed.data"][:2]
+    elif breakage == "int8 broadcast scale":
+        arrays["embed.data"] = np.ones((1, 6), np.int8)
+    elif breakage == "int8 nan scale":
+        arrays["embed.scale"][0, 0] = np.nan
+    else:
+        arrays["embed.ids"] = arrays["embed.ids"].reshape(2, 3)
+    ps = server()
+    hello(ps, 0)
+    kind, f, _ = ps.handle("t", "push", fields, arrays)
+    assert (kind, f) == ("refused", {"reason": reason}) and ps.totals["refused_protocol"] == 1
+    assert ps.version == 0 and not ps.params.any()
+
+
+BIG = Layout([("W", (4096, 256)), ("b", (4096,))])
+
+
+@pytest.mark.parametrize("codec", ["onebit", "int8"])
+def test_decoding_allocates_no_more_than_the_slot_before_a_payload_is_refused(codec):
+    """A few bytes of onebit data under a one-row scale unpacked to rows x the slot's size; a one-row int8
+    payload broadcast against a column of scales to rows x rows. Shapes are checked against the layout first."""
+    import tracemalloc
+    cfg = config.load(None)
+    ps = ParameterServer(BIG, np.zeros(BIG.size, np.float32), cfg.server, 3, 1, log=lambda *_: None)
+    hello(ps, 0)
+    fields = {"pid": 0, "lease": 1, "window": 0, "version": 0,
+              "blocks": {"W": {"codec": codec, "scale": None}, "b": {"codec": "f32", "scale": 1.0}}}
+    if codec == "onebit":          # 8 bytes of sign bits, one scale row: decoded as 8 x 1M values
+        arrays = {"W.data": np.zeros((8, 1), np.uint8), "W.scale": np.ones((1, 2), np.float32)}
+    else:                          # 2 KiB of int8 times 2048 scales: a 2048 x 2048 float32 product
+        arrays = {"W.data": np.ones((1, 2048), np.int8), "W.scale": np.ones((2048, 1), np.float32)}
+    arrays["b.data"] = np.zeros((4096, 1), np.float32)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        kind, f, _ = ps.handle("t", "push", fields, arrays)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak / 2 ** 20:.1f} MiB allocated to refuse a {codec} push"
+    want = {"onebit": "W: onebit data must be a uint8[4096, 32] array",
+            "int8": "W: int8 data must be a int8[4096, 256] array"}[codec]
+    assert (kind, f) == ("refused", {"reason": want}) and ps.version == 0
+
+
+@pytest.mark.parametrize("codec", ["f32", "fp16", "int8", "onebit"])
+def test_a_row_block_selecting_no_rows_is_applied_as_no_change(codec):
+    """Zero rows are zero onebit groups: its decoder divided by the group count."""
+    fields, arrays = crafted(embed="rows" if codec == "f32" else f"rows+{codec}", feedback="true")
+    data_shape, scale_shape = {"f32": ((0, 3), None), "fp16": ((0, 3), None), "int8": ((0, 3), (0, 1)),
+                               "onebit": ((0, 1), (0, 2))}[codec]
+    arrays["embed.ids"] = np.zeros(0, np.int32)
+    arrays["embed.data"] = np.zeros(data_shape, arrays["embed.data"].dtype)
+    if scale_shape:
+        arrays["embed.scale"] = np.zeros(scale_shape, np.float32)
+    ps = server()
+    hello(ps, 0)
+    kind, f, _ = ps.handle("t", "push", fields, arrays)
+    assert kind == "pushed" and f["applied"] and ps.totals["refused_protocol"] == 0
+    views = LAYOUT.views(ps.params)
+    assert not views["embed"].any() and views["W1"].all()
+
+
+def test_a_worker_whose_window_outlasts_the_servers_idle_limit_still_pushes():
+    """The server closes a connection idle for server_idle_s; a worker replaces one idle for timeout_s itself
+    before pushing, so a long window never loses its push to the idle limit."""
+    from rnnlm.exchange.paramserver import server_idle_s
+    sv = config.load(None, ["server.heartbeat_s=0.2", "server.timeout_s=0.3"]).server
+    ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), sv, 3, 2, log=lambda *_: None)
+    secret = wire.new_secret()
+    frames = wire.FrameServer(ps.handle, secret, timeout=sv.timeout_s, idle=server_idle_s(sv),
+                              log=lambda *_: None).start()
+    client = WorkerClient(frames.address, secret, 0, sv, LAYOUT)
+    try:
+        _, _, version, params = client.hello()
+        time.sleep(2 * server_idle_s(sv))                    # a long window: the server closed the connection
+        assert frames.closed_idle == 1                       # (the heartbeats' connection stays busy)
+        blocks, _, _ = plan.encode(LAYOUT, np.ones(LAYOUT.size, np.float32), config.load(None).exchange,
+                                   np.array([1]), 1, 1, 0, 2)
+        assert client.push(0, version, blocks, params, tokens=5) == 1
+        np.testing.assert_array_equal(params, ps.params)
+        assert ps.done == [1, 0] and frames.refused == {} and frames.connections == 3
+    finally:
+        client.close()
+        frames.close()

@@ -109,6 +109,16 @@ def test_series_are_the_metrics_lines_holding_the_value(tmp_path):
         plots.series(r, "epochs", "train_loss")
 
 
+def test_lines_without_a_training_loss_are_no_points(tmp_path):
+    """An async run's line that counts no push carries no train_loss (it once said 0.0): no point, not zero."""
+    bare = {k: v for k, v in line(5, 400, 50, 25, 4.5, 0.0).items() if k != "train_loss"}
+    r = runs.load(str(make_run(tmp_path, "async", LINES + [dict(bare, pushes=0)])))
+    assert plots.series(r, "tokens", "train_loss")[1].tolist() == [4.0, 3.5, 3.0, 2.9]
+    assert plots.series(r, "syncs", "train_ppl")[0].tolist() == [1, 2, 3, 4]
+    ax = plots.plot_metric([r], "wall", "train_loss")
+    assert list(ax.get_lines()[0].get_xdata()) == [1.0, 2.0, 3.5, 4.0]
+
+
 def test_plot_metric_draws_each_runs_points_with_its_label(tmp_path):
     a = make_run(tmp_path, "a", LINES, ["train.local_steps=5"])
     other = [dict(m, tokens=m["tokens"] * 2, train_loss=m["train_loss"] - 1) for m in LINES]

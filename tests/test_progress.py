@@ -50,3 +50,15 @@ def test_a_resumed_run_counts_its_eta_from_where_it_started():
     clock.t += 10.0
     p.update(m(51), 100, "")     # 1 round in 10 s since the resume (not 51): 49 left, 490 s
     assert out.getvalue().endswith("round 51/100 [##..]  51% | 0:10 < 8:10 | loss 2.500 | 2.00 MB/round")
+
+
+def test_a_line_without_a_training_loss_keeps_the_latest_one_on_the_bar():
+    """An async run's metrics line that counts no push carries no loss (its last line, often)."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress(out, tty=True, width=4, clock=clock)
+    bare = {k: v for k, v in m(1).items() if k != "train_loss"}
+    p.update(bare, 4, "round 1")
+    assert out.getvalue().endswith("round 1/4 [#...]  25% | 0:00 < ? | loss - | 2.00 MB/round")
+    p.update(m(2, loss=2.25), 4, "round 2")
+    p.update(dict(bare, round=3), 4, "round 3")
+    assert out.getvalue().endswith("| loss 2.250 | 2.00 MB/round")

@@ -377,3 +377,121 @@ def test_close_does_not_hang_on_live_connections(secret):
     assert logs == [] and s.refused == {}
     silent.close()
     c.close()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_counted(secret):
+    """300 idle peers once made 302 threads; now at most max_connections (default 64) are served at a time."""
+    logs = []
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=10.0, log=logs.append).start()
+    base = threading.active_count()
+    peers = []
+    try:
+        for _ in range(70):                                  # connected, silent: each holds its slot
+            peers.append(raw(server))
+        wait_for(lambda: server.connections == 64 and server.refused.get("busy") == 6)
+        assert threading.active_count() <= base + 64
+        assert server.refused == {"busy": 6} and len(logs) == 1 and "busy: 64 connections open" in logs[0], logs
+        for s in peers[:10]:                                 # ten leave: their slots serve real clients again
+            s.close()
+        wait_for(lambda: threading.active_count() <= base + 64 - 10 + 1)
+        assert serves(server, secret) and server.refused == {"busy": 6, "handshake": 10}   # left before a hello
+    finally:
+        for s in peers:
+            s.close()
+        server.close()
+
+
+def test_a_peer_beyond_the_cap_sees_its_connection_closed(secret):
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=10.0, log=lambda *_: None,
+                              max_connections=2).start()
+    a, b = raw(server), raw(server)
+    try:
+        wait_for(lambda: server.connections == 2)
+        with raw(server) as c:
+            assert c.recv(1) == b""                          # closed, not left waiting for a hello
+        with pytest.raises(OSError):
+            wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+        assert server.refused == {"busy": 2}
+    finally:
+        a.close()
+        b.close()
+        server.close()
+
+
+def test_accept_failing_for_lack_of_descriptors_is_retried_with_growing_pauses(secret, monkeypatch):
+    """With the file descriptor limit reached, accept() fails while the connection stays pending: retrying
+    at once spun the accept loop. It waits instead, from 50 ms doubling to 1 s, and recovers."""
+    import errno
+    logs, calls, failing, real = [], [], threading.Event(), socket.socket.accept
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=logs.append).start()
+    port = server.address[1]
+
+    def accept(self):
+        if failing.is_set() and self.getsockname()[1] == port:
+            calls.append(time.monotonic())
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(self)
+
+    monkeypatch.setattr(socket.socket, "accept", accept)
+    failing.set()
+    pending = raw(server)
+    try:
+        time.sleep(1.0)
+        n = len(calls)
+        assert 3 <= n <= 7, n                                # 0, .05, .15, .35, .75 s: five, not thousands
+        assert server.refused == {"accept": n} or server.refused == {"accept": n + 1}
+        assert len(logs) == 1 and "EMFILE" in logs[0], logs
+        failing.clear()
+        wait_for(lambda: server.connections == 1, timeout=2.0)      # the next try takes the pending one
+        assert serves(server, secret)
+    finally:
+        pending.close()
+        server.close()
+
+
+def test_a_frame_trickled_after_the_handshake_times_out(secret):
+    """Each byte within the per-operation timeout kept a connection (and its thread) forever; a frame that
+    has begun must now end within the timeout plus a second per MiB."""
+    logs = []
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.3, log=logs.append).start()
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+    t0, hung_up = time.monotonic(), None
+    for byte in wire.MAGIC + struct.pack(">IQ", 40, 0) + bytes(72):
+        try:
+            conn.sock.send(bytes([byte]))
+        except OSError:
+            hung_up = time.monotonic() - t0
+            break
+        time.sleep(0.05)
+    assert hung_up is not None and hung_up < 1.0, hung_up
+    wait_for(lambda: server.refused == {"truncated": 1})
+    assert len(logs) == 1 and "truncated" in logs[0]
+    assert serves(server, secret)
+    conn.close()
+    server.close()
+
+
+def test_an_authenticated_connection_idle_between_frames_is_closed(secret):
+    logs = []
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.3, log=logs.append).start()
+    conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=3.0)
+    conn.send("echo", {"n": 1})
+    assert conn.recv()[1] == {"n": 1}
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError):                    # the server hung up: idle 2 x timeout by default
+        conn.recv()
+    assert 0.6 <= time.monotonic() - t0 < 1.5
+    wait_for(lambda: server.closed_idle == 1)
+    assert server.refused == {} and logs == []              # an idle client is not at fault
+    conn.close()
+    server.close()
+
+
+def test_a_client_replaces_a_connection_idle_longer_than_max_idle(server, secret):
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0, max_idle=0.2)
+    assert c.call("sum", {}, {"x": np.arange(3)})[1] == {"total": 3.0}
+    assert c.call("sum", {}, {"x": np.arange(4)})[1] == {"total": 6.0}
+    time.sleep(0.3)
+    assert c.call("sum", {}, {"x": np.arange(5)})[1] == {"total": 10.0}
+    assert server.connections == 2 and server.refused == {}
+    c.close()

@@ -15,6 +15,12 @@ can go to a local directory (:func:`save`, atomic: temp directory + rename) or
 through Spark's Hadoop FileSystem. Loading verifies the manifest, reads arrays
 with ``allow_pickle=False`` and checks shapes, dtype and vocabulary against the
 configuration.
+
+A checkpoint may come from anywhere (a shared directory, a download), so loading
+trusts nothing in it: the manifest may name only plain files of the checkpoint
+directory, each of them a regular file; every array's header is checked before its
+data is allocated; every field of ``state.json`` and every array's shape and dtype
+is checked against the configuration. Whatever fails is one line.
 """
 from __future__ import annotations
 
@@ -22,6 +28,9 @@ import hashlib
 import io
 import json
 import os
+import re
+import stat
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +41,9 @@ from .model import build as build_model
 from .vocab import Vocab, VocabError
 
 MANIFEST = "MANIFEST.json"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")       # no directory, not hidden, not ".."
+_OPTIM_KEY = re.compile(r"(p[0-9]+/)?[A-Za-z0-9_.]+")             # "<slot>", "p<pid>/<slot>", "outer.view", ...
+_NPY_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 class CheckpointError(ValueError):
@@ -92,36 +104,77 @@ def save(path: str, ck: Checkpoint) -> None:
 
 def _read_local(path: str):
     def read(name):
+        p = os.path.join(path, name)
         try:
-            with open(os.path.join(path, name), "rb") as f:
+            if not stat.S_ISREG(os.stat(p).st_mode):      # a fifo or /dev/zero would never end
+                raise CheckpointError(f"{path}: {name} is not a regular file")
+            with open(p, "rb") as f:
                 return f.read()
         except FileNotFoundError:
             return None
     return read
 
 
-def _load_npy(data: bytes, name: str):
+def _load_npy(data: bytes, name: str) -> np.ndarray:
+    """The array of a ``.npy`` file's bytes: its header is checked (no pickled objects, no more data
+    declared than the file holds) before anything is allocated."""
+    f = io.BytesIO(data)
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as e:
-        if "pickle" in str(e):
+        shape, fortran, dtype = _NPY_READERS[np.lib.format.read_magic(f)](f)
+    except (KeyError, ValueError, SyntaxError, EOFError) as e:     # a zip, text, a truncated header...
+        if data[:1] == b"\x80":                                     # pickle's PROTO opcode
             raise CheckpointError(f"{name} contains pickled data, refused (checkpoints are data only)") from None
-        raise CheckpointError(f"{name} is not a valid NumPy file: {e}") from None
-    except Exception as e:  # truncated headers raise assorted errors
-        raise CheckpointError(f"{name} is not a valid NumPy file: {e}") from None
+        raise CheckpointError(f"{name} is not a NumPy array file ({type(e).__name__})") from None
+    if dtype.hasobject:
+        raise CheckpointError(f"{name} contains pickled data, refused (checkpoints are data only)")
+    count = int(np.prod(shape, dtype=object))
+    if count * dtype.itemsize != len(data) - f.tell():
+        raise CheckpointError(f"{name} declares {count * dtype.itemsize} bytes of {dtype} in a "
+                              f"{len(data)}-byte file")
+    flat = np.frombuffer(data, dtype, count, f.tell())
+    return flat.reshape(shape, order="F" if fortran else "C").copy()      # writable, owns its memory
 
 
-def from_files(read, where: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:
-    """Load from ``read(name) -> bytes | None`` (see :func:`load`)."""
+def _load_npz(data: bytes, name: str, max_member: int) -> dict:
+    """The arrays of a ``.npz`` file's bytes (each member at most ``max_member`` bytes, checked
+    before it is decompressed)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            out = {}
+            for info in z.infolist():
+                if not info.filename.endswith(".npy") or info.file_size > max_member:
+                    raise CheckpointError(f"{name} holds {info.filename!r:.60} ({info.file_size} bytes), not "
+                                          f"an optimizer slot of at most {max_member} bytes")
+                out[info.filename[:-4]] = _load_npy(z.read(info), f"{name}:{info.filename}")
+            return out
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+        raise CheckpointError(f"{name} is not a zip of NumPy arrays: {e}") from None
+
+
+def _manifest(raw: bytes, where: str) -> dict:
+    """``{file name: {"size", "sha256"}}``: plain file names of the checkpoint directory only."""
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"{where}: {MANIFEST} is corrupt") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where}: {MANIFEST} is not a table of files")
+    for name, meta in manifest.items():
+        if not _PLAIN_NAME.fullmatch(name):
+            raise CheckpointError(f"{where}: {MANIFEST} names {name!r}, not a plain file name in the checkpoint")
+        if not (isinstance(meta, dict) and type(meta.get("size")) is int and meta["size"] >= 0
+                and isinstance(meta.get("sha256"), str)):
+            raise CheckpointError(f"{where}: {MANIFEST}: {name} needs an integer size and a sha256")
+    return manifest
+
+
+def _verified(read, where: str) -> dict:
+    """``{name: bytes}`` of every file the manifest names, each checked against its size and checksum."""
     raw = read(MANIFEST)
     if raw is None:
         raise CheckpointError(f"{where}: not a checkpoint (no {MANIFEST}; incomplete write?)")
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        raise CheckpointError(f"{where}: {MANIFEST} is corrupt") from None
     files = {}
-    for name, meta in manifest.items():
+    for name, meta in _manifest(raw, where).items():
         data = read(name)
         if data is None:
             raise CheckpointError(f"{where}: {name} is missing")
@@ -133,22 +186,42 @@ def from_files(read, where: str, expect: config_mod.ModelConfig | None = None) -
     for name in ("params.npy", "vocab.json", "config.json", "state.json", "optim.npz"):
         if name not in files:
             raise CheckpointError(f"{where}: manifest lacks {name}")
+    return files
+
+
+def _state(raw: bytes, where: str) -> tuple:
+    """(position, schedule, optim_t) of ``state.json``, typed."""
+    try:
+        state = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{where}: state.json is not JSON: {e}") from None
+    if not (isinstance(state, dict) and isinstance(state.get("position", {}), dict)
+            and isinstance(state.get("schedule", {}), dict)):
+        raise CheckpointError(f"{where}: state.json must be a table with position, schedule and optim_t")
+    optim_t = state.get("optim_t", 0)
+    if type(optim_t) is not int or optim_t < 0:
+        raise CheckpointError(f"{where}: state.json: optim_t must be an integer >= 0, not {optim_t!r:.40}")
+    return state.get("position", {}), state.get("schedule", {}), optim_t
+
+
+def from_files(read, where: str, expect: config_mod.ModelConfig | None = None) -> Checkpoint:
+    """Load from ``read(name) -> bytes | None`` (see :func:`load`)."""
+    files = _verified(read, where)
     try:
         cfg = config_mod.from_json(files["config.json"].decode())
         vocab = Vocab.from_json(files["vocab.json"].decode())
-        state = json.loads(files["state.json"])
     except (config_mod.ConfigError, VocabError, ValueError) as e:
         raise CheckpointError(f"{where}: {e}") from None
-    params = _load_npy(files["params.npy"], "params.npy")
+    position, schedule, optim_t = _state(files["state.json"], where)
     try:
-        with np.load(io.BytesIO(files["optim.npz"]), allow_pickle=False) as z:
-            optim = {k: z[k] for k in z.files}
-    except ValueError as e:
-        raise CheckpointError(f"optim.npz refused: {e}") from None
-    hidden = _load_npy(files["hidden.npy"], "hidden.npy") if "hidden.npy" in files else None
-    ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim,
-                    position=state.get("position", {}), hidden=hidden,
-                    optim_t=int(state.get("optim_t", 0)), schedule=state.get("schedule", {}))
+        size = build_model(cfg.model).layout.size
+        params = _load_npy(files["params.npy"], "params.npy")
+        optim = _load_npz(files["optim.npz"], "optim.npz", max_member=4096 + 8 * size)      # float64 at most
+        hidden = _load_npy(files["hidden.npy"], "hidden.npy") if "hidden.npy" in files else None
+    except CheckpointError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, position=position, hidden=hidden,
+                    optim_t=optim_t, schedule=schedule)
     _check(ck, where, expect)
     return ck
 
@@ -160,13 +233,24 @@ def _check(ck: Checkpoint, where: str, expect) -> None:
         raise CheckpointError(f"{where}: model configuration differs from the checkpoint's in {', '.join(diff)}")
     if len(ck.vocab) != m.vocab_size:
         raise CheckpointError(f"{where}: vocabulary has {len(ck.vocab)} tokens, model.vocab_size is {m.vocab_size}")
-    size = build_model(m).layout.size
-    if ck.params.shape != (size,) or ck.params.dtype != np.dtype(m.dtype):
+    model, dtype = build_model(m), np.dtype(m.dtype)
+    size = model.layout.size
+    if ck.params.shape != (size,) or ck.params.dtype != dtype:
         raise CheckpointError(f"{where}: params are {ck.params.dtype}{list(ck.params.shape)}, "
                               f"the configuration needs {m.dtype}[{size}]")
     for k, v in ck.optim.items():
-        if v.shape != (size,):
-            raise CheckpointError(f"{where}: optimizer slot {k} has shape {v.shape}, expected ({size},)")
+        if not _OPTIM_KEY.fullmatch(k):        # the trainer parses "p<pid>/<slot>"
+            raise CheckpointError(f"{where}: optimizer slot name {k!r:.60} is not one a trainer writes")
+        if v.shape != (size,) or v.dtype not in (dtype, np.dtype(np.float32)):   # residuals may stay float32
+            raise CheckpointError(f"{where}: optimizer slot {k} is {v.dtype}{list(v.shape)}, "
+                                  f"the configuration needs {dtype}[{size}]")
+    if ck.hidden is not None:       # the carried states: one (L, S, H, B) per partition, or one stream's
+        stream = model.zero_state(ck.config.train.batch).shape                  # (the one-machine trainer's)
+        per_partition = (ck.config.data.partitions, *stream)
+        if ck.hidden.shape not in (per_partition, stream) or ck.hidden.dtype != dtype:
+            raise CheckpointError(f"{where}: hidden.npy is {ck.hidden.dtype}{list(ck.hidden.shape)}, the "
+                                  f"configuration needs {dtype}{list(per_partition)} (a state per partition) "
+                                  f"or {dtype}{list(stream)} (one stream)")
 
 
 def in_run(path: str, fs) -> str:

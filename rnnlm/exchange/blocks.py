@@ -98,8 +98,8 @@ class Block:
         n, C = self.rows, int(np.prod(self.shape[1:], dtype=np.int64))
         if self.codec == "int8":
             return (self.data.astype(np.float32) * self.scale).reshape(n, C)
-        groups = self.scale.shape[0]                                   # n rows, or 1 for a vector
-        pos = np.unpackbits(self.data, axis=1, count=n * C // groups).astype(bool)
+        _, per_group = group_shape(n, C)         # not n * C // groups: a block may hold no rows
+        pos = np.unpackbits(self.data, axis=1, count=per_group).astype(bool)
         return np.where(pos, self.scale[:, :1], self.scale[:, 1:]).reshape(n, C)
 
     @property
@@ -119,10 +119,26 @@ class Block:
         self.shape, self.ids, self.codec, self.data, self.scale = s
 
 
+def group_shape(n: int, C: int) -> tuple:
+    """(g, m): the groups a per-group scale covers in ``n`` rows of ``C`` values: the rows, or a
+    vector (C = 1) whole, since a scale per value would send more than float32."""
+    return (1, n) if C == 1 else (n, C)
+
+
+def wire_shapes(codec: str, n: int, C: int) -> tuple:
+    """(data shape, scale shape or None for a scalar scale) of a block of ``n`` rows of ``C`` values
+    in ``codec``: what a receiver checks before decoding, so decoding allocates no more than n x C."""
+    g, m = group_shape(n, C)
+    if codec == "int8":
+        return (g, m), (g, 1)
+    if codec == "onebit":
+        return (g, -(-m // 8)), (g, 2)
+    return (n, C), None
+
+
 def _groups(values):
-    """``values`` (n, C) as the groups a per-group scale covers: its rows, or a vector (C = 1) whole,
-    since a scale per value would send more than float32."""
-    return values.reshape(1, -1) if values.shape[1] == 1 else values                  # (g, m)
+    """``values`` (n, C) as its groups (:func:`group_shape`), (g, m)."""
+    return values.reshape(group_shape(*values.shape))
 
 
 def _int8(values):

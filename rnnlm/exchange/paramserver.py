@@ -40,13 +40,15 @@ import contextlib
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import CODECS, Block
+from .blocks import CODECS, Block, wire_shapes
 
 # the dtype each codec's payload must arrive in (anything else is refused)
 _DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
+_STAT_MAX = 2 ** 53                 # a push's counts and sums: exact in float64, far above any real window's
 
 
 _NO_LOCK = contextlib.nullcontext()
@@ -54,6 +56,54 @@ _NO_LOCK = contextlib.nullcontext()
 
 class Refused(ValueError):
     """A request the protocol refuses (bad pid, malformed blocks); the message is one line."""
+
+
+class Stalled(RuntimeError):
+    """The driver waited ``server.timeout_s`` for a push being applied (an apply that hangs); one line."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _count(fields: dict, key: str) -> int:
+    v = fields.get(key, 0)
+    if not (_is_int(v) and 0 <= v <= _STAT_MAX):
+        raise Refused(f"{key} must be an integer in [0, 2**53]")
+    return v
+
+
+def _real(v) -> float | None:
+    """A JSON number as a finite float, or None (a string, a bool, NaN, infinity, a 400-digit integer)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)            # OverflowError for an integer beyond float's range
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _amount(fields: dict, key: str) -> float:
+    x = _real(fields.get(key, 0.0))
+    if x is None or not 0 <= x <= _STAT_MAX:
+        raise Refused(f"{key} must be a finite number in [0, 2**53]")
+    return x
+
+
+@dataclass(frozen=True)
+class PushStats:
+    """What a pushed window trained, checked (the driver's metrics add these up)."""
+
+    tokens: int = 0
+    loss_sum: float = 0.0
+    steps: int = 0
+
+    @classmethod
+    def of(cls, fields: dict) -> "PushStats":
+        """The statistics of a push's fields; :class:`Refused` for any that is not a plain number in range."""
+        _amount(fields, "compute_s")            # sent, not counted: checked all the same
+        return cls(_count(fields, "tokens"), _amount(fields, "loss_sum"), _count(fields, "steps"))
 
 
 def blocks_to_wire(blocks: dict) -> tuple:
@@ -75,8 +125,9 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
     """Check a pushed change against ``layout`` and decode it: ``[(slot, ids or None, values (n, C))]``.
 
     Raises :class:`Refused` for anything that does not describe exactly this
-    model's slots in a known codec, with row ids sorted, unique and in range, and
-    finite values.
+    model's slots in a known codec, with row ids sorted, unique and in range, every
+    array in the shape its codec gives those rows, and finite values. Shapes are
+    checked before anything is decoded, so decoding allocates at most the slot's size.
     """
     meta = fields.get("blocks")
     if not isinstance(meta, dict) or set(meta) != set(layout.slots):
@@ -84,34 +135,66 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
     expected = {f"{s}.{k}" for s, m in meta.items() for k in ("data", "ids", "scale")}
     if not set(arrays) <= expected:
         raise Refused(f"push carries unknown arrays: {sorted(set(arrays) - expected)[:3]}")
-    out = []
-    for slot in layout:
-        m = meta[slot.name]
-        if not isinstance(m, dict) or m.get("codec") not in CODECS:
-            raise Refused(f"{slot.name}: unknown codec")
-        codec, data = m["codec"], arrays.get(f"{slot.name}.data")
-        if data is None or data.dtype != _DATA_DTYPE[codec] or data.ndim != 2:
-            raise Refused(f"{slot.name}: {codec} data must be a 2-D {np.dtype(_DATA_DTYPE[codec]).name} array")
-        ids = arrays.get(f"{slot.name}.ids")
-        R, C = slot.shape[0], slot.size // slot.shape[0]
-        if ids is not None:
-            ordered = ids.ndim == 1 and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0)))
-            if ids.dtype != np.int32 or not ordered:
-                raise Refused(f"{slot.name}: row ids must be sorted unique int32 in [0, {R})")
-        scale = arrays.get(f"{slot.name}.scale", m.get("scale"))
-        if scale is None or (not isinstance(scale, np.ndarray) and not isinstance(scale, (int, float))):
-            raise Refused(f"{slot.name}: missing scale")
-        b = Block.__new__(Block)
-        b.__setstate__((slot.shape, ids, codec, data, scale if isinstance(scale, np.ndarray) else float(scale)))
-        n = b.rows
-        try:
-            values = b.decode().reshape(n, C)          # (n, C)
-        except (ValueError, IndexError, TypeError) as e:
-            raise Refused(f"{slot.name}: payload does not decode to {n} rows of {C}: {e}") from None
-        if not np.isfinite(values).all():
-            raise Refused(f"{slot.name}: non-finite values")
-        out.append((slot, ids, values))
-    return out
+    blocks = [(slot, _block(slot, meta[slot.name], arrays)) for slot in layout]
+    return [(slot, b.ids, _decoded(slot, b)) for slot, b in blocks]
+
+
+def _block(slot, m, arrays: dict) -> Block:
+    """The block pushed for ``slot``, every shape checked against the layout; nothing decoded yet."""
+    name = slot.name
+    if not isinstance(m, dict) or m.get("codec") not in CODECS:
+        raise Refused(f"{name}: unknown codec")
+    codec = m["codec"]
+    R, C = slot.shape[0], slot.size // slot.shape[0]
+    ids = _row_ids(name, arrays.get(f"{name}.ids"), R)
+    data_shape, scale_shape = wire_shapes(codec, R if ids is None else len(ids), C)
+    data, dtype = arrays.get(f"{name}.data"), np.dtype(_DATA_DTYPE[codec])
+    if data is None or data.dtype != dtype or data.shape != data_shape:
+        raise Refused(f"{name}: {codec} data must be a {dtype.name}{list(data_shape)} array")
+    if scale_shape is None:
+        scale = _scalar_scale(name, codec, m.get("scale"), arrays)
+    else:
+        scale = _scale_rows(name, codec, arrays.get(f"{name}.scale"), scale_shape)
+    b = Block.__new__(Block)
+    b.__setstate__((slot.shape, ids, codec, data, scale))
+    return b
+
+
+def _row_ids(name: str, ids, R: int):
+    if ids is None:
+        return None
+    ordered = ids.ndim == 1 and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0)))
+    if ids.dtype != np.int32 or not ordered:
+        raise Refused(f"{name}: row ids must be sorted unique int32 in [0, {R})")
+    return ids
+
+
+def _scalar_scale(name: str, codec: str, scale, arrays: dict) -> float:
+    if f"{name}.scale" in arrays:
+        raise Refused(f"{name}: push carries an array {name}.scale the {codec} codec does not have")
+    x = _real(scale)
+    if x is None or x <= 0:
+        raise Refused(f"{name}: the {codec} scale must be a finite positive number")
+    return x
+
+
+def _scale_rows(name: str, codec: str, scale, shape: tuple):
+    if not isinstance(scale, np.ndarray) or scale.dtype != np.float32 or scale.shape != shape:
+        raise Refused(f"{name}: {codec} scale must be a float32{list(shape)} array")
+    if not np.isfinite(scale).all():
+        raise Refused(f"{name}: {codec} scale must hold finite values")
+    return scale
+
+
+def _decoded(slot, b: Block):
+    n, C = b.rows, slot.size // slot.shape[0]
+    try:        # the shapes were checked: this only guards against a codec's own surprises
+        values = b.decode().reshape(n, C)          # (n, C)
+    except (ValueError, IndexError, TypeError) as e:
+        raise Refused(f"{slot.name}: payload does not decode to {n} rows of {C}: {e}") from None
+    if not np.isfinite(values).all():
+        raise Refused(f"{slot.name}: non-finite values")
+    return values
 
 
 def patch(layout, host, pulled: dict, arrays: dict) -> None:
@@ -189,12 +272,18 @@ class ParameterServer:
 
     def _serve(self, kind, fields, arrays):
         pid = fields.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid < self.P:
-            raise Refused(f"request {kind!r} names no partition of this run (pid {pid!r})")
+        if not _is_int(pid) or not 0 <= pid < self.P:
+            raise Refused(f"request {kind!r:.40} names no partition of this run (pid {pid!r:.40})")
         if kind == "hello":
             return self._hello(pid)
         lease = fields.get("lease")
+        if not _is_int(lease):
+            raise Refused(f"request {kind!r:.40} needs a lease (an integer from hello), not {lease!r:.40}")
         with self._book:
+            if self.lease[pid] == 0:         # lease 0 would match a partition that never said hello
+                raise Refused(f"partition {pid} has not said hello")
+            if not 0 < lease <= self.lease[pid]:
+                raise Refused(f"lease {lease!r:.40} of partition {pid} was never issued")
             self.last_seen[pid] = time.monotonic()
             if lease != self.lease[pid]:
                 return self._superseded()
@@ -203,11 +292,8 @@ class ParameterServer:
         if kind == "push":
             return self._push(pid, lease, fields, arrays)
         if kind == "failed":
-            with self._book:
-                self.failures.append(f"partition {pid}: {str(fields.get('error'))[:300]}")
-                self._book.notify_all()
-            return "ok", {}, {}
-        raise Refused(f"unknown request {kind!r}")
+            return self._failed(pid, fields)
+        raise Refused(f"unknown request {kind!r:.40}")
 
     def _superseded(self):
         # under self._book
@@ -230,9 +316,21 @@ class ParameterServer:
 
     def _heartbeat(self, pid, fields):
         w = fields.get("window")
-        if isinstance(w, int):
-            with self._book:
-                self.started[pid] = max(self.started[pid], w)
+        if w is None:
+            return "ok", {}, {}
+        if not _is_int(w) or not 0 <= w <= self.windows:     # windows: an attempt that found nothing left to do
+            raise Refused(f"heartbeat: window {w!r:.40} is not in [0, {self.windows}]")
+        with self._book:
+            self.started[pid] = max(self.started[pid], w)
+        return "ok", {}, {}
+
+    def _failed(self, pid, fields):
+        error = fields.get("error")
+        if not isinstance(error, str):
+            raise Refused("failed: the error must be a string")
+        with self._book:
+            self.failures.append(f"partition {pid}: {' '.join(error.split())[:300]}")
+            self._book.notify_all()
         return "ok", {}, {}
 
     def _watermark(self) -> int:
@@ -271,9 +369,8 @@ class ParameterServer:
         return mark, {"pulled": meta}, arrays
 
     def _push(self, pid, lease, fields, arrays):
-        w, base = fields.get("window"), fields.get("version")
-        if not isinstance(w, int) or not isinstance(base, int):
-            raise Refused("push needs an integer window and version")
+        w, base = self._push_position(fields)
+        stats = PushStats.of(fields)
         decoded = blocks_from_wire(self.layout, fields, arrays)      # before anything is reserved
         with self._book:
             self._book.wait_for(lambda: not self._frozen)
@@ -290,18 +387,25 @@ class ParameterServer:
                 self._claims.add(claim)
                 self._in_flight += 1
         if applied:
-            self._land(pid, w, base, decoded, claim, fields)
+            self._land(pid, w, base, decoded, claim, stats)
         version, pulled, arrays = self._pull(base)
         with self._book:
             self.window["pulls"] += 1
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
 
-    def _land(self, pid, w, base, decoded, claim: int, fields: dict):
-        """Apply a reserved push; its staleness is counted against the pushes applied by then.
+    def _push_position(self, fields) -> tuple:
+        """(window, version) of a push: a window of this run, a version this server has issued."""
+        w, base = fields.get("window"), fields.get("version")
+        if not _is_int(w) or not _is_int(base):
+            raise Refused("push needs an integer window and version")
+        if not 0 <= w < self.windows:
+            raise Refused(f"window {w!r:.40} is not one of this run's {self.windows} windows")
+        if not 0 <= base <= self.version:
+            raise Refused(f"version {base!r:.40} is not one this server has issued (0..{self.version})")
+        return w, base
 
-        Its statistics are counted in the same critical section that marks it landed, so a
-        snapshot (which waits for no push in flight) drains exactly the pushes its parameters hold.
-        """
+    def _land(self, pid, w, base, decoded, claim: int, stats: PushStats):
+        """Apply a reserved push; its staleness is counted against the pushes applied by then."""
         stale = 0
         try:
             lock = self._params_lock or _NO_LOCK
@@ -314,22 +418,28 @@ class ParameterServer:
                 self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
             raise
         finally:
-            with self._book:
-                for slot, ids, _ in decoded:
-                    st = self.stamps[slot.name]
-                    if ids is None:
-                        np.maximum(st, claim, out=st)
-                    else:
-                        st[ids] = np.maximum(st[ids], claim)
-                self._claims.discard(claim)
-                self.staleness[stale] += 1
-                for k in ("tokens", "loss_sum", "steps"):
-                    v = fields.get(k, 0)
-                    self.window[k] += v if isinstance(v, (int, float)) and math.isfinite(v) else 0
-                self.window["pushes"] += 1
-                self._in_flight -= 1
-                self.applied += 1
-                self._book.notify_all()
+            self._landed(claim, decoded, stale, stats)
+
+    def _landed(self, claim: int, decoded, stale: int, stats: PushStats):
+        """Mark a push landed and count its statistics in one critical section, so a snapshot (which waits
+        for no push in flight) drains exactly the pushes its parameters hold. The push is released first:
+        whatever follows, a snapshot never waits for it."""
+        with self._book:
+            self._in_flight -= 1
+            self._claims.discard(claim)
+            self.applied += 1
+            self._book.notify_all()
+            for slot, ids, _ in decoded:
+                st = self.stamps[slot.name]
+                if ids is None:
+                    np.maximum(st, claim, out=st)
+                else:
+                    st[ids] = np.maximum(st[ids], claim)
+            self.staleness[stale] += 1
+            self.window["tokens"] += stats.tokens
+            self.window["loss_sum"] += stats.loss_sum
+            self.window["steps"] += stats.steps
+            self.window["pushes"] += 1
 
     def _apply(self, decoded, scale: float):
         for slot, ids, values in decoded:
@@ -387,13 +497,17 @@ class ParameterServer:
 
     def snapshot(self, drain: bool = False) -> dict:
         """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress);
-        with ``drain``, also :meth:`drain`'s counters (``"drained"``), taken at the same instant."""
+        with ``drain``, also :meth:`drain`'s counters (``"drained"``), taken at the same instant.
+        :class:`Stalled` if a push being applied has not landed within ``server.timeout_s``."""
         with self._book:
             # every reserved push must land, so the copy holds exactly the windows ``done`` names
             # (Hogwild! applies outside this lock); frozen, no new push reserves meanwhile (no starvation)
             self._frozen = True
             try:
-                self._book.wait_for(lambda: self._in_flight == 0)
+                if not self._book.wait_for(lambda: self._in_flight == 0, self.sv.timeout_s):
+                    n = self._in_flight
+                    raise Stalled(f"parameter server: {n} push{'es' if n > 1 else ''} still being applied after "
+                                  f"{self.sv.timeout_s:g} s (server.timeout_s)")
                 params = self.params.copy()
                 acc = None if self.acc is None else self.acc.copy()
                 return {"params": params, "acc": acc, "version": self.version, "done": list(self.done),
@@ -401,6 +515,18 @@ class ParameterServer:
             finally:
                 self._frozen = False
                 self._book.notify_all()
+
+
+def server_idle_s(sv) -> float:
+    """How long the server keeps a worker's connection idle between requests: twice the
+    ``timeout_s`` after which :class:`WorkerClient` replaces an idle connection itself."""
+    return 2 * sv.timeout_s
+
+
+def server_connections(partitions: int) -> int:
+    """The server's cap on connections: each worker holds two (requests, heartbeats), a retried
+    attempt two more while its predecessor's are closing, and a few spare."""
+    return 4 * partitions + 4
 
 
 class WorkerClient:
@@ -419,8 +545,12 @@ class WorkerClient:
         from . import wire
         self.pid, self.sv, self.layout = pid, sv, layout
         max_frame = int(sv.max_frame_mb * (1 << 20))
-        self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s))
-        self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s)
+        # a window can take longer than the server keeps an idle connection (server_idle_s): a connection
+        # idle for timeout_s is replaced before the next push rather than lost under it
+        self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s),
+                                max_idle=sv.timeout_s)
+        self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s,
+                                 max_idle=sv.timeout_s)
         self.lease, self.window = None, None
         self._stop = threading.Event()
         self._thread = None

@@ -19,20 +19,24 @@ the direction byte stops a frame from being reflected to its sender. Sizes are c
 the fixed prefix before more is read (a hello has no body: a peer without the secret makes
 the server allocate at most 4 KiB), the MAC before the JSON is parsed. A refused frame
 raises :class:`WireError`; :class:`FrameServer` logs and counts it, drops that connection
-and keeps serving. Not done: encryption (parameters travel in clear), per-peer limits.
+and keeps serving. A frame, once begun, must end within ``timeout`` plus a second per MiB
+(a peer cannot hold a connection by trickling bytes); the server closes a connection idle
+between frames for ``idle`` seconds and serves at most ``max_connections`` at a time,
+refusing (and counting) the rest. Not done: encryption (parameters travel in clear),
+per-peer limits.
 
 Standard library and NumPy only: nothing to install on executors, no serialisation
 framework that could be talked into building objects, a few hundred lines to audit.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
 import math
 import secrets
 import socket
-import socketserver
 import struct
 import threading
 import time
@@ -45,6 +49,10 @@ _SIZES = struct.Struct(">IQ")               # header_len, body_len (after the ma
 _HELLO_HEADER, _MAC = 4 << 10, 32           # a hello: a small header, no body
 _TO_SERVER, _TO_CLIENT = b"\x01", b"\x02"
 _CHUNK = 1 << 20                            # one socket write at most, each with its own timeout
+_MIN_RATE = 1 << 20                         # bytes/s a frame must average, beyond ``timeout``, once begun
+_BACKLOG = 128                              # connections the kernel queues before accept()
+_ACCEPT_POLL = 0.05                         # s: how often the accept loop looks for close()
+_MAX_PAUSE = 1.0                            # s: the longest wait after accept() fails (no descriptor left)
 
 
 class WireError(ValueError):
@@ -112,15 +120,16 @@ class Conn:
     """One authenticated, framed connection (either side), after the handshake.
 
     Used by one thread at a time. ``timeout`` bounds each socket operation and a whole hello;
-    between frames a client waits ``timeout`` for the reply, a server waits for an authenticated
-    peer's next request without limit. ``bytes_sent``, ``bytes_received``: every byte on the
-    socket, handshake included; ``peer``: the other side's address.
+    a frame, once begun, must end within ``timeout`` plus a second per MiB. Between frames
+    :meth:`recv` waits ``idle`` for the next one to begin (default: ``timeout`` for a client's
+    reply, no limit for a server), then raises TimeoutError. ``bytes_sent``, ``bytes_received``:
+    every byte on the socket, handshake included; ``peer``: the other side's address.
     """
 
-    def __init__(self, sock, max_frame: int, timeout: float, server: bool):
+    def __init__(self, sock, max_frame: int, timeout: float, server: bool, idle: float | None = None):
         self.sock, self.max_frame, self.timeout, self.server = sock, int(max_frame), timeout, server
         self._out, self._in = (_TO_CLIENT, _TO_SERVER) if server else (_TO_SERVER, _TO_CLIENT)
-        self.idle = None if server else timeout
+        self.idle = idle if server else timeout
         self._key, self._seq_out, self._seq_in, self.bytes_sent, self.bytes_received = None, 0, 0, 0, 0
         try:
             self.peer = "%s:%s" % sock.getpeername()[:2]
@@ -170,12 +179,15 @@ class Conn:
 
     def _recv(self, max_header: int, max_body: int, deadline: float | None = None) -> tuple:
         magic = self._fill(4, True, deadline)
+        if deadline is None:        # begun: it must end in time, however slowly its bytes trickle in
+            deadline = time.monotonic() + self.timeout
         if magic != MAGIC:
             raise WireError("garbage", f"magic {bytes(magic)!r}")
         sizes = self._fill(_SIZES.size, False, deadline)
         hlen, blen = _SIZES.unpack(sizes)
         if hlen > max_header or blen > max_body:      # refused before a byte more is read or allocated
             raise WireError("size", f"header {hlen} bytes, body {blen} (max {max_header}, {max_body})")
+        deadline += (hlen + blen) / _MIN_RATE
         view = memoryview(self._fill(hlen + blen + _MAC, False, deadline))
         mac = hmac.new(self._key, self._in + magic + sizes, hashlib.sha256)
         mac.update(view[:-_MAC])
@@ -192,7 +204,7 @@ class Conn:
                 deadline - time.monotonic()
             try:
                 if wait is not None and wait <= 0:
-                    raise TimeoutError("the hello took too long")
+                    raise TimeoutError("the frame took too long")
                 self.sock.settimeout(wait)
                 k = self.sock.recv_into(memoryview(buf)[got:])
             except OSError as e:
@@ -266,14 +278,18 @@ class Client:
 
     A call that fails (refused reply, closed connection, timeout) closes the connection
     and raises; the next call opens a new one. Requests are never retried: a push that
-    reached the server before the connection dropped would be applied twice. Calls from
-    several threads take turns. Arguments as for :func:`connect`.
+    reached the server before the connection dropped would be applied twice. So a
+    connection left unused for more than ``max_idle`` seconds (less than the server's
+    ``idle``, after which it closes the connection) is replaced before the next request
+    rather than risked. Calls from several threads take turns. Other arguments as for
+    :func:`connect`.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes, max_frame: int, timeout: float = 30.0):
+    def __init__(self, host: str, port: int, secret: bytes, max_frame: int, timeout: float = 30.0,
+                 max_idle: float | None = None):
         self.host, self.port, self.secret, self.max_frame = host, port, _checked(secret), max_frame
-        self.timeout = timeout
-        self._conn, self._lock, self._done = None, threading.RLock(), [0, 0]
+        self.timeout, self.max_idle = timeout, max_idle
+        self._conn, self._lock, self._done, self._used = None, threading.RLock(), [0, 0], 0.0
 
     bytes_sent = property(lambda self: self._done[0] + (self._conn.bytes_sent if self._conn else 0))
     bytes_received = property(lambda self: self._done[1] + (self._conn.bytes_received if self._conn else 0))
@@ -281,13 +297,18 @@ class Client:
     def call(self, kind: str, fields: dict | None = None, arrays: dict | None = None) -> tuple:
         """Send a request (as :meth:`Conn.send`) and return the reply ``(kind, fields, arrays)``."""
         with self._lock:
+            if self._conn is not None and self.max_idle is not None and \
+                    time.monotonic() - self._used > self.max_idle:
+                self.close()                    # the server may be closing it this very moment
             if self._conn is None:
                 sock = socket.create_connection((self.host, self.port), self.timeout)
                 self._conn = Conn(sock, self.max_frame, self.timeout, server=False)
                 self._guard(_handshake, self._conn, self.secret)
             frame = self._conn._frame(kind, fields, arrays)   # an unsendable request leaves the connection be
             self._guard(self._conn._write, frame)
-            return self._guard(self._conn.recv)
+            reply = self._guard(self._conn.recv)
+            self._used = time.monotonic()
+            return reply
 
     def _guard(self, fn, *args):
         try:
@@ -307,46 +328,101 @@ class Client:
 
 
 class FrameServer:
-    """A threaded TCP server (socketserver.ThreadingTCPServer, daemon threads, one thread per
-    connection) that authenticates each connection and calls ``handle`` for every request frame.
+    """A threaded TCP server (one daemon thread per connection, at most ``max_connections`` at a
+    time) that authenticates each connection and calls ``handle`` for every request frame.
 
     ``handle(peer, kind, fields, arrays) -> (kind, fields, arrays)``, the reply, is called from
     the connections' threads concurrently. If it raises (or its reply cannot be sent), the
     server logs one line, counts it under ``refused["handler"]`` and closes that connection.
     ``host``: an address the executors reach (port 0: any free port); ``max_frame`` bounds each
     frame's body both ways (bytes); ``timeout`` a client's hello and each socket operation
-    within a frame (s); ``log(line)`` reports each refusal (default ``print``). Attributes:
-    ``address`` (bound host, port), ``refused`` (reason -> count), ``connections`` (accepted),
-    ``bytes_received`` and ``bytes_sent`` (all connections, handshakes included).
+    within a frame (s); ``idle`` how long an authenticated connection may wait between frames
+    before it is closed (default ``2 * timeout``; counted in ``closed_idle``, not logged: a
+    client that idles is not at fault); ``max_connections`` how many connections are served at
+    once: the next is closed on accept and counted (``refused["busy"]``, logged once until a
+    connection ends); ``log(line)`` reports each refusal (default ``print``). When accept()
+    fails (``EMFILE``: no file descriptor left) the server waits, longer each time up to a
+    second, instead of spinning on the pending connection (``refused["accept"]``, logged once
+    until an accept succeeds). Attributes: ``address`` (bound host, port), ``refused`` (reason
+    -> count), ``connections`` (served), ``closed_idle``, ``bytes_received`` and ``bytes_sent``
+    (all connections, handshakes included).
     """
 
     def __init__(self, handle, secret: bytes, host: str = "127.0.0.1", port: int = 0,
-                 max_frame: int = 256 << 20, timeout: float = 30.0, log=None):
+                 max_frame: int = 256 << 20, timeout: float = 30.0, log=None, max_connections: int = 64,
+                 idle: float | None = None):
         self.handle, self.secret, self.max_frame, self.timeout = handle, _checked(secret), max_frame, timeout
+        self.idle, self.max_connections = 2 * timeout if idle is None else idle, max_connections
         self.log = print if log is None else log
-        self.refused, self.connections, self._thread, self._closing = {}, 0, None, False
-        self._lock, self._live, self._done = threading.Lock(), set(), [0, 0]
-        # reuse_address: a restarted driver binds its port at once; daemon threads never hold the process up
-        cls = type("TCPServer", (socketserver.ThreadingTCPServer,), {
-            "allow_reuse_address": True, "daemon_threads": True,
-            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-        self._server = cls((host, port), lambda request, _address, _server: self._serve(request))
-        self.address = tuple(self._server.server_address[:2])
+        self.refused, self.connections, self.closed_idle, self._thread = {}, 0, 0, None
+        self._lock, self._live, self._done, self._active = threading.Lock(), set(), [0, 0], 0
+        self._stop, self._quiet = threading.Event(), set()        # reasons logged once per episode
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # create_server sets SO_REUSEADDR: a restarted driver binds its port at once
+        self._listener = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+        self._listener.settimeout(_ACCEPT_POLL)
+        self.address = tuple(self._listener.getsockname()[:2])
 
+    # ------------------------------------------------------------ accepting
+    def _accept_loop(self):
+        pause = 0.0
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as e:
+                if self._stop.is_set():
+                    return
+                pause = self._accept_failed(e, pause)
+                continue
+            pause = 0.0
+            with self._lock:
+                self._quiet.discard("accept")
+            self._admit(sock)
+
+    def _accept_failed(self, e: OSError, pause: float) -> float:
+        # the pending connection keeps the listener ready: retrying at once would spin (EMFILE)
+        pause = min(_MAX_PAUSE, 2 * pause or _ACCEPT_POLL)
+        self._refuse("?", "accept", f"accept: {errno.errorcode.get(e.errno, e.errno)} ({e.strerror or e}); "
+                                    f"waiting {pause:g} s", once=True)
+        self._stop.wait(pause)
+        return pause
+
+    def _admit(self, sock):
+        with self._lock:
+            admitted = self._active < self.max_connections
+            self._active += admitted
+        if not admitted:
+            peer = _peer_of(sock)
+            sock.close()
+            self._refuse(peer, "busy", f"busy: {self.max_connections} connections open (the cap); the "
+                                       "next refusals are counted, not logged, until one closes", once=True)
+            return
+        try:
+            threading.Thread(target=self._serve, args=(sock,), name=f"wire-conn-{self.address[1]}",
+                             daemon=True).start()
+        except RuntimeError as e:                   # no thread to be had: refused like an excess connection
+            self._release()
+            peer = _peer_of(sock)
+            sock.close()
+            self._refuse(peer, "busy", f"busy: cannot start a thread ({e})", once=True)
+
+    def _release(self):
+        with self._lock:
+            self._active -= 1
+            self._quiet.discard("busy")
+
+    # ------------------------------------------------------------ serving
     def _serve(self, sock):
-        conn = Conn(sock, self.max_frame, self.timeout, server=True)
+        conn = Conn(sock, self.max_frame, self.timeout, server=True, idle=self.idle)
         with self._lock:
             self.connections += 1
             self._live.add(conn)
         try:
             _handshake(conn, self.secret)
-            while True:
-                kind, fields, arrays = conn.recv()
-                try:
-                    frame = conn._frame(*self.handle(conn.peer, kind, fields, arrays))
-                except Exception as e:              # the handler's bug must not stop the server
-                    return self._refuse(conn.peer, "handler", f"handler: {kind!r:.40}: {type(e).__name__}: {e}")
-                conn._write(frame)
+            while self._request(conn):
+                pass
         except WireError as e:
             self._refuse(conn.peer, e.reason, str(e))
         except OSError:
@@ -357,13 +433,34 @@ class FrameServer:
                 self._live.discard(conn)
                 self._done[0] += conn.bytes_received
                 self._done[1] += conn.bytes_sent
+            self._release()
 
-    def _refuse(self, peer: str, reason: str, line: str):
-        if self._closing:                           # connections cut by close() are not their peers' doing
+    def _request(self, conn) -> bool:
+        """Serve one request; False when the connection is to be closed."""
+        try:
+            kind, fields, arrays = conn.recv()
+        except TimeoutError:                        # idle since its last reply: its slot is worth more
+            with self._lock:
+                self.closed_idle += 1
+            return False
+        try:
+            frame = conn._frame(*self.handle(conn.peer, kind, fields, arrays))
+        except Exception as e:                      # the handler's bug must not stop the server
+            self._refuse(conn.peer, "handler", f"handler: {kind!r:.40}: {type(e).__name__}: {e}")
+            return False
+        conn._write(frame)
+        return True
+
+    def _refuse(self, peer: str, reason: str, line: str, once: bool = False):
+        if self._stop.is_set():                     # connections cut by close() are not their peers' doing
             return
         with self._lock:
             self.refused[reason] = self.refused.get(reason, 0) + 1
-        self.log(" ".join(f"wire: refused {peer}: {line}".split()))
+            quiet = once and reason in self._quiet
+            if once:
+                self._quiet.add(reason)
+        if not quiet:
+            self.log(" ".join(f"wire: refused {peer}: {line}".split()))
 
     def _total(self, i: int) -> int:
         with self._lock:
@@ -374,20 +471,26 @@ class FrameServer:
 
     def start(self) -> "FrameServer":
         """Serve in a daemon thread; returns self."""
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"wire-server-{self.address[1]}", daemon=True)
+        self._thread = threading.Thread(target=self._accept_loop, name=f"wire-server-{self.address[1]}",
+                                        daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
         """Stop serving, close the listening socket and every live connection."""
-        self._closing = True
-        if self._thread is not None:                # shutdown() waits for serve_forever: only if it runs
-            self._server.shutdown()
+        self._stop.set()
+        if self._thread is not None:                # wakes within _ACCEPT_POLL (or a pause after EMFILE)
             self._thread.join()
             self._thread = None
-        self._server.server_close()
+        self._listener.close()
         with self._lock:
             live = list(self._live)
         for conn in live:
             conn.close()
+
+
+def _peer_of(sock) -> str:
+    try:
+        return "%s:%s" % sock.getpeername()[:2]
+    except OSError:
+        return "?"

@@ -2,7 +2,8 @@
 
 The driver starts :class:`rnnlm.exchange.paramserver.ParameterServer` behind an
 authenticated :class:`rnnlm.exchange.wire.FrameServer` bound to the address the
-executors reach (``server.host``, default ``spark.driver.host``), then runs one
+executors reach (``server.host``; by default loopback with a local master,
+``spark.driver.host`` on a cluster: :func:`bind_host`), then runs one
 Spark job with one long-running task per partition
 (:func:`rnnlm.spark.async_task.worker_task`). While the job runs, the driver writes
 one metrics line per ``data.partitions`` applied pushes (a push window of every
@@ -30,13 +31,26 @@ from ..core.metrics import json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
 from ..exchange import wire
-from ..exchange.paramserver import ParameterServer
+from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, load_corpus, \
     total_rounds
 
 _ASYNC_KEYS = ("push_every",)
+_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
+
+
+def bind_host(configured: str, master: str, driver_host: str | None) -> str:
+    """The address the parameter server listens on: ``server.host`` when set; loopback when every
+    executor runs on this machine (``local``, ``local[N]``, ``local-cluster[...]``), so no other
+    machine can reach the port; else ``spark.driver.host``, the address a cluster's executors
+    (YARN containers, standalone or Kubernetes workers) already reach the driver at."""
+    if configured:
+        return configured
+    if _LOCAL_MASTER.fullmatch(master.strip()):
+        return "127.0.0.1"
+    return driver_host or "127.0.0.1"
 
 
 class AsyncTrainer(Trainer):
@@ -69,7 +83,7 @@ class AsyncTrainer(Trainer):
         held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
                     if rdd is not None}
         sv = cfg.server
-        host = sv.host or self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        host = bind_host(sv.host, self.sc.master, self.sc.getConf().get("spark.driver.host"))
         max_frame = int(sv.max_frame_mb * (1 << 20))
         if params.nbytes + (1 << 16) > max_frame:
             raise config.ConfigError(f"server.max_frame_mb = {sv.max_frame_mb:g} is smaller than the model "
@@ -80,7 +94,8 @@ class AsyncTrainer(Trainer):
         secret = wire.new_secret()
         try:
             frames = wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
-                                      log=self.log).start()
+                                      log=self.log, max_connections=server_connections(P),
+                                      idle=server_idle_s(sv)).start()
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
@@ -96,6 +111,8 @@ class AsyncTrainer(Trainer):
         except KeyboardInterrupt:
             job.cancel()
             raise Interrupted(f"interrupted; {self._kept()}") from None
+        except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
+            raise TrainingError(f"{e}; stopped, {self._kept()}") from None
         finally:
             stop.release()
             job.cancel()
@@ -229,8 +246,7 @@ class _Run:
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
              "wall_s": round(wall, 3),
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
-             "train_loss": s.get("loss_sum", 0.0) / max(1, s.get("tokens", 0)),
-             "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
+             **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
         m.update(sorted(srv.totals.items()))
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
@@ -254,6 +270,13 @@ class _Run:
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
         self.tr.report(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
         return m
+
+
+def _train_loss(drained: dict) -> dict:
+    """``train_loss`` of the pushes a line counts; a line without any (the last one, often) has
+    none: a 0.0 there read as a perfect model in the log and on plots."""
+    tokens = drained.get("tokens", 0)
+    return {"train_loss": drained.get("loss_sum", 0.0) / tokens} if tokens else {}
 
 
 def _cause(text: str) -> str:

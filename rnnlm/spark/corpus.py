@@ -20,23 +20,44 @@ class CorpusError(ValueError):
 
 
 def check_path(sc, path: str) -> None:
-    """Fail with a one-line error when ``path`` matches no file (any Hadoop filesystem)."""
+    """Fail with a one-line error when ``path`` matches no file, or names a directory holding a
+    subdirectory (any Hadoop filesystem).
+
+    Hadoop reads a directory's files and fails on a subdirectory (a NullPointerException or an
+    IOException tens of lines long), as Spark's ``textFile`` does unless asked to recurse. It is
+    refused here rather than read recursively: a recursive read would silently take in whatever
+    lies below (an old copy, a backup), and a glob names the files as precisely.
+    """
     jvm = sc._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
     try:
         fs = hpath.getFileSystem(sc._jsc.hadoopConfiguration())
         matches = fs.globStatus(hpath)
+        sub = next((d for st in matches or [] if st.isDirectory() for d in _subdirectories(fs, st)), None)
     except Exception as e:
         raise CorpusError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if matches is None or len(matches) == 0:
         raise CorpusError(f"input path does not exist: {path}")
+    if sub is not None:
+        shown = sub.toString() if ":" in path else sub.toUri().getPath()
+        raise CorpusError(f"{path}: {shown} is a directory: a corpus directory is read as its files, not its "
+                          f"subdirectories (name them with a glob, such as {path.rstrip('/')}/*/*)")
+
+
+def _subdirectories(fs, status):
+    """The paths of the subdirectories Hadoop's input formats would meet in a directory (they skip
+    names starting with ``_`` or ``.``, as ``_temporary``)."""
+    for child in fs.listStatus(status.getPath()):
+        if child.isDirectory() and not child.getPath().getName().startswith(("_", ".")):
+            yield child.getPath()
 
 
 def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min_partitions: int = 2):
     """RDD of paragraph strings, in file order.
 
     ``mode='blank_line'`` splits on blank lines (Hadoop's record delimiter
-    ``\\n\\n``), ``'line'`` makes every line a paragraph. Word paragraphs get
+    ``\\n\\n``, or ``\\r\\n\\r\\n`` for text made on Windows: ``\\r\\n`` is read as
+    ``\\n``), ``'line'`` makes every line a paragraph. Word paragraphs get
     ``<eos>`` at every line end from the tokenizer, and blank lines carry no word.
     Character paragraphs keep their line breaks, the blank line that ends them
     included, so the characters of the corpus are those of the raw text (as
@@ -53,14 +74,30 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
         if level == "char":
             return rdd.map(lambda p: p + "\n")
     else:
-        rdd = sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable",
-                                  "org.apache.hadoop.io.Text",
-                                  conf={"textinputformat.record.delimiter": "\n\n"}).values()
+        rdd = _records(sc, path, 2 * _line_end(sc, path)).flatMap(_paragraph_records)
     rdd = rdd.filter(lambda p: p.strip() != "")
     if level == "char" and mode == "blank_line":
         # the delimiter is part of the text: a record that starts with newlines keeps them
         return rdd.map(lambda p: p.rstrip("\n") + "\n\n")
     return rdd.map(lambda p: p.strip("\n"))
+
+
+def _records(sc, path: str, delimiter: str):
+    return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
+                               conf={"textinputformat.record.delimiter": delimiter}).values()
+
+
+def _line_end(sc, path: str) -> str:
+    """``"\r\n"`` when the corpus' first line ends so (text made on Windows), else ``"\n"``: Hadoop
+    splits records on one delimiter, and a blank line is two line ends."""
+    first = _records(sc, path, "\n").take(1)
+    return "\r\n" if first and first[0].endswith("\r") else "\n"
+
+
+def _paragraph_records(record: str) -> list:
+    """A record with ``\n`` line ends, cut at the blank lines its delimiter missed (in a corpus whose
+    files end their lines differently from the first)."""
+    return record.replace("\r\n", "\n").split("\n\n")
 
 
 def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Vocab:

@@ -185,6 +185,9 @@ class Trainer:
                 pid, slot = k[1:].split("/", 1)
                 st.opt_local.setdefault(int(pid), {"t": ck.optim_t})[slot] = v
         if ck.hidden is not None:
+            if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
+                raise TrainingError(f"cannot resume: {self.ck_path} holds one stream's hidden state (a one-machine "
+                                    "run's), not one per partition")
             st.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
         old = self.fs.read(self.metrics_path)
         if old:
