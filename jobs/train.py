@@ -1,7 +1,7 @@
 """Train a language model on Spark.
 
     spark-submit jobs/train.py --config conf/NAME.toml [--set section.key=value ...]
-                               [--out PATH] [--resume] [--dry-run] [--verbose]
+                               [--out PATH] [--resume | --overwrite] [--dry-run] [--verbose]
 
 Also runs as plain ``python jobs/train.py ...`` (Spark local mode, ``--master``).
 """
@@ -21,7 +21,10 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--out", default="runs/latest", help="output directory, any Hadoop path")
-    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    again = ap.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start again in an --out that holds a run (deletes its metrics, run.json, checkpoint)")
     ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit")
     ap.add_argument("--samples", type=int, default=1, help="text samples to print at the end")
     ap.add_argument("--dry-run", action="store_true",

@@ -19,12 +19,12 @@ INTERRUPTED = 130     # the shell's code for a process stopped by SIGINT
 
 def guarded(fn) -> int:
     """Run ``fn``; expected failures become one line on stderr and exit code 2, Ctrl-C
-    one line and exit code 130."""
+    one line and exit code 130, SIGTERM one line and 143."""
     try:
         return fn() or 0
     except Interrupted as e:
         print(f"error: {e}", file=sys.stderr)
-        return INTERRUPTED
+        return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return INTERRUPTED
@@ -60,7 +60,7 @@ def train(a) -> int:
     bar = Progress() if sys.stdout.isatty() else None
     try:
         tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
-        last = tr.run(resume=a.resume)
+        last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
     except (Interrupted, KeyboardInterrupt):
         spark.stop()          # cancels what runs and releases the executors before the process exits
         raise

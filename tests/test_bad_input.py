@@ -1,6 +1,7 @@
 """Bad input: one clear line on stderr, exit code 2, nothing already written lost."""
 import argparse
 import gzip
+import json
 import os
 
 import numpy as np
@@ -14,9 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
 
 
-def train(out, *sets, config="conf/demo.toml", resume=False):
+def train(out, *sets, config="conf/demo.toml", resume=False, overwrite=False):
     a = argparse.Namespace(config=os.path.join(ROOT, config), set=list(TINY) + list(sets), out=str(out),
-                           resume=resume, master=None, samples=0, dry_run=False, verbose=False)
+                           resume=resume, overwrite=overwrite, master=None, samples=0, dry_run=False, verbose=False)
     return cli.guarded(lambda: cli.train(a))
 
 
@@ -133,6 +134,20 @@ def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_pa
     one_error(capsys, train(tmp_path / "fresh", *demo(), resume=True), "no checkpoint")
     after = {f: open(out / "checkpoint" / f, "rb").read() for f in os.listdir(out / "checkpoint")}
     assert after == before and open(out / "metrics.jsonl").read() == metrics
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_so_and_starts_again_with_overwrite(spark, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1, "train_loss": 3.0}\n{"round": 2, "train_loss": 2.9}\n')
+    (out / "run.json").write_text("{}")
+    err = one_error(capsys, train(out, *demo(), resume=True), "holds metrics but no checkpoint")
+    assert err.endswith("start it again with --overwrite"), err
+    one_error(capsys, train(out, *demo()), "already holds a run", "--overwrite to start it again")
+    assert train(out, *demo(), overwrite=True) == 0
+    assert [json.loads(x)["round"] for x in open(out / "metrics.jsonl")] == [1]      # the old lines are gone
+    assert json.loads((out / "run.json").read_text())["resumed"] == []
+    assert checkpoint.load(str(out)).position["round"] == 1
 
 
 def test_generate_from_an_unreadable_hadoop_path_is_one_line():

@@ -101,6 +101,41 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     assert info["config"]["train"]["rounds"] == ck.position["round"] + 1
 
 
+def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
+    """SIGTERM (kill, timeout, a scheduler) gets Ctrl-C's grace: the round ends, a checkpoint is
+    written, exit 143; resumed, the run ends exactly where an uninterrupted one does."""
+    common = ("train.rounds=40", "data.valid=")
+    ref = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "ref"), "--samples", "0",
+              *sets(*common))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
+                             "--samples", "0", *sets(*common)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (out / "metrics.jsonl").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    log, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM: stopping after this round with a checkpoint (SIGTERM again to stop now)" in log
+    lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
+    done = [json.loads(x)["round"] for x in open(out / "metrics.jsonl")]
+    assert lines == [f"error: interrupted after round {done[-1]}; its checkpoint is in {out}/checkpoint "
+                     "(--resume continues)"], err
+    assert 3 <= checkpoint.load(str(out)).position["round"] == done[-1] < 40
+    r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(out), "--samples", "0", "--resume",
+            *sets(*common))
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = checkpoint.load(str(tmp_path / "ref")), checkpoint.load(str(out))
+    assert b.position["round"] == 40 and np.array_equal(a.params, b.params)
+    assert [json.loads(x)["train_loss"] for x in open(out / "metrics.jsonl")] == \
+        [json.loads(x)["train_loss"] for x in open(tmp_path / "ref" / "metrics.jsonl")]
+
+
 def _mb(pattern, text):
     import re
     return float(re.search(pattern + r" ([0-9.]+) MB", text).group(1))

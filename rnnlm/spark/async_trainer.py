@@ -56,12 +56,8 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
 class AsyncTrainer(Trainer):
     """The driver of one asynchronous run (the same constructor and outputs as :class:`Trainer`)."""
 
-    def run(self, resume: bool = False, data=None) -> dict:
-        self.fs.restore(self.ck_path)
-        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
-            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
-        if not resume and self.fs.exists(self.metrics_path):
-            raise TrainingError(f"{self.out} already holds a run (use --resume or another --out)")
+    def run(self, resume: bool = False, data=None, overwrite: bool = False) -> dict:
+        self.prepare_out(resume, overwrite)
         ck = self._load_checkpoint() if resume else None
         t = self.cfg_in.train
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
@@ -110,7 +106,7 @@ class AsyncTrainer(Trainer):
             run.loop(job, stop)
         except KeyboardInterrupt:
             job.cancel()
-            raise Interrupted(f"interrupted; {self._kept()}") from None
+            raise Interrupted(f"interrupted; {self._kept()}", stop.signum) from None
         except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
             raise TrainingError(f"{e}; stopped, {self._kept()}") from None
         finally:
@@ -212,7 +208,7 @@ class _Run:
                 job.cancel()
                 self._line(t0, checkpoint=True)
                 raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
-                                  f"{self.tr.ck_path} (--resume continues)")
+                                  f"{self.tr.ck_path} (--resume continues)", stop.signum)
             if done:
                 break
             if self._checkpoint_due():             # by time, between lines

@@ -44,7 +44,14 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(TrainingError):
-    """Ctrl-C (SIGINT) during training: the run stopped between or inside a round."""
+    """Ctrl-C (SIGINT) or SIGTERM during training: the run stopped between or inside a round.
+
+    ``exit_code`` is the shell's code for a process ended by that signal (130, 143).
+    """
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 @dataclass
@@ -200,16 +207,31 @@ class Trainer:
         return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
 
     # ------------------------------------------------------------ running
-    def run(self, resume: bool = False, data: Corpus | None = None) -> dict:
+    def prepare_out(self, resume: bool, overwrite: bool = False) -> None:
+        """Check ``--out`` against ``--resume`` before anything is read; ``overwrite`` deletes an
+        earlier run's metrics, ``run.json`` and checkpoint so that the run starts again there."""
+        if overwrite:
+            for p in (self.metrics_path, f"{self.out}/run.json", self.ck_path):
+                self.fs.delete(p)
+            return
+        self.fs.restore(self.ck_path)     # a checkpoint write cut between its two renames
+        has_metrics = self.fs.exists(self.metrics_path)
+        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
+            if has_metrics:
+                raise TrainingError(f"--resume: {self.out} holds metrics but no checkpoint (the run stopped "
+                                    "before its first one): start it again with --overwrite")
+            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
+        if not resume and has_metrics:
+            raise TrainingError(f"{self.out} already holds a run (use --resume to continue it, --overwrite to "
+                                "start it again, or another --out)")
+
+    def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False) -> dict:
         """Train to the configured length; return the last metrics line.
 
-        ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one).
+        ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one);
+        ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`).
         """
-        self.fs.restore(self.ck_path)     # a checkpoint write cut between its two renames
-        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
-            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
-        if not resume and self.fs.exists(self.metrics_path):
-            raise TrainingError(f"{self.out} already holds a run (use --resume or another --out)")
+        self.prepare_out(resume, overwrite)
         vocab, st = self._resume() if resume else (None, None)
         owned = data is None
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
@@ -236,10 +258,10 @@ class Trainer:
                     self._checkpoint(cfg, data.vocab, st)
                 if stop.requested and st.round < rounds:
                     raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.ck_path} "
-                                      "(--resume continues)")
+                                      "(--resume continues)", stop.signum)
         except KeyboardInterrupt:
-            # a second Ctrl-C: PySpark cancelled the jobs; checkpoint writes are atomic, so the last is whole
-            raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}") from None
+            # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
+            raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}", stop.signum) from None
         finally:
             stop.release()
             self.params_bc.close()
@@ -391,28 +413,37 @@ class Trainer:
 
 
 class _StopRequest:
-    """Ctrl-C asks the run to stop after the current round (with a checkpoint); a second
-    Ctrl-C stops it at once through PySpark's own handler, which cancels the running jobs.
+    """Ctrl-C or SIGTERM asks the run to stop after the current round (with a checkpoint); a
+    second one stops it at once (for Ctrl-C through PySpark's own handler, which cancels the
+    running jobs).
 
-    Interrupting a py4j call midway, as PySpark's handler does, logs py4j errors and leaves
-    a half-done round; letting the round finish costs at most one round's time.
+    SIGTERM is how ``timeout``, ``kill``, schedulers and YARN's container preemption stop a
+    process: it gets the same grace as Ctrl-C. Interrupting a py4j call midway, as PySpark's
+    handler does, logs py4j errors and leaves a half-done round; letting the round finish costs
+    at most one round's time.
     """
 
+    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
     def __init__(self, log):
-        self.requested, self._log, self._previous = False, log, None
+        self.requested, self.signum, self._log, self._previous = False, signal.SIGINT, log, {}
         if threading.current_thread() is threading.main_thread():   # signals reach the main thread only
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in self.NAMES:
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        if self.requested and callable(self._previous):
-            self._previous(signum, frame)
+        if self.requested:
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
             raise KeyboardInterrupt
-        self.requested = True
-        self._log("Ctrl-C: stopping after this round with a checkpoint (Ctrl-C again to stop now)")
+        self.requested, self.signum = True, signum
+        name = self.NAMES[signum]
+        self._log(f"{name}: stopping after this round with a checkpoint ({name} again to stop now)")
 
     def release(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def _steps(t) -> str:
