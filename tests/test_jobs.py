@@ -70,20 +70,30 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
-    out = tmp_path / "run"
+def signalled_after_three_rounds(out, sig, *items):
+    """Train into ``out``, send ``sig`` once three rounds are written; (exit code, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
-                             "--samples", "0", *sets("train.rounds=400", "train.checkpoint_every=50", "data.valid=")],
+                             "--samples", "0", *sets(*items)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if (out / "metrics.jsonl").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
+                break
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        log, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, log, err
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    rc, _, err = signalled_after_three_rounds(out, signal.SIGINT, "train.rounds=400", "train.checkpoint_every=50",
+                                              "data.valid=")
+    assert rc == 130, err[-2000:]
     lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
     assert len(lines) == 1 and "interrupted after round" in lines[0] and "--resume continues" in lines[0], err
     assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
@@ -109,18 +119,8 @@ def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
               *sets(*common))
     assert ref.returncode == 0, ref.stderr[-2000:]
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
-                             "--samples", "0", *sets(*common)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if (out / "metrics.jsonl").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    log, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err[-2000:]
+    rc, log, err = signalled_after_three_rounds(out, signal.SIGTERM, *common)
+    assert rc == 143, err[-2000:]
     assert "SIGTERM: stopping after this round with a checkpoint (SIGTERM again to stop now)" in log
     lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
     done = [json.loads(x)["round"] for x in open(out / "metrics.jsonl")]
