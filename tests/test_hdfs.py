@@ -30,15 +30,23 @@ TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=
         "train.checkpoint_every=1", f"data.train=file://{HARBOUR}", f"data.valid=file://{HARBOUR_VALID}"]
 
 
-def train(hadoop, out, *sets, resume=False, cwd=None):
-    """``jobs/train.py`` as a user runs it, with the cluster's ``HADOOP_CONF_DIR``."""
-    args = [a for s in (*TINY, *sets) for a in ("--set", s)]
+def job_env(hadoop):
+    """A job's environment as a user's shell has it: the cluster's ``HADOOP_CONF_DIR``, no gateway."""
     env = hadoop.env()
     env.pop("PYSPARK_GATEWAY_PORT", None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config",
-                        os.path.join(ROOT, "conf", "demo.toml"), "--out", out, "--samples", "0",
-                        *(["--resume"] if resume else []), *args],
-                       cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return env
+
+
+def train_cmd(out, *sets, resume=False):
+    return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
+            "--out", out, "--samples", "0", *(["--resume"] if resume else []),
+            *[a for s in (*TINY, *sets) for a in ("--set", s)]]
+
+
+def train(hadoop, out, *sets, resume=False, cwd=None):
+    """``jobs/train.py`` as a user runs it, with the cluster's ``HADOOP_CONF_DIR``."""
+    r = subprocess.run(train_cmd(out, *sets, resume=resume), cwd=cwd or ROOT, env=job_env(hadoop),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -146,8 +154,7 @@ def test_run_on_hdfs_resumes_bit_for_bit(hadoop, webhdfs, reference):
 
 
 def test_evaluate_and_generate_read_a_checkpoint_on_hdfs(hadoop, webhdfs, reference, tmp_path):
-    env = hadoop.env()
-    env.pop("PYSPARK_GATEWAY_PORT", None)
+    env = job_env(hadoop)
     last = metrics(webhdfs, reference)[-1]
     ev = subprocess.run([sys.executable, "jobs/evaluate.py", "--checkpoint", "runs/ref", "--data",
                          f"file://{HARBOUR_VALID}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -244,12 +251,8 @@ def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
 def test_a_datanode_lost_mid_run_changes_nothing(hadoop, webhdfs, reference):
     """Replication 2: with one of the two DataNodes stopped after round 2, the run completes,
     writing its checkpoints to the other, with exactly the reference's result."""
-    env = hadoop.env()
-    env.pop("PYSPARK_GATEWAY_PORT", None)
     out = home("runs/dn")
-    args = [a for s in (*TINY, "train.rounds=6") for a in ("--set", s)]
-    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", out,
-                             "--samples", "0", *args], cwd=ROOT, env=env,
+    proc = subprocess.Popen(train_cmd(out, "train.rounds=6"), cwd=ROOT, env=job_env(hadoop),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped_at = None
     try:

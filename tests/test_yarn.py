@@ -44,7 +44,6 @@ def shipped():
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["dist/rnnlm.zip", "dist/rnnlm-env.tar.gz"]
-    return {}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +51,7 @@ def on_hdfs(webhdfs):
     webhdfs.write("/data/harbour.txt", open(HARBOUR, "rb").read(), overwrite=True)
 
 
-def submit(hadoop, shipped, mode, out, *sets):
+def submit(hadoop, mode, out, *sets):
     """spark-submit --master yarn (from conf/spark/yarn.properties) in deploy ``mode``; a Popen."""
     conf = {**fits_the_minicluster(), "spark.submit.deployMode": mode}
     if mode == "client":
@@ -118,7 +117,7 @@ def app_id_of(webhdfs, out):
 @pytest.fixture(scope="module")
 def client_run(hadoop, webhdfs, shipped, on_hdfs):
     """8 rounds in client deploy mode: the reference the cluster-mode run is held against."""
-    finish(submit(hadoop, shipped, "client", "runs/yarn-client", "train.rounds=8"))
+    finish(submit(hadoop, "client", "runs/yarn-client", "train.rounds=8"))
     return home("runs/yarn-client")
 
 
@@ -135,7 +134,7 @@ def test_cluster_mode_survives_a_killed_executor_container(hadoop, webhdfs, ship
     """The driver in YARN's ApplicationMaster; one executor's JVM killed after round 2: the run
     completes with exactly the client-mode run's parameters and losses."""
     out = home("runs/yarn-cluster")
-    p = submit(hadoop, shipped, "cluster", out, "train.rounds=8")
+    p = submit(hadoop, "cluster", out, "train.rounds=8")
     killed, at_round = None, None
     deadline = time.time() + 400
     try:
@@ -161,7 +160,7 @@ def test_cluster_mode_survives_a_killed_executor_container(hadoop, webhdfs, ship
 def test_async_mode_on_yarn(hadoop, webhdfs, shipped, on_hdfs):
     """The parameter server on the driver, reached by executors in YARN containers."""
     out = home("runs/yarn-async")
-    finish(submit(hadoop, shipped, "client", out, "train.mode=async", "train.rounds=4"))
+    finish(submit(hadoop, "client", out, "train.mode=async", "train.rounds=4"))
     lines = metrics(webhdfs, out)
     pushes = sum(m.get("pushes", 0) for m in lines)
     assert pushes == 2 * 4                       # every window of both workers landed
