@@ -99,3 +99,15 @@ def _central_differences(f, p, eps=1e-6):
 def numeric_grad():
     """``numeric_grad(f, p)``: the central finite-difference gradient of the scalar ``f`` at ``p`` (float64)."""
     return _central_differences
+
+
+@pytest.fixture
+def netns_ok():
+    """Network namespaces and tc usable (root, iproute2); else skip with the reason, or fail
+    where ``RNNLM_REQUIRE_NETNS`` is set (CI sets it: a skip there is a failure)."""
+    from rnnlm.netcluster import unavailable
+    problem = unavailable()
+    if problem:
+        if os.environ.get("RNNLM_REQUIRE_NETNS"):
+            pytest.fail(problem)
+        pytest.skip(problem)

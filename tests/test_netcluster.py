@@ -1,0 +1,73 @@
+"""Hosts in network namespaces behind shaped links (rnnlm.netcluster): the rate is real,
+everything is torn down, and a training run crosses the links between its own hosts."""
+import json
+import os
+import subprocess
+import sys
+
+import pyspark
+
+from rnnlm.netcluster import NetCluster, parse_rate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+
+
+def namespaces() -> set:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_links_carry_their_configured_rate_and_vanish_on_close(netns_ok):
+    with NetCluster(2, "100mbit") as c:
+        made = {c.switch, *c.names}
+        assert made <= namespaces()
+        slow = c.measure(0, 1, 5_000_000)
+        c.shape("1gbit")
+        fast = c.measure(1, 0, 50_000_000)
+        c.shape(None)
+        free = c.measure(0, 1, 50_000_000)
+    # TCP's headers take ~4% of the wire: the payload rate is within 10% of the configured one
+    assert abs(slow / parse_rate("100mbit") - 1) < 0.10, slow
+    assert abs(fast / parse_rate("1gbit") - 1) < 0.10, fast
+    assert free > 2 * parse_rate("1gbit"), free        # without shaping, veth runs far faster
+    assert not made & namespaces()
+
+
+def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
+    """spark-submit from the driver's host to a standalone master with a worker on each of two
+    other hosts: every round's result crosses the driver's shaped link, and the numbers equal
+    those of the same run in local[2] (the hosts change where work runs, not what it computes)."""
+    sets = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4",
+            "train.eval_every=0", "data.valid=", "train.rounds=3",
+            "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+            "exchange.feedback=true", "exchange.broadcast=delta+int8"]
+    args = [a for s in sets for a in ("--set", s)]
+    train = ["jobs/train.py", "--config", os.path.join(ROOT, "conf/demo.toml"), "--samples", "0", *args]
+    env = dict(os.environ, SPARK_HOME=SPARK_HOME, PYSPARK_PYTHON=sys.executable)
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    local = subprocess.run([sys.executable, *train, "--out", str(tmp_path / "local"), "--master", "local[2]"],
+                           cwd=ROOT, env=dict(env, SPARK_LOCAL_IP="127.0.0.1"), capture_output=True, text=True,
+                           timeout=300)
+    assert local.returncode == 0, local.stderr[-2000:]
+    with NetCluster(3, "1gbit") as c:
+        url = c.spark_standalone()
+        before = c.link_bytes()
+        submit = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", url,
+                  "--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2",
+                  "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false"]
+        r = subprocess.run(c.command(0, [*submit, *train, "--out", str(tmp_path / "hosts")]), cwd=ROOT,
+                           env=dict(env, SPARK_LOCAL_IP=c.address(0)), capture_output=True, text=True, timeout=300)
+        after = c.link_bytes()
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    def lines(name):
+        with open(tmp_path / name / "metrics.jsonl") as f:
+            return [json.loads(s) for s in f]
+    hosts, ref = lines("hosts"), lines("local")
+    assert [m["train_loss"] for m in hosts] == [m["train_loss"] for m in ref]
+    assert [m["round_bytes_sent"] for m in hosts] == [m["round_bytes_sent"] for m in ref]
+    received = after[0][1] - before[0][1]                 # what reached the driver's host over its link
+    assert received >= sum(m["round_bytes_sent"] for m in hosts)
+    for w in (1, 2):                                      # each worker's executor sent its share
+        assert after[w][0] - before[w][0] >= hosts[-1]["round_bytes_sent"] / 2 * 0.5
