@@ -1,7 +1,8 @@
 """Train a language model on Spark.
 
     spark-submit jobs/train.py --config conf/NAME.toml [--set section.key=value ...]
-                               [--out PATH] [--resume | --overwrite] [--dry-run] [--verbose]
+                               [--out PATH] [--resume | --overwrite] [--verbose]
+                               [--dry-run [--bandwidth 1gbit [--latency 1ms]]]
 
 Also runs as plain ``python jobs/train.py ...`` (Spark local mode, ``--master``).
 """
@@ -28,8 +29,11 @@ def main(argv=None) -> int:
     ap.add_argument("--master", default=None, help="Spark master when not run by spark-submit")
     ap.add_argument("--samples", type=int, default=1, help="text samples to print at the end")
     ap.add_argument("--dry-run", action="store_true",
-                    help="print the resolved configuration, the parameter count and the bytes a round moves; "
-                         "train nothing, write nothing")
+                    help="print the resolved configuration, the parameter count and the bytes a round moves "
+                         "(measured on two rounds in a scratch directory, then deleted); keep and write nothing")
+    ap.add_argument("--bandwidth", default=None, metavar="RATE",
+                    help="with --dry-run: predict a round's sync time on host links of this rate (100mbit, 1gbit)")
+    ap.add_argument("--latency", default=None, metavar="TIME", help="with --bandwidth: one-way link latency (1ms)")
     ap.add_argument("--verbose", action="store_true", help="Spark's INFO logging (silenced by default)")
     a = ap.parse_args(argv)
     return cli.guarded(lambda: cli.train(a))

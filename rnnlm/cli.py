@@ -7,13 +7,14 @@ from .core import checkpoint
 from . import config
 from .spark import corpus
 from .spark.hfs import HadoopFS, default_fs, resolve
+from .spark.linkcost import LinkError, parse_latency, parse_rate
 from .core.metrics import loss_fields
 from .spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
 from .core.vocab import VocabError
 from .progress import Progress
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
-            VocabError, FileNotFoundError)
+            VocabError, FileNotFoundError, LinkError)
 INTERRUPTED = 130     # the shell's code for a process stopped by SIGINT
 
 
@@ -52,9 +53,18 @@ def train(a) -> int:
     from .core.generate import generate
     from .core.model import build as build_model
     cfg = config.load(a.config, a.set)
+    bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
+    if (bandwidth or latency) and not a.dry_run:
+        raise LinkError("--bandwidth and --latency go with --dry-run")
+    if bandwidth:
+        parse_rate(bandwidth)
+    if latency:
+        if not bandwidth:
+            raise LinkError("--latency needs --bandwidth")
+        parse_latency(latency)
     if a.dry_run:
         from .spark.dryrun import dry_run
-        dry_run(_session("rnnlm-dry-run", a.master, a.verbose).sparkContext, cfg)
+        dry_run(_session("rnnlm-dry-run", a.master, a.verbose), cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
     spark = _session("rnnlm-train", a.master, a.verbose)
     bar = Progress() if sys.stdout.isatty() else None

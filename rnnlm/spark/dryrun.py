@@ -1,6 +1,17 @@
 """``train.py --dry-run``: the resolved configuration, the model's size and what a round
-moves under the chosen exchange, without training (nothing is written)."""
+moves under the chosen exchange, and with ``--bandwidth`` what that costs in seconds.
+
+A synchronous run's figures are measured, not estimated: its first two rounds run for real on
+the configured master in a scratch directory that is then deleted (nothing is kept or written
+where the run would write), so the bytes are exactly what round 1 sends (blocks, averaged
+optimizer state, carried hidden states, pickling) and what round 2 broadcasts, and the compute
+and per-round overhead are this master's. An async run's bytes are estimated from round 1's
+batches (its pushes depend on timing).
+"""
 from __future__ import annotations
+
+import dataclasses
+import tempfile
 
 import numpy as np
 
@@ -10,7 +21,8 @@ from ..core.optim import make_optimizer
 from ..exchange import plan
 from ..exchange.rebase import changed_rows, delta_blocks, size
 from .executor import make_source
-from .trainer import _steps, load_corpus, total_rounds
+from .linkcost import parse_latency, parse_rate, predict
+from .trainer import Trainer, _steps, load_corpus, total_rounds
 
 
 def round_words_task(cfg_json: str):
@@ -63,30 +75,67 @@ def estimate(layout, cfg, words: list) -> dict:
     return {"sent": sent, "dense": P * layout.size * 4, "broadcast": bcast, "model": layout.size * 4}
 
 
-def dry_run(sc, cfg: config.Config, log=print) -> dict:
+def probe(spark, cfg: config.Config, data, rounds: int = 2) -> list:
+    """The metrics lines of the run's first ``rounds`` rounds, trained in a scratch directory
+    (deleted) without evaluation: exactly what those rounds move and how long they take."""
+    cfg = config.replace(cfg, "train", rounds=rounds, eval_every=0, checkpoint_every=0)
+    with tempfile.TemporaryDirectory(prefix="rnnlm-dry-run-") as scratch:
+        tr = Trainer(spark, cfg, f"file://{scratch}", log=lambda s: None)
+        tr.run(data=dataclasses.replace(data, valid=None, test=None))
+    return tr.metrics
+
+
+def measured(lines: list, partitions: int, params: int) -> dict:
+    """Round 1's bytes sent, round 2's broadcast (round 1's is the whole model) and round 2's times."""
+    first, second = lines[0], lines[-1]
+    return {"sent": first["round_bytes_sent"], "broadcast": second["round_bytes_broadcast"],
+            "first_broadcast": first["round_bytes_broadcast"], "dense": partitions * params * 4,
+            "model": params * 4, "compute_s": second["compute_s"],
+            "overhead_s": max(0.0, second["round_s"] - second["compute_s"])}
+
+
+def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, latency: str = "0ms") -> dict:
     """Read the corpus as training would (every check included), print what the run would be."""
-    steps = cfg.train.push_every if cfg.train.mode == "async" else cfg.train.local_steps
-    probe = config.replace(cfg, "train", local_steps=steps)
-    data = load_corpus(sc, probe)
+    link = (parse_rate(bandwidth), parse_latency(latency)) if bandwidth else None
+    sc, sync = spark.sparkContext, cfg.train.mode != "async"
+    steps = cfg.train.local_steps if sync else cfg.train.push_every
+    probe_cfg = config.replace(cfg, "train", local_steps=steps)
+    data = load_corpus(sc, probe_cfg)
     try:
         cfg = config.replace(cfg, "model", vocab_size=len(data.vocab))
-        probe = config.replace(probe, "model", vocab_size=len(data.vocab))
+        probe_cfg = config.replace(probe_cfg, "model", vocab_size=len(data.vocab))
         layout = build_model(cfg.model).layout
-        words = data.train.mapPartitions(round_words_task(probe.to_json())).collect()
-        est = estimate(layout, probe, words)
-        rounds = total_rounds(probe, data)
+        if sync:
+            est = measured(probe(spark, probe_cfg, data), cfg.data.partitions, layout.size)
+        else:
+            words = data.train.mapPartitions(round_words_task(probe_cfg.to_json())).collect()
+            est = estimate(layout, probe_cfg, words)
+        rounds = total_rounds(probe_cfg, data)
     finally:
         for rdd in (data.train, data.valid, data.test):
             if rdd is not None:
                 rdd.unpersist()
+    P = cfg.data.partitions
     log(cfg.to_json())
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
         f"train tokens {data.tokens:,}")
-    unit = "push window" if cfg.train.mode == "async" else "round"
-    log(f"{rounds:,} {unit}s of {_steps(probe.train)} on {cfg.data.partitions} partitions")
-    log(f"per {unit}, from round 1's batches: partitions send {est['sent'] / 1e6:.3f} MB in all "
-        f"({est['sent'] / est['dense']:.1%} of dense float32's {est['dense'] / 1e6:.3f} MB)"
-        + ("" if cfg.train.mode == "async" else
-           f"; the driver broadcasts {est['broadcast'] / 1e6:.3f} MB (the first round: the whole "
-           f"model, {est['model'] / 1e6:.3f} MB)"))
+    if not sync:
+        log(f"{rounds:,} push windows of {_steps(probe_cfg.train)} on {P} partitions")
+        log(f"per push window, estimated from round 1's batches: partitions send {est['sent'] / 1e6:.3f} MB in "
+            f"all ({est['sent'] / est['dense']:.1%} of dense float32's {est['dense'] / 1e6:.3f} MB)")
+        return est
+    log(f"{rounds:,} rounds of {_steps(probe_cfg.train)} on {P} partitions")
+    log(f"per round, measured on rounds 1-2 (run in a scratch directory, then deleted): partitions send "
+        f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
+        f"{est['dense'] / 1e6:.3f} MB); the driver broadcasts {est['broadcast']:,} bytes (round 1: "
+        f"{est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
+        f"overhead {est['overhead_s']:.2f} s on {sc.master}")
+    if link:
+        pr = predict(est["sent"], est["broadcast"], P, *link, overhead_s=est["overhead_s"],
+                     compute_s=est["compute_s"])
+        est["predicted"] = pr
+        log(f"at {bandwidth} (latency {latency}) per host link: sync {pr['sync_s']:.2f} s per round "
+            f"(results into the driver {pr['down_s']:.2f} s, broadcast out {pr['up_s']:.2f} s, overhead "
+            f"{pr['overhead_s']:.2f} s), sync fraction {pr['sync_fraction']:.1%} at {est['compute_s']:.2f} s "
+            f"of compute")
     return est

@@ -31,3 +31,33 @@ def parse_latency(text: str) -> float:
     if not m:
         raise LinkError(f"latency {text!r}: expected a number and a unit, e.g. 100us, 1ms")
     return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2).lower()]
+
+
+# TCP/IP headers on a 1500-byte MTU: what a link of rate R carries as payload (measured here: 96-97%)
+PAYLOAD = 0.96
+# latencies a synchronous round waits for: the tasks' launch, the broadcast's fetch, the results'
+# fetch (Spark sends task results over 1 MB through the block manager: a request, then the data)
+# and the tasks' completion; each is a request and its answer, two one-way latencies
+ROUND_TRIPS = 4
+
+
+def predict(sent: float, broadcast: float, partitions: int, bits_per_s: float, latency_s: float = 0.0,
+            overhead_s: float = 0.0, compute_s: float | None = None) -> dict:
+    """Seconds a synchronous round spends outside its computation on links of ``bits_per_s``.
+
+    Every byte of ``treeAggregate`` and of the broadcast passes through the driver's one link:
+    ``sent`` (all partitions' results, which reach the driver directly while the tree has one
+    level: up to 5 partitions at ``tree_depth = 2``) in, and the broadcast once per executor out
+    (measured here: every executor fetches its copy from the driver; torrent-style peer fetches
+    did not happen at these sizes). Down and up do not overlap: the broadcast is fetched when the
+    tasks start, the results travel when they end. ``overhead_s`` is the round's cost on a free
+    network (Spark's scheduling and the driver's own work, measured by the dry run).
+    """
+    rate = bits_per_s / 8 * PAYLOAD
+    down_s, up_s = sent / rate, partitions * broadcast / rate
+    sync_s = overhead_s + down_s + up_s + 2 * ROUND_TRIPS * latency_s
+    out = {"sync_s": sync_s, "down_s": down_s, "up_s": up_s, "overhead_s": overhead_s}
+    if compute_s is not None:
+        out["round_s"] = compute_s + sync_s
+        out["sync_fraction"] = sync_s / (compute_s + sync_s)
+    return out
