@@ -116,6 +116,16 @@ class NetCluster:
         self.master_url: str | None = None
         self._made: list[str] = []
 
+    @classmethod
+    def attach(cls, tag: str, hosts: int) -> "NetCluster":
+        """A handle on a running cluster's links (for :meth:`shape` from another process): owns nothing."""
+        c = cls.__new__(cls)
+        c.hosts, c.tag, c.switch = hosts, tag, f"{tag}-sw"
+        c.names = [f"{tag}-h{i}" for i in range(hosts)]
+        c.rate, c.procs, c._made, c.master_url = None, [], [], None
+        c.workdir = None
+        return c
+
     # ---- lifecycle
     def __enter__(self):
         try:
@@ -168,7 +178,8 @@ class NetCluster:
         for ns in reversed(self._made):
             _run(["ip", "netns", "del", ns], check=False)
         self._made.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- the links
     @staticmethod
