@@ -8,7 +8,7 @@ whose executors each have a host of their own (rnnlm.netcluster), links shaped t
 
 Per P (a cluster of P+1 hosts: the driver and master on host 0, one 1-core worker per other host)
 and exchange, one driver process (in host 0) loads the corpus once, runs the dry run's probe
-(three rounds, link unshaped: the per-round overhead and the bytes the prediction uses), then at
+(four rounds, link unshaped: the per-round overhead and the bytes the prediction uses), then at
 each bandwidth trains ``--rounds`` fresh rounds (round 1 excluded from medians: it broadcasts
 the whole model and warms the executors). Reported per cell: round_s, compute_s (the slowest
 task), sync fraction (1 - compute/round), tokens/s, bytes per round each way through the
@@ -89,7 +89,6 @@ def child(spec: dict) -> list:
     from rnnlm.netcluster import NetCluster
     from rnnlm.spark import session
     from rnnlm.spark.dryrun import measured, probe
-    from rnnlm.spark.linkcost import parse_rate, predict
     from rnnlm.spark.trainer import load_corpus
     P, name = spec["partitions"], spec["exchange"]
     links = NetCluster.attach(spec["tag"], spec["hosts"])
@@ -151,9 +150,7 @@ def child(spec: dict) -> list:
                 driver_out=statistics.median(m["link"][0] - p["link"][0] for p, m in zip(prev, ms)),
                 driver_in=statistics.median(m["link"][1] - p["link"][1] for p, m in zip(prev, ms)))
             row["sync_s"] = row["round_s"] - row["compute_s"]
-            pr = predict(est["sent"], est["broadcast"], P, parse_rate(bw), overhead_s=est["overhead_s"],
-                         compute_s=row["compute_s"])
-            row.update(predicted_sync_s=pr["sync_s"], probe=est)
+            row["probe"] = est
         else:
             last = ls[-1]
             wall = last["wall_s"]
@@ -216,6 +213,14 @@ def run_child(cluster, spec: dict) -> list:
     return rows
 
 
+def predicted(r: dict) -> float:
+    """The dry run's sync time for a cell, from the probe it ran on the unshaped link."""
+    from rnnlm.spark.linkcost import parse_rate, predict
+    e = r["probe"]
+    return predict(e["sent"], e["broadcast"], r["partitions"], parse_rate(r["bandwidth"]),
+                   overhead_s=e["overhead_s"])["sync_s"]
+
+
 def table(rows: list) -> str:
     out = ["| P | bandwidth | exchange | round s | compute s | sync fraction | tokens/s | MB in / out of "
            "the driver's link per round | metrics: sent / broadcast MB | predicted sync s (error) |",
@@ -224,11 +229,11 @@ def table(rows: list) -> str:
         if r.get("converge") or r.get("bytes_only"):
             continue
         if "round_s" in r:
-            err = r["predicted_sync_s"] / r["sync_s"] - 1
+            err = predicted(r) / r["sync_s"] - 1
             out.append(f"| {r['partitions']} | {r['bandwidth']} | {r['exchange']} | {r['round_s']:.2f} | "
                        f"{r['compute_s']:.2f} | {r['sync_fraction']:.1%} | {r['tokens_per_s']:,.0f} | "
                        f"{r['driver_in'] / 1e6:.2f} / {r['driver_out'] / 1e6:.2f} | {r['sent'] / 1e6:.2f} / "
-                       f"{r['broadcast'] / 1e6:.2f} | {r['predicted_sync_s']:.2f} ({err:+.0%}) |")
+                       f"{r['broadcast'] / 1e6:.2f} | {predicted(r):.2f} ({err:+.0%}) |")
         else:
             out.append(f"| {r['partitions']} | {r['bandwidth']} | {r['exchange']} (per push) | | | | "
                        f"{r['tokens_per_s']:,.0f} | {r['driver_in'] / 1e6:.2f} / {r['driver_out'] / 1e6:.2f} | "
@@ -290,7 +295,7 @@ def summary(rows: list) -> str:
         syncs = " ".join(f"{k}_sync={v['sync_fraction']:.2f}" for k, v in f.items() if "sync_fraction" in v)
         toks = " ".join(f"{k}_tok/s={v['tokens_per_s']:.0f}" for k, v in f.items())
         parts.append(f"{bw} P={pick[0]['partitions']} {syncs} {toks}")
-    errs = [abs(r["predicted_sync_s"] / r["sync_s"] - 1) for r in cells if "predicted_sync_s" in r]
+    errs = [abs(predicted(r) / r["sync_s"] - 1) for r in cells if "probe" in r]
     return "links: " + " | ".join(parts) + (f" | dry-run max error {max(errs):.0%}" if errs else "")
 
 

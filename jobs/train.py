@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=1, help="text samples to print at the end")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved configuration, the parameter count and the bytes a round moves "
-                         "(measured on three rounds in a scratch directory, then deleted); keep and write nothing")
+                         "(measured on four rounds in a scratch directory, then deleted); keep and write nothing")
     ap.add_argument("--bandwidth", default=None, metavar="RATE",
                     help="with --dry-run: predict a round's sync time on host links of this rate (100mbit, 1gbit)")
     ap.add_argument("--latency", default=None, metavar="TIME", help="with --bandwidth: one-way link latency (1ms)")

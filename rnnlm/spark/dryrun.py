@@ -1,7 +1,7 @@
 """``train.py --dry-run``: the resolved configuration, the model's size and what a round
 moves under the chosen exchange, and with ``--bandwidth`` what that costs in seconds.
 
-A synchronous run's figures are measured, not estimated: its first three rounds run for real on
+A synchronous run's figures are measured, not estimated: its first four rounds run for real on
 the configured master in a scratch directory that is then deleted (nothing is kept or written
 where the run would write), so the bytes are exactly what round 1 sends (blocks, averaged
 optimizer state, carried hidden states, pickling) and what round 2 broadcasts, and the compute
@@ -11,6 +11,7 @@ batches (its pushes depend on timing).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import tempfile
 
 import numpy as np
@@ -75,7 +76,7 @@ def estimate(layout, cfg, words: list) -> dict:
     return {"sent": sent, "dense": P * layout.size * 4, "broadcast": bcast, "model": layout.size * 4}
 
 
-def probe(spark, cfg: config.Config, data, rounds: int = 3) -> list:
+def probe(spark, cfg: config.Config, data, rounds: int = 4) -> list:
     """The metrics lines of the run's first ``rounds`` rounds, trained in a scratch directory
     (deleted) without evaluation: exactly what those rounds move and how long they take."""
     cfg = config.replace(cfg, "train", rounds=rounds, eval_every=0, checkpoint_every=0)
@@ -86,13 +87,13 @@ def probe(spark, cfg: config.Config, data, rounds: int = 3) -> list:
 
 
 def measured(lines: list, partitions: int, params: int) -> dict:
-    """Round 1's bytes sent, round 2's broadcast (round 1's is the whole model) and the last round's
-    times (round 1 starts the executors' Python workers, round 2 still warms their caches)."""
-    first, second, last = lines[0], lines[1], lines[-1]
+    """Round 1's bytes sent, round 2's broadcast (round 1's is the whole model), and the median
+    compute and overhead of the rounds after the first (which starts the executors' Python)."""
+    first, second, later = lines[0], lines[1], lines[1:]
     return {"sent": first["round_bytes_sent"], "broadcast": second["round_bytes_broadcast"],
             "first_broadcast": first["round_bytes_broadcast"], "dense": partitions * params * 4,
-            "model": params * 4, "compute_s": last["compute_s"],
-            "overhead_s": max(0.0, last["round_s"] - last["compute_s"])}
+            "model": params * 4, "compute_s": statistics.median(m["compute_s"] for m in later),
+            "overhead_s": statistics.median(max(0.0, m["round_s"] - m["compute_s"]) for m in later)}
 
 
 def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, latency: str = "0ms") -> dict:
@@ -126,7 +127,7 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
             f"all ({est['sent'] / est['dense']:.1%} of dense float32's {est['dense'] / 1e6:.3f} MB)")
         return est
     log(f"{rounds:,} rounds of {_steps(probe_cfg.train)} on {P} partitions")
-    log(f"per round, measured on rounds 1-3 (run in a scratch directory, then deleted): partitions send "
+    log(f"per round, measured on rounds 1-4 (run in a scratch directory, then deleted): partitions send "
         f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
         f"{est['dense'] / 1e6:.3f} MB); the driver broadcasts {est['broadcast']:,} bytes (round 1: "
         f"{est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
