@@ -343,7 +343,7 @@ def test_resume_from_a_checkpoint_written_by_time_or_at_an_evaluation_equals_an_
 def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny_cfg, tmp_path):
     """Adam at a rate of 3 makes round 2 worse than round 1: best/ keeps round 1 while checkpoint/
     moves on, in an uninterrupted run and in one resumed from round 1's checkpoint."""
-    from rnnlm.cli import read_checkpoint
+    from rnnlm.cli import load_checkpoint, read_checkpoint
     from rnnlm.spark.trainer import evaluate_rdd, load_held_out
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "optim.lr=3.0", "train.eval_every=1", VALID, "train.rounds=2"]))
@@ -364,6 +364,8 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     valid.unpersist()
     # jobs/evaluate.py and jobs/generate.py read RUN/best as they read RUN (the last) or a checkpoint
     assert read_checkpoint(sc, str(tmp_path / "whole" / "best")).position["round"] == 1
+    assert load_checkpoint(str(tmp_path / "whole" / "best")).position["round"] == 1
+    assert load_checkpoint(str(tmp_path / "whole")).position["round"] == 2
 
     out = tmp_path / "resumed"
     assert crashed_at(spark, cfg, out, 2) == 1
@@ -379,3 +381,5 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
     assert last == metrics(out)[-1]
     assert {p: (out / p).read_bytes() for p in before} == before
+    Trainer(spark, cfg, str(out)).prepare_out(resume=False, overwrite=True)     # --overwrite: all of it goes
+    assert sorted(p.name for p in out.iterdir()) == []

@@ -247,7 +247,7 @@ class _Run:
 
         def eval_due(rnd):
             return final or self.eval_pending or bool(every and rnd // every > self.last_eval)
-        checkpoint = checkpoint or eval_due(math.ceil(srv.version / P))
+        checkpoint = checkpoint or (bool(self.held_out) and eval_due(math.ceil(srv.version / P)))
         snap = srv.snapshot(drain=True) if checkpoint else None
         s = snap["drained"] if snap else srv.drain()
         version = s["syncs"]
@@ -270,7 +270,7 @@ class _Run:
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
             m["windows_lost"] = sum(max(0, self.windows - d) for d in srv.done)
         best = False
-        if eval_due(rnd) and snap is None:
+        if eval_due(rnd) and snap is None and self.held_out:
             self.eval_pending = True
         elif eval_due(rnd):
             self.last_eval, self.eval_pending = rnd // every if every else 0, False

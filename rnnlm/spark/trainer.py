@@ -221,7 +221,8 @@ class Trainer:
     # ------------------------------------------------------------ running
     def prepare_out(self, resume: bool, overwrite: bool = False) -> None:
         """Check ``--out`` against ``--resume`` before anything is read; ``overwrite`` deletes an
-        earlier run's metrics, ``run.json`` and checkpoint so that the run starts again there."""
+        earlier run's metrics, ``run.json``, ``checkpoint/`` and ``best/`` so that the run starts
+        again there."""
         if overwrite:
             for p in (self.metrics_path, f"{self.out}/run.json", self.ck_path, self.best_path):
                 self.fs.delete(p)
