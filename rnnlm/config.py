@@ -82,7 +82,8 @@ class TrainConfig:
     outer_momentum: float = 0.9
     optim_state: str = "average"   # average | reset | local: optimizer state across rounds
     eval_every: int = 10           # rounds; 0 = only at the end
-    checkpoint_every: int = 0      # rounds; 0 = only at the end
+    checkpoint_every: int = 0      # rounds; 0 = only at the end (and at each evaluation)
+    checkpoint_s: float = 600.0    # ... and this long (s) after the last one (0 = off; async: server.checkpoint_s)
     device: str = "cpu"            # cpu | gpu | auto
     rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
     rebase_fraction: float = 0.5   # ... or when what was sent since the base reaches this fraction of the model
@@ -324,6 +325,7 @@ def validate(cfg: Config) -> None:
         (0 < t.outer_lr < math.inf, "train.outer_lr must be > 0"),
         (0.0 <= t.outer_momentum < 1.0, "train.outer_momentum must be in [0, 1)"),
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),
+        (0 <= t.checkpoint_s < math.inf, "train.checkpoint_s must be >= 0 (0 = by rounds only)"),
         (t.push_every > 0, "train.push_every must be > 0"),
         (t.mode == "sync" or (d.strategy not in SAMPLED and x.broadcast == "rows" and t.outer == "average"),
          "train.mode = 'async' needs a streams, paragraphs or windows strategy, exchange.broadcast = 'rows' "

@@ -73,6 +73,12 @@ def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_pa
     assert all(x["tokens_per_s"] > 0 for x in m if x["pushes"])
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert len(valid) >= 2 and valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
+    # each evaluation is a checkpoint's line; best/ holds the lowest validation loss's
+    evaluated = [x for x in m if "valid_loss" in x]
+    assert [x["best_round"] for x in evaluated] == [
+        min(evaluated[:i + 1], key=lambda x: x["valid_loss"])["round"] for i in range(len(evaluated))]
+    best = checkpoint.load(str(tmp_path / "run" / "best"))
+    assert best.position["round"] == m[-1]["best_round"] and best.position["line"]["valid_loss"] == min(valid)
     assert [x["syncs"] for x in m] == sorted(x["syncs"] for x in m) and m[-1]["epoch"] > 0
 
 
@@ -116,6 +122,10 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     sync = config.replace(cfg, "train", mode="sync", local_steps=3)
     with pytest.raises(TrainingError, match="train.mode is 'sync' here but 'async'"):
         make_trainer(spark, sync, out, log=lambda *_: None).run(resume=True)
+    logs = []
+    last = make_trainer(spark, cfg, out, log=logs.append).run(resume=True)
+    assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
+    assert last == lines(tmp_path / "run")[-1]
 
 
 def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, monkeypatch):

@@ -287,3 +287,99 @@ def test_test_metrics_do_not_need_validation_data(spark, tiny_cfg, tmp_path):
     last = metrics(tmp_path)[-1]
     assert "test_loss" in last and "test_bpc" in last and "valid_loss" not in last
     assert 1.0 < last["test_loss"] < 4.0
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAt:
+    """A progress report that kills the run when round ``r``'s line is written: a driver dying after
+    the line, before that round's checkpoint (whatever would have been written then is not)."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def update(self, m, total, line):
+        if m["round"] == self.r:
+            raise _Crash
+
+
+def crashed_at(spark, cfg, out, r):
+    with pytest.raises(_Crash):
+        Trainer(spark, cfg, str(out), log=lambda s: None, progress=_CrashAt(r)).run()
+    return checkpoint.load(str(out / "checkpoint")).position["round"]
+
+
+VALID = "data.valid=rnnlm/data/harbour_valid.txt"
+
+
+def untimed(lines):
+    return [{k: v for k, v in x.items() if not k.endswith("_s")} for x in lines]
+
+
+def test_resume_from_a_checkpoint_written_by_time_or_at_an_evaluation_equals_an_uninterrupted_run(
+        spark, tiny_cfg, tmp_path):
+    # error feedback: the residuals' lineage is cut at every checkpoint, whatever wrote it
+    base = config.apply_overrides(tiny_cfg.to_dict(), [
+        "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+        "exchange.random=0.2", "exchange.feedback=true", "train.rounds=3", "train.checkpoint_every=0"])
+    whole = run(spark, config.from_dict(base), tmp_path / "whole")
+    for name, sets in (("time", ["train.checkpoint_s=1e-9"]), ("eval", ["train.eval_every=2", VALID])):
+        cfg = config.from_dict(config.apply_overrides(base, sets))
+        out = tmp_path / name
+        assert crashed_at(spark, cfg, out, 3) == 2          # neither checkpoint_every nor the end wrote it
+        logs = []
+        tr = Trainer(spark, cfg, str(out), log=logs.append)
+        tr.run(resume=True)
+        assert np.array_equal(tr.params, whole.params), name
+        assert [x["train_loss"] for x in metrics(out)] == [x["train_loss"] for x in metrics(tmp_path / "whole")]
+        assert "resumed from round 2" in logs
+        assert "compression" in logs[-1] and "syncs" not in logs[-1]
+    m = metrics(tmp_path / "eval")
+    assert ["eval_s" in x for x in m] == [False, True, True]     # evaluated at rounds 2 and 3 (the end)
+
+
+def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny_cfg, tmp_path):
+    """Adam at a rate of 3 makes round 2 worse than round 1: best/ keeps round 1 while checkpoint/
+    moves on, in an uninterrupted run and in one resumed from round 1's checkpoint."""
+    from rnnlm.cli import load_checkpoint, read_checkpoint
+    from rnnlm.spark.trainer import evaluate_rdd, load_held_out
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "optim.lr=3.0", "train.eval_every=1", VALID, "train.rounds=2"]))
+    logs = []
+    whole = Trainer(spark, cfg, str(tmp_path / "whole"), log=logs.append)
+    whole.run()
+    m = metrics(tmp_path / "whole")
+    assert m[1]["valid_loss"] > m[0]["valid_loss"] and [x["best_round"] for x in m] == [1, 1]
+    assert logs.count("evaluating valid (708 tokens)...") == 2      # 707 characters and the blank line ending them
+    assert [f.split(" ")[0] for f in logs[-1].split(" | ")] == [     # no syncs, no compression on a dense run
+        "round", "epoch", "tokens", "wall_s", "compute_s", "train_loss", "lr", "valid_loss", "valid_ppl",
+        "valid_bpc", "best_round", "eval_s"]
+    best = checkpoint.load(str(tmp_path / "whole" / "best"))
+    assert best.position["round"] == 1 and checkpoint.load(str(tmp_path / "whole")).position["round"] == 2
+    sc = spark.sparkContext
+    valid = load_held_out(sc, whole.cfg, cfg.data.valid, sc.broadcast(best.vocab))
+    assert evaluate_rdd(sc, whole.cfg, best.params, valid) == m[0]["valid_loss"]
+    valid.unpersist()
+    # jobs/evaluate.py and jobs/generate.py read RUN/best as they read RUN (the last) or a checkpoint
+    assert read_checkpoint(sc, str(tmp_path / "whole" / "best")).position["round"] == 1
+    assert load_checkpoint(str(tmp_path / "whole" / "best")).position["round"] == 1
+    assert load_checkpoint(str(tmp_path / "whole")).position["round"] == 2
+
+    out = tmp_path / "resumed"
+    assert crashed_at(spark, cfg, out, 2) == 1
+    run(spark, cfg, out, resume=True)
+    assert untimed(metrics(out)) == untimed(m)
+    assert checkpoint.load(str(out / "best")).position["round"] == 1
+    assert np.array_equal(checkpoint.load(str(out / "best")).params, best.params)
+
+    # resumed again at its length: nothing to do, nothing written
+    before = {p: (out / p).read_bytes() for p in ("metrics.jsonl", "run.json", "checkpoint/params.npy")}
+    logs = []
+    last = Trainer(spark, cfg, str(out), log=logs.append).run(resume=True)
+    assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
+    assert last == metrics(out)[-1]
+    assert {p: (out / p).read_bytes() for p in before} == before
+    Trainer(spark, cfg, str(out)).prepare_out(resume=False, overwrite=True)     # --overwrite: all of it goes
+    assert sorted(p.name for p in out.iterdir()) == []

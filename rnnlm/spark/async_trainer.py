@@ -34,8 +34,8 @@ from ..exchange import wire
 from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
-from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, load_corpus, \
-    total_rounds
+from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, best_record, improves, \
+    load_corpus, total_rounds
 
 _ASYNC_KEYS = ("push_every",)
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
@@ -66,8 +66,14 @@ class AsyncTrainer(Trainer):
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         model = build_model(cfg.model)
         self.layout, P = model.layout, cfg.data.partitions
-        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
         windows = total_rounds(probe_cfg, data)
+        if ck is not None and all(d >= windows for d in ck.position["done"]):
+            if owned:
+                for rdd in (data.train, data.valid, data.test):
+                    if rdd is not None:
+                        rdd.unpersist()
+            return self.nothing_to_do(ck.position["round"], windows, ck.params, data.vocab)
+        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
         state = None
         if ck is not None:
             pos = ck.position
@@ -98,6 +104,8 @@ class AsyncTrainer(Trainer):
         self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
                  f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
                  f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
+        if ck is not None:
+            self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
         run = _Run(self, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg.to_json(), frames.address, secret, _lrs(cfg, data, windows)))
@@ -136,12 +144,13 @@ class AsyncTrainer(Trainer):
         self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
         return ck
 
-    def checkpoint_server(self, cfg, vocab, snap: dict, position: dict) -> dict:
-        """Write a server snapshot (atomically, as every checkpoint); return the position it holds."""
+    def checkpoint_server(self, cfg, vocab, snap: dict, position: dict, best: bool = False) -> dict:
+        """Write a server snapshot (atomically, as every checkpoint; with ``best``, to ``best/`` as well);
+        return the position it holds."""
         optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
         pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
         ck = checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
-        self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+        self.write_checkpoint(checkpoint.to_files(ck), best)
         return pos
 
 
@@ -185,6 +194,9 @@ class _Run:
         self.wall = position.get("wall_s", 0.0)
         self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
         self.last_eval = position.get("round", 0) // max(1, cfg.train.eval_every) if cfg.train.eval_every else 0
+        self.eval_pending = False       # an evaluation put off to the next line, which is a checkpoint's
+        self.best = best_record(position.get("best"))
+        self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version
 
     def loop(self, job: _Job, stop: _StopRequest):
@@ -225,8 +237,17 @@ class _Run:
     def _line(self, t0, final: bool = False, checkpoint: bool = False) -> dict:
         """Write a metrics line (evaluating when due); with ``checkpoint``, first a checkpoint of
         the server taken at the same instant as the line's counters, so the checkpoint holds
-        exactly the pushes of the lines up to this one (``--resume`` keeps those lines)."""
+        exactly the pushes of the lines up to this one (``--resume`` keeps those lines).
+
+        A line that evaluates is a checkpoint's (``best/`` is one): whether it evaluates is known
+        from the version its snapshot drains; a line whose round passed an evaluation while it was
+        being taken without a snapshot leaves the evaluation to the next line, which takes one."""
         srv, P = self.server, self.cfg.data.partitions
+        every = self.cfg.train.eval_every
+
+        def eval_due(rnd):
+            return final or self.eval_pending or bool(every and rnd // every > self.last_eval)
+        checkpoint = checkpoint or (bool(self.held_out) and eval_due(math.ceil(srv.version / P)))
         snap = srv.snapshot(drain=True) if checkpoint else None
         s = snap["drained"] if snap else srv.drain()
         version = s["syncs"]
@@ -248,19 +269,27 @@ class _Run:
             m["refused_wire"] = dict(self.frames.refused)
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
             m["windows_lost"] = sum(max(0, self.windows - d) for d in srv.done)
-        every = self.cfg.train.eval_every
-        if final or (every and rnd // every > self.last_eval):
-            self.last_eval = rnd // every if every else 0
+        best = False
+        if eval_due(rnd) and snap is None and self.held_out:
+            self.eval_pending = True
+        elif eval_due(rnd):
+            self.last_eval, self.eval_pending = rnd // every if every else 0, False
             e0 = time.perf_counter()
-            params = snap["params"] if snap else srv.snapshot()["params"]
             for name, streams in self.held_out.items():
-                m.update(loss_fields(_evaluate(self.model, params, streams), self.cfg.data.level, name))
+                self.tr.say_evaluating(name, self.held_out_tokens[name])
+                loss = _evaluate(self.model, snap["params"], streams)
+                m.update(loss_fields(loss, self.cfg.data.level, name))
+                if name == "valid":
+                    best = improves(self.best, loss)
+                    if best:
+                        self.best = {"round": rnd, "valid_loss": loss}
+                    m["best_round"] = self.best["round"]
             self.eval_s += time.perf_counter() - e0
             m["eval_s"] = round(self.eval_s, 3)
         if snap:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
-                        "bytes_sent": sent, "bytes_broadcast": bcast, "line": m}
-            self.tr.checkpoint_server(self.cfg, self.data.vocab, snap, position)
+                        "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
+            self.tr.checkpoint_server(self.cfg, self.data.vocab, snap, position, best)
             self.ck_time, self.ck_version = time.monotonic(), snap["version"]
         self.tr.metrics.append(m)
         self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)

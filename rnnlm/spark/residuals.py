@@ -18,7 +18,10 @@ partition, zipped with the corpus' partitions:
   partition at a time), written into the checkpoint (``optim.npz``,
   ``feedback.p<pid>``), broadcast back one per partition, and the broadcasts and
   cached rounds before are released. A resumed run starts from the same
-  broadcasts, so resume reproduces the uninterrupted run's numbers.
+  broadcasts, so resume reproduces the uninterrupted run's numbers. A cut moves
+  values, never changes them: whatever writes a checkpoint (``train.checkpoint_every``,
+  ``train.checkpoint_s``, an evaluation, a signal) and at whichever round, the numbers are
+  the uninterrupted run's; only the bytes counted move with the cuts.
 
 * a lineage also ends after :data:`MAX_LINEAGE` rounds without a checkpoint
   (:meth:`Residuals.trim`), the same way: Spark serialises a task's whole RDD chain

@@ -39,6 +39,9 @@ _RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
                           "outer_lr", "outer_momentum", "optim_state")}
 
 
+BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
+
+
 class TrainingError(RuntimeError):
     """Training stopped (non-finite loss, incompatible resume); the message is one line."""
 
@@ -71,6 +74,8 @@ class RunState:
     bytes_sent: int = 0
     bytes_broadcast: int = 0
     wall_s: float = 0.0
+    eval_s: float = 0.0                                # time scoring held-out text (not in wall_s)
+    best: dict | None = None                           # {"round", "valid_loss"}: what best/ holds
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Corpus:
     test: object | None
     tokens: int              # training tokens, all partitions
     round_tokens: float      # tokens a round trains on (expected), all partitions
+    held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
 
 
 def check_config(cfg: config.Config) -> None:
@@ -127,8 +133,11 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
         raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
                                  f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
     held_out = [load_held_out(sc, cfg, path, bc_vocab) if path else None for path in (d.valid, d.test)]
+    # counted now (the texts are cached here anyway) so that an evaluation can say how much it reads
+    counts = {name: rdd.map(lambda p: len(p[1])).sum() for name, rdd in zip(("valid", "test"), held_out)
+              if rdd is not None}
     return Corpus(vocab, enc, held_out[0], held_out[1], sum(n for _, n, _, _ in probe),
-                  sum(r for _, _, r, _ in probe))
+                  sum(r for _, _, r, _ in probe), counts)
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
@@ -147,7 +156,8 @@ class Trainer:
     cfg : Config
     out : str
         Output directory (any Hadoop path): ``run.json`` (written at the start),
-        ``metrics.jsonl`` and ``checkpoint/``.
+        ``metrics.jsonl``, ``checkpoint/`` (the last checkpoint) and ``best/`` (the checkpoint
+        of the lowest validation loss so far, when ``data.valid`` is set).
     log : callable
         Receives messages, and one line per round unless ``progress`` is given.
     progress : rnnlm.progress.Progress, optional
@@ -158,6 +168,7 @@ class Trainer:
         self.sc, self.out, self.log, self.progress = spark.sparkContext, out.rstrip("/"), log, progress
         self.fs = HadoopFS(self.sc, self.out)
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
+        self.best_path = f"{self.out}/{BEST}"
         self.cfg_in = cfg
         self.metrics: list = []
 
@@ -179,7 +190,8 @@ class Trainer:
                                         f"{theirs[sec][k]!r} in {self.ck_path}")
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
-                      bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"])
+                      bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"],
+                      eval_s=pos.get("eval_s", 0.0), best=best_record(pos.get("best")))
         # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity", "outer.view"
         slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith(("outer.", "feedback."))}
         if slots:
@@ -209,12 +221,14 @@ class Trainer:
     # ------------------------------------------------------------ running
     def prepare_out(self, resume: bool, overwrite: bool = False) -> None:
         """Check ``--out`` against ``--resume`` before anything is read; ``overwrite`` deletes an
-        earlier run's metrics, ``run.json`` and checkpoint so that the run starts again there."""
+        earlier run's metrics, ``run.json``, ``checkpoint/`` and ``best/`` so that the run starts
+        again there."""
         if overwrite:
-            for p in (self.metrics_path, f"{self.out}/run.json", self.ck_path):
+            for p in (self.metrics_path, f"{self.out}/run.json", self.ck_path, self.best_path):
                 self.fs.delete(p)
             return
-        self.fs.restore(self.ck_path)     # a checkpoint write cut between its two renames
+        for p in (self.ck_path, self.best_path):
+            self.fs.restore(p)            # a checkpoint write cut between its two renames
         has_metrics = self.fs.exists(self.metrics_path)
         if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
             if has_metrics:
@@ -233,8 +247,15 @@ class Trainer:
         """
         self.prepare_out(resume, overwrite)
         vocab, st = self._resume() if resume else (None, None)
+        if st is not None and self.cfg_in.train.rounds and st.round >= self.cfg_in.train.rounds:
+            # known before any data is read
+            return self.nothing_to_do(st.round, self.cfg_in.train.rounds, st.params, vocab)
         owned = data is None
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
+        if st is not None and st.round >= total_rounds(self.cfg_in, data):
+            if owned:
+                _unpersist(data)
+            return self.nothing_to_do(st.round, total_rounds(self.cfg_in, data), st.params, data.vocab)
         cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
         self.layout = build_model(cfg.model).layout
         st = st or self._fresh(cfg)
@@ -250,12 +271,15 @@ class Trainer:
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
+        if resume:
+            self.log(f"resumed from round {st.round}")
         stop = _StopRequest(self.log)
+        self.ck_time = time.monotonic()
         try:
             while st.round < rounds:
-                self._round(cfg, data, st, rounds)
-                if due(st.round, cfg.train.checkpoint_every, rounds) or stop.requested:
-                    self._checkpoint(cfg, data.vocab, st)
+                save, best = self._round(cfg, data, st, rounds, stop)
+                if save or stop.requested:
+                    self._checkpoint(cfg, data.vocab, st, best)
                 if stop.requested and st.round < rounds:
                     raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.ck_path} "
                                       "(--resume continues)", stop.signum)
@@ -267,13 +291,29 @@ class Trainer:
             self.params_bc.close()
             if self.residuals is not None:
                 self.residuals.close()
-            for rdd in (data.train, data.valid, data.test) if owned else ():
-                if rdd is not None:
-                    rdd.unpersist()
+            if owned:
+                _unpersist(data)
         self.params, self.vocab = st.params, data.vocab
         return self.metrics[-1]
 
-    def _round(self, cfg, data, st: RunState, rounds: int):
+    def nothing_to_do(self, at: int, rounds: int, params, vocab) -> dict:
+        """A resumed run already at its length: no training, the checkpoint's model; the last line."""
+        self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
+                 "train.epochs to train on)")
+        self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(vocab))
+        self.params, self.vocab = params, vocab
+        return self.metrics[-1] if self.metrics else {"round": at}
+
+    def _checkpoint_due(self, cfg, r: int, rounds: int, evaluated: bool, stop) -> bool:
+        """Whether round ``r`` ends with a checkpoint: every ``train.checkpoint_every`` rounds, at the
+        end, at each evaluation, once ``train.checkpoint_s`` seconds have passed since the last one
+        (as ``server.checkpoint_s`` for async runs), and when asked to stop."""
+        t = cfg.train
+        return (due(r, t.checkpoint_every, rounds) or evaluated or stop.requested
+                or bool(t.checkpoint_s and time.monotonic() - self.ck_time >= t.checkpoint_s))
+
+    def _round(self, cfg, data, st: RunState, rounds: int, stop) -> tuple:
+        """Train round ``st.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
         t, sc = cfg.train, self.sc
         r = st.round + 1
         sched = Schedule(cfg.optim, st.schedule)
@@ -314,7 +354,9 @@ class Trainer:
         self._apply(cfg, st, agg)
         if not np.isfinite(st.params.sum(dtype=np.float64)):
             self._stop(r, "the averaged parameters are not finite")
-        if self.residuals is not None and not due(r, t.checkpoint_every, rounds):
+        evaluated = due(r, t.eval_every, rounds) and (data.valid is not None or data.test is not None)
+        save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
+        if self.residuals is not None and not save:
             agg.wire_bytes += self.residuals.trim()      # residuals collected to cut their lineage
         st.round, st.tokens = r, st.tokens + agg.stats["tokens"]
         st.bytes_sent += agg.wire_bytes
@@ -334,19 +376,46 @@ class Trainer:
         if cfg.exchange.sampled_softmax:      # mean sampled softmax sets per local step
             for k in ("softmax_v_all", "softmax_v_f"):
                 m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
-        if due(r, t.eval_every, rounds):
+        best = False
+        if evaluated:
+            e0 = time.perf_counter()
             if data.valid is not None:
-                vl = self.evaluate(cfg, st.params, data.valid)
+                vl = self._evaluate_held_out(cfg, st.params, data, "valid")
                 m.update(loss_fields(vl, cfg.data.level, "valid"))
                 sched.observe(vl)
                 st.schedule = sched.state
+                best = improves(st.best, vl)
+                if best:
+                    st.best = {"round": r, "valid_loss": vl}
+                m["best_round"] = st.best["round"]
             if data.test is not None:
-                m.update(loss_fields(self.evaluate(cfg, st.params, data.test), cfg.data.level, "test"))
+                m.update(loss_fields(self._evaluate_held_out(cfg, st.params, data, "test"), cfg.data.level, "test"))
+            st.eval_s += time.perf_counter() - e0
+            m["eval_s"] = round(st.eval_s, 3)
         sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.report(m, rounds, log_line(m, skip=("bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased",
-                                                 "seed_groups", "softmax_v")))
+        self.report(m, rounds, log_line(m, skip=_quiet(cfg)))
+        return save, best
+
+    def _evaluate_held_out(self, cfg, params, data: Corpus, name: str) -> float:
+        self.say_evaluating(name, data.held_out_tokens.get(name))
+        self.sc.setJobDescription(f"rnnlm: evaluating {name}")
+        return self.evaluate(cfg, params, data.valid if name == "valid" else data.test)
+
+    def say_evaluating(self, name: str, tokens: int | None) -> None:
+        """A pass over held-out text can take longer than a round: say what the silence is."""
+        self.log(f"evaluating {name}" + (f" ({tokens:,} tokens)..." if tokens is not None else "..."))
+
+    def write_checkpoint(self, files: dict, best: bool) -> None:
+        """Replace ``checkpoint/`` (and, with ``best``, ``best/``) with ``files``, each atomically.
+
+        ``best/`` first: a crash between the two leaves ``best/`` ahead of ``checkpoint/``, and the
+        resumed run, training the same rounds again, writes the same ``best/`` again.
+        """
+        if best:
+            self.fs.write_dir_atomic(self.best_path, files)
+        self.fs.write_dir_atomic(self.ck_path, files)
 
     def report(self, m: dict, total: int, line: str) -> None:
         """A metrics line written: to the progress bar, or as a log line."""
@@ -387,7 +456,8 @@ class Trainer:
     def evaluate(self, cfg, params, rdd) -> float:
         return evaluate_rdd(self.sc, cfg, params, rdd)
 
-    def _checkpoint(self, cfg, vocab, st: RunState):
+    def _checkpoint(self, cfg, vocab, st: RunState, best: bool = False):
+        """Write the checkpoint of round ``st.round`` (and, with ``best``, the same files to ``best/``)."""
         optim = {}
         if st.opt:
             optim.update({k: v for k, v in st.opt.items() if k != "t"})
@@ -406,8 +476,10 @@ class Trainer:
             params=st.params, config=cfg, vocab=vocab, optim=optim, optim_t=opt_t, hidden=hidden,
             schedule=st.schedule,
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
-                      "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s})
-        self.fs.write_dir_atomic(self.ck_path, checkpoint.to_files(ck))
+                      "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s, "eval_s": st.eval_s,
+                      "best": st.best})
+        self.write_checkpoint(checkpoint.to_files(ck), best)
+        self.ck_time = time.monotonic()
         if self.residuals is not None:
             self.residuals.truncate(st.residual)
 
@@ -444,6 +516,37 @@ class _StopRequest:
     def release(self):
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+
+
+def best_record(saved) -> dict | None:
+    """A checkpoint's record of its run's best round, or None (none yet, or a checkpoint from before
+    ``best/``: the next evaluation then starts the record again)."""
+    if (isinstance(saved, dict) and type(saved.get("round")) is int
+            and isinstance(saved.get("valid_loss"), (int, float))):
+        return {"round": saved["round"], "valid_loss": float(saved["valid_loss"])}
+    return None
+
+
+def improves(best: dict | None, valid_loss: float) -> bool:
+    """Whether ``valid_loss`` beats the run's best so far (the first evaluation does)."""
+    return best is None or valid_loss < best["valid_loss"]
+
+
+def _quiet(cfg) -> tuple:
+    """Prefixes of the metrics a log line leaves out: the byte counters and per-block detail (the
+    metrics file has them), and fields that say nothing in this run's setting."""
+    x = cfg.exchange
+    skip = ["bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased", "seed_groups", "softmax_v",
+            "syncs"]                    # = round, in rounds
+    if x.embed == x.softmax == x.hidden == "dense":
+        skip.append("compression")      # dense float32 blocks: 1 every round
+    return tuple(skip)
+
+
+def _unpersist(data: Corpus) -> None:
+    for rdd in (data.train, data.valid, data.test):
+        if rdd is not None:
+            rdd.unpersist()
 
 
 def _steps(t) -> str:
