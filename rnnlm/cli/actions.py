@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import sys
 
-from .core import checkpoint
-from . import config
-from .spark import corpus
-from .spark.hfs import HadoopFS, default_fs, resolve
-from .spark.linkcost import LinkError, parse_latency, parse_rate
-from .core.metrics import loss_fields
-from .spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
-from .core.vocab import VocabError
-from .progress import Progress
+from ..core import checkpoint
+from .. import config
+from ..spark import corpus
+from ..spark.hfs import HadoopFS, default_fs, resolve
+from ..spark.linkcost import LinkError, parse_latency, parse_rate
+from ..core.metrics import loss_fields
+from ..spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from ..core.vocab import VocabError
+from ..progress import Progress
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError, LinkError)
@@ -35,7 +35,7 @@ def guarded(fn) -> int:
 
 
 def _session(app: str, master, verbose: bool = False):
-    from .spark.session import get_spark
+    from ..spark.session import get_spark
     spark = get_spark(app, master, quiet=not verbose)
     spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
     return spark
@@ -44,14 +44,14 @@ def _session(app: str, master, verbose: bool = False):
 def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
     """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
     if cfg.train.mode == "async":
-        from .spark.async_trainer import AsyncTrainer
+        from ..spark.async_trainer import AsyncTrainer
         return AsyncTrainer(spark, cfg, out, log, progress)
     return Trainer(spark, cfg, out, log, progress)
 
 
 def train(a) -> int:
-    from .core.generate import generate
-    from .core.model import build as build_model
+    from ..core.generate import generate
+    from ..core.model import build as build_model
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -63,7 +63,7 @@ def train(a) -> int:
             raise LinkError("--latency needs --bandwidth")
         parse_latency(latency)
     if a.dry_run:
-        from .spark.dryrun import dry_run
+        from ..spark.dryrun import dry_run
         dry_run(_session("rnnlm-dry-run", a.master, a.verbose), cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
     spark = _session("rnnlm-train", a.master, a.verbose)
