@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from ..core import checkpoint
 from .. import config
@@ -34,11 +35,26 @@ def guarded(fn) -> int:
         return 2
 
 
-def _session(app: str, master, verbose: bool = False):
+@contextmanager
+def _session(app: str, master, verbose: bool = False, ui: bool = True):
+    """The SparkSession, stopped on the way out when this call started it (not a test's shared one).
+
+    A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
+    mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
+    for each ("Shutdown hooks cannot be modified during shutdown").
+    """
+    from pyspark.sql import SparkSession
     from ..spark.session import get_spark
+    owned = SparkSession.getActiveSession() is None
     spark = get_spark(app, master, quiet=not verbose)
     spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
-    return spark
+    if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
+        print(f"Spark UI {spark.sparkContext.uiWebUrl}", flush=True)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
@@ -52,6 +68,7 @@ def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
 def train(a) -> int:
     from ..core.generate import generate
     from ..core.model import build as build_model
+    from .checks import check_train
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -62,21 +79,24 @@ def train(a) -> int:
         if not bandwidth:
             raise LinkError("--latency needs --bandwidth")
         parse_latency(latency)
+    # what can be checked without Spark is, before its JVM takes 13-16 s to start
+    cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
     if a.dry_run:
         from ..spark.dryrun import dry_run
-        dry_run(_session("rnnlm-dry-run", a.master, a.verbose), cfg, bandwidth=bandwidth, latency=latency or "0ms")
+        with _session("rnnlm-dry-run", a.master, a.verbose) as spark:
+            dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
-    spark = _session("rnnlm-train", a.master, a.verbose)
-    bar = Progress() if sys.stdout.isatty() else None
-    try:
-        tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
-        last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
-    except (Interrupted, KeyboardInterrupt):
-        spark.stop()          # cancels what runs and releases the executors before the process exits
-        raise
-    finally:
-        if bar:
-            bar.close()
+    with _session("rnnlm-train", a.master, a.verbose) as spark:
+        bar = Progress() if sys.stdout.isatty() else None
+        try:
+            tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
+            last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
+        except (Interrupted, KeyboardInterrupt):
+            spark.stop()          # cancels what runs and releases the executors before the process exits
+            raise
+        finally:
+            if bar:
+                bar.close()
     # an async run's last line may count no push, and so carry no loss: the latest one is reported
     loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
@@ -92,23 +112,26 @@ def train(a) -> int:
 def evaluate(a) -> int:
     """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
     run (its data paths, its partitions) is read."""
+    from .checks import check_checkpoint, check_input
     if a.streams is not None and a.streams < 1:
         raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
-    spark = _session("rnnlm-evaluate", a.master, a.verbose)
-    sc = spark.sparkContext
-    ck = read_checkpoint(sc, a.checkpoint)
-    cfg = ck.config
-    if a.streams is not None:
-        cfg = config.replace(cfg, "data", eval_streams=a.streams)
-    rdd = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab))
-    try:
-        loss = evaluate_rdd(sc, cfg, ck.params, rdd)
-    finally:
-        rdd.unpersist()
-    fields = loss_fields(loss, cfg.data.level, "test")
-    for k, v in fields.items():
-        print(f"{k} {v:.4f}")
-    print(f"ppl={fields['test_ppl']:.4f}")
+    check_input(a.data, "--data")
+    ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
+    with _session("rnnlm-evaluate", a.master, a.verbose) as spark:
+        sc = spark.sparkContext
+        ck = ck or read_checkpoint(sc, a.checkpoint)
+        cfg = ck.config
+        if a.streams is not None:
+            cfg = config.replace(cfg, "data", eval_streams=a.streams)
+        rdd = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab))
+        try:
+            loss = evaluate_rdd(sc, cfg, ck.params, rdd)
+        finally:
+            rdd.unpersist()
+    fields = loss_fields(loss, cfg.data.level, "")
+    # the result is named by the file scored, whichever split it is
+    print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))
+    print(f"ppl={fields['_ppl']:.4f}")
     return 0
 
 
@@ -120,14 +143,12 @@ def load_checkpoint(path: str) -> checkpoint.Checkpoint:
     if is_local:
         return checkpoint.load(local)
     from py4j.protocol import Py4JJavaError
-    spark = _session("rnnlm-read-checkpoint", "local[1]")
-    try:
-        return read_checkpoint(spark.sparkContext, path)
-    except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
-        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
-        raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
-    finally:
-        spark.stop()
+    with _session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
+        try:
+            return read_checkpoint(spark.sparkContext, path)
+        except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
+            first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+            raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
