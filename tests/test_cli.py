@@ -125,8 +125,8 @@ def tiny_checkpoint(path, *sets):
 
 
 def test_errors_before_the_jvm_starts_take_well_under_its_start(tmp_path):
-    """Spark's JVM takes 13-16 s to start: each of these is found without it (no Spark UI line),
-    one line and exit code 2 (the 2 s bound is loose: each takes ~0.5 s)."""
+    """Spark's JVM takes 13-16 s to start: each of these is found without it, one line on stderr (no
+    Spark UI line, no JVM warning) and exit code 2 (the 2 s bound is loose: each takes ~0.5 s)."""
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "metrics.jsonl").write_text('{"round": 1}\n')
     tiny_checkpoint(tmp_path / "run" / "checkpoint")
@@ -159,7 +159,7 @@ def test_errors_before_the_jvm_starts_take_well_under_its_start(tmp_path):
         took = time.perf_counter() - t0
         assert r.returncode == 2, (argv, r.stderr[-2000:])
         assert r.stderr.startswith(expected) and r.stderr.count("\n") == 1, (argv, r.stderr[-2000:])
-        assert "Spark UI" not in r.stdout and took < 2.0, (argv, took, r.stdout)
+        assert took < 2.0, (argv, took)
 
 
 def test_the_demo_config_finds_its_data_from_any_directory(tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ def _session(app: str, master, verbose: bool = False, ui: bool = True):
     spark = get_spark(app, master, quiet=not verbose)
     spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
     if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
-        print(f"Spark UI {spark.sparkContext.uiWebUrl}", flush=True)
+        print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
     try:
         yield spark
     finally:
