@@ -37,14 +37,15 @@ def test_setup_cfg_declares_the_rnnlm_console_script():
 
 
 def _installed_from_this_checkout():
-    try:
-        dist = metadata.distribution("rnnlm")
-    except metadata.PackageNotFoundError:
-        return None, "rnnlm is not installed (pip install -e .)"
-    url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
-    if os.path.realpath(url.removeprefix("file://")) != os.path.realpath(ROOT):
-        return None, f"the installed rnnlm is {url or 'not an editable install'}, not this checkout"
-    return dist, ""
+    """The rnnlm distribution ``pip install -e`` made of this checkout (its ``direct_url.json``
+    names it; the ``rnnlm.egg-info`` it leaves in the checkout does not), else None and why."""
+    urls = []
+    for dist in metadata.distributions(name="rnnlm"):
+        url = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
+        if url and os.path.realpath(url.removeprefix("file://")) == os.path.realpath(ROOT):
+            return dist, ""
+        urls.append(url or "not pip-installed")
+    return None, f"the installed rnnlm is {', '.join(urls) or 'missing'}, not this checkout (pip install -e .)"
 
 
 def test_pip_install_e_installs_the_rnnlm_command():
