@@ -2,8 +2,8 @@
 found without it (a missing corpus, a used ``--out``, an unreadable checkpoint, a resume under
 another configuration) is reported in well under a second.
 
-Only local paths (as Hadoop would resolve them: :func:`rnnlm.spark.hfs.resolve`) are checked
-here; any other path is checked by the same code once Spark runs.
+Only local paths (as Hadoop would resolve them: :func:`rnnlm.spark.hfs.resolve`), outside
+``spark-submit``, are checked here; any other path is checked by the same code once Spark runs.
 """
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ DATA_KEYS = ("train", "valid", "test")
 
 
 def _local(path: str) -> str | None:
-    """``path`` on the local disk when Hadoop would read it there (see :func:`resolve`), else None."""
+    """``path`` on the local disk when Hadoop would read it there (see :func:`resolve`), else None.
+
+    Under ``spark-submit`` the JVM already runs (nothing to gain) and its Hadoop configuration may
+    not be the one ``$HADOOP_CONF_DIR`` names here (a YARN container's): every path is left to it.
+    """
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None
     is_local, local = resolve(path, default_fs())
     return local if is_local else None
 
