@@ -7,6 +7,7 @@ inside every checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import tomllib
@@ -173,8 +174,29 @@ def _sections() -> dict:
 def _section_class(name: str):
     hints = typing.get_type_hints(Config)
     if name not in hints:
-        raise ConfigError(f"unknown config section [{name}]; known: {', '.join(hints)}")
+        raise ConfigError(f"unknown config section [{name}]{_did_you_mean(name, list(hints))}; "
+                          f"known: {', '.join(hints)}")
     return hints[name]
+
+
+def _did_you_mean(name: str, known: list) -> str:
+    """``" (did you mean X?)"`` for the closest of ``known`` to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _unknown_key(section: str, key: str) -> ConfigError:
+    """A key its section does not have: the closest key of that section, else the section that has
+    it (``model.rounds`` means ``train.rounds``), else the closest key of any section."""
+    hints = typing.get_type_hints(_section_class(section))
+    hint = _did_you_mean(key, list(hints))
+    if hint:
+        hint = hint.replace("mean ", f"mean {section}.", 1)
+    else:
+        every = [f"{s}.{k}" for s, cls in typing.get_type_hints(Config).items() for k in typing.get_type_hints(cls)]
+        elsewhere = [sk for sk in every if sk.split(".", 1)[1] == key]
+        hint = f" (did you mean {elsewhere[0]}?)" if elsewhere else _did_you_mean(f"{section}.{key}", every)
+    return ConfigError(f"unknown config key {section}.{key}{hint}; known in [{section}]: {', '.join(hints)}")
 
 
 def _coerce(section: str, key: str, value, typ):
@@ -205,7 +227,7 @@ def _build_section(name: str, values: dict):
     kwargs = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"unknown config key {name}.{key}; known: {', '.join(hints)}")
+            raise _unknown_key(name, key)
         kwargs[key] = _coerce(name, key, value, hints[key])
     return cls(**kwargs)
 
@@ -238,13 +260,16 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
     out = {k: dict(v) for k, v in d.items()}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
+            key = item.split("=", 1)[0].strip()
+            sections = [s for s, cls in typing.get_type_hints(Config).items() if key in typing.get_type_hints(cls)]
+            hint = f" (did you mean {sections[0]}.{item.strip()}?)" if sections and "=" in item else ""
+            raise ConfigError(f"--set {item!r}: expected section.key=value{hint}")
         path, text = item.split("=", 1)
         section, key = path.strip().split(".", 1)
         cls = _section_class(section)
         hints = typing.get_type_hints(cls)
         if key not in hints:
-            raise ConfigError(f"unknown config key {section}.{key}; known: {', '.join(hints)}")
+            raise _unknown_key(section, key)
         out.setdefault(section, {})[key] = _parse_value(text.strip(), hints[key])
     return out
 

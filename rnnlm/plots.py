@@ -91,10 +91,18 @@ def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=
     ax.set_ylabel(Y_LABELS.get(y, y))
     if log_x:
         ax.set_xscale("log")
+    if x == "bytes":             # after the scale, which resets the formatter: ticks read 200 MB, not 2 x 1e8
+        ax.xaxis.set_major_formatter(bytes_formatter())
     ax.grid(alpha=0.3)
     if runs:
         ax.legend(fontsize="small")
     return ax
+
+
+def bytes_formatter():
+    """Tick labels in bytes with SI prefixes (kB, MB, GB): 2e8 reads ``200 MB``."""
+    from matplotlib.ticker import EngFormatter
+    return EngFormatter(unit="B", sep=" ")
 
 
 def bytes_per_token(run) -> float:

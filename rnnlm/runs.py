@@ -108,6 +108,13 @@ class _WebHDFS:
         return s is not None and s["type"] == "DIRECTORY"
 
 
+def env_paths(value: str, root: str) -> list:
+    """The run paths of a comma-separated list (``$RNNLM_RUNS``), a relative local one taken
+    from ``root``: a notebook's kernel runs in ``notebooks/``, not where its user started."""
+    paths = [p.strip() for p in value.split(",") if p.strip()]
+    return [p if urlparse(p).scheme or os.path.isabs(p) else os.path.join(root, p) for p in paths]
+
+
 def _fs(path: str):
     """``(filesystem, path on it, prefix that makes a path a URL again)``."""
     url = urlparse(path)

@@ -3,6 +3,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -117,10 +118,14 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     views["Wo"] *= 1e5                     # confidently wrong: losses in the thousands of nats
     checkpoint.save(str(out / "checkpoint"), ck)
     capsys.readouterr()
-    a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=os.path.join(ROOT, "rnnlm/data/harbour_valid.txt"),
-                           streams=None, master=None, verbose=False)
+    held = os.path.join(ROOT, "rnnlm/data/harbour_valid.txt")
+    a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=None, master=None, verbose=False)
     assert cli.guarded(lambda: cli.evaluate(a)) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "ppl=inf"
+    result, last = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert last == "ppl=inf"
+    # named by the file scored (it was "test_loss ..." whatever the file)
+    number = r"[0-9]+\.[0-9]{4}"
+    assert re.fullmatch(rf"{re.escape(held)}: loss {number} \| ppl inf \| bpc {number}", result), result
 
 
 def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_path, capsys):

@@ -101,6 +101,23 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     assert ma == mb and len(ma) == 8
 
 
+@pytest.mark.slow
+def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(tmp_path):
+    """conf/spark/local-cluster.properties carries the driver's logging, and the job stops its session
+    before the JVM's shutdown hooks run: a successful run used to end with an ERROR and a stack trace per
+    executor the Worker restarted during shutdown ("Shutdown hooks cannot be modified during shutdown")."""
+    submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
+    args = [a for s in (*TINY, "train.rounds=2", "train.local_steps=2") for a in ("--set", s)]
+    r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", "jobs/train.py",
+                        "--config", "conf/demo.toml", "--out", str(tmp_path / "out"), "--samples", "0", *args],
+                       cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert rounds_done(tmp_path / "out") == 2
+    noise = [x for x in r.stderr.splitlines() if re.search(r"\b(ERROR|INFO)\b|Exception|^\s+at ", x)]
+    assert noise == [], r.stderr[-3000:]
+    assert len(re.findall(r"^Spark UI http://\S+:\d+$", r.stderr, re.M)) == 1, r.stderr[-3000:]
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -230,3 +230,19 @@ def test_webhdfs_without_the_hdfs_package_is_a_one_line_error(monkeypatch):
         runs.load("webhdfs://namenode:9870/user/me/runs/x")
     with pytest.raises(runs.RunError, match="unknown scheme"):
         runs.load("ftp://host/x")
+
+
+def test_the_bytes_axis_reads_in_megabytes_and_gigabytes(tmp_path):
+    big = [line(r, 100 * r, 10 ** 8 * r, 5 * 10 ** 7 * r, float(r), 4.0 - r / 2) for r in (1, 2, 3, 4)]
+    ax = plots.plot_metric([runs.load(str(make_run(tmp_path, "a", big)))], "bytes")
+    ax.figure.canvas.draw()
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "200 MB" in ticks and "400 MB" in ticks and not any("e" in t for t in ticks), ticks
+    assert ax.xaxis.get_major_formatter()(2.5e9) == "2.5 GB"
+    log = plots.plot_metric([runs.load(str(tmp_path / "a"))], "bytes", log_x=True)
+    assert log.xaxis.get_major_formatter()(1e8) == "100 MB"
+
+
+def test_relative_paths_in_rnnlm_runs_are_read_from_the_given_root():
+    assert runs.env_paths("runs/a, /abs/b,,webhdfs://nn:9870/r,file:///x", "/repo") == [
+        "/repo/runs/a", "/abs/b", "webhdfs://nn:9870/r", "file:///x"]

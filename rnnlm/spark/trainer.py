@@ -140,6 +140,19 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
                   sum(r for _, _, r, _ in probe), counts)
 
 
+def check_resume(cfg: config.Config, saved: config.Config, where: str) -> None:
+    """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
+    experiment differs (:data:`_RESUME_KEYS`)."""
+    mine, theirs = cfg.to_dict(), saved.to_dict()
+    for sec, keys in _RESUME_KEYS.items():
+        for k in (keys or mine[sec].keys()):
+            if sec == "model" and k == "vocab_size":
+                continue
+            if mine[sec][k] != theirs[sec][k]:
+                raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
+                                    f"{theirs[sec][k]!r} in {where}")
+
+
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
     """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
     if cfg.train.rounds:
@@ -164,9 +177,10 @@ class Trainer:
         Receives each round's metrics instead (a bar on a terminal).
     """
 
-    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None):
-        self.sc, self.out, self.log, self.progress = spark.sparkContext, out.rstrip("/"), log, progress
-        self.fs = HadoopFS(self.sc, self.out)
+    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
+        self.sc, self.out, self.log, self.progress = spark and spark.sparkContext, out.rstrip("/"), log, progress
+        # a LocalFS and no Spark let the command line check a local --out before the JVM starts
+        self.fs = fs or HadoopFS(self.sc, self.out)
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
         self.best_path = f"{self.out}/{BEST}"
         self.cfg_in = cfg
@@ -180,14 +194,7 @@ class Trainer:
 
     def _resume(self):
         ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
-        mine, theirs = self.cfg_in.to_dict(), ck.config.to_dict()
-        for sec, keys in _RESUME_KEYS.items():
-            for k in (keys or mine[sec].keys()):
-                if sec == "model" and k == "vocab_size":
-                    continue
-                if mine[sec][k] != theirs[sec][k]:
-                    raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
-                                        f"{theirs[sec][k]!r} in {self.ck_path}")
+        check_resume(self.cfg_in, ck.config, self.ck_path)
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"],

@@ -1,0 +1,161 @@
+"""What the jobs do, as importable functions (the jobs are thin ``main()``s)."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from ..core import checkpoint
+from .. import config
+from ..spark import corpus
+from ..spark.hfs import HadoopFS, default_fs, resolve
+from ..spark.linkcost import LinkError, parse_latency, parse_rate
+from ..core.metrics import loss_fields
+from ..spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from ..core.vocab import VocabError
+from ..progress import Progress
+
+EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
+            VocabError, FileNotFoundError, LinkError)
+INTERRUPTED = 130     # the shell's code for a process stopped by SIGINT
+
+
+def guarded(fn) -> int:
+    """Run ``fn``; expected failures become one line on stderr and exit code 2, Ctrl-C
+    one line and exit code 130, SIGTERM one line and 143."""
+    try:
+        return fn() or 0
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except EXPECTED as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+@contextmanager
+def _session(app: str, master, verbose: bool = False, ui: bool = True):
+    """The SparkSession, stopped on the way out when this call started it (not a test's shared one).
+
+    A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
+    mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
+    for each ("Shutdown hooks cannot be modified during shutdown").
+    """
+    from pyspark.sql import SparkSession
+    from ..spark.session import get_spark
+    owned = SparkSession.getActiveSession() is None
+    spark = get_spark(app, master, quiet=not verbose)
+    spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
+    if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
+        print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()
+
+
+def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
+    """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
+    if cfg.train.mode == "async":
+        from ..spark.async_trainer import AsyncTrainer
+        return AsyncTrainer(spark, cfg, out, log, progress)
+    return Trainer(spark, cfg, out, log, progress)
+
+
+def train(a) -> int:
+    from ..core.generate import generate
+    from ..core.model import build as build_model
+    from .checks import check_train
+    cfg = config.load(a.config, a.set)
+    bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
+    if (bandwidth or latency) and not a.dry_run:
+        raise LinkError("--bandwidth and --latency go with --dry-run")
+    if bandwidth:
+        parse_rate(bandwidth)
+    if latency:
+        if not bandwidth:
+            raise LinkError("--latency needs --bandwidth")
+        parse_latency(latency)
+    # what can be checked without Spark is, before its JVM takes 13-16 s to start
+    cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
+    if a.dry_run:
+        from ..spark.dryrun import dry_run
+        with _session("rnnlm-dry-run", a.master, a.verbose) as spark:
+            dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
+        return 0
+    with _session("rnnlm-train", a.master, a.verbose) as spark:
+        bar = Progress() if sys.stdout.isatty() else None
+        try:
+            tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
+            last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
+        except (Interrupted, KeyboardInterrupt):
+            spark.stop()          # cancels what runs and releases the executors before the process exits
+            raise
+        finally:
+            if bar:
+                bar.close()
+    # an async run's last line may count no push, and so carry no loss: the latest one is reported
+    loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
+    print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
+          + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
+          + f" | checkpoint {tr.ck_path}")
+    model = build_model(tr.cfg.model)
+    for s in range(a.samples):
+        print(f"--- sample {s + 1} ---")
+        print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=s))
+    return 0
+
+
+def evaluate(a) -> int:
+    """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
+    run (its data paths, its partitions) is read."""
+    from .checks import check_checkpoint, check_input
+    if a.streams is not None and a.streams < 1:
+        raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
+    check_input(a.data, "--data")
+    ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
+    with _session("rnnlm-evaluate", a.master, a.verbose) as spark:
+        sc = spark.sparkContext
+        ck = ck or read_checkpoint(sc, a.checkpoint)
+        cfg = ck.config
+        if a.streams is not None:
+            cfg = config.replace(cfg, "data", eval_streams=a.streams)
+        rdd = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab))
+        try:
+            loss = evaluate_rdd(sc, cfg, ck.params, rdd)
+        finally:
+            rdd.unpersist()
+    fields = loss_fields(loss, cfg.data.level, "")
+    # the result is named by the file scored, whichever split it is
+    print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))
+    print(f"ppl={fields['_ppl']:.4f}")
+    return 0
+
+
+def load_checkpoint(path: str) -> checkpoint.Checkpoint:
+    """A checkpoint or run directory: a local one with plain Python, any other Hadoop path
+    (``hdfs://``, or a scheme-less path while ``$HADOOP_CONF_DIR`` names another default
+    filesystem) through Hadoop's client in a local Spark JVM."""
+    is_local, local = resolve(path, default_fs())
+    if is_local:
+        return checkpoint.load(local)
+    from py4j.protocol import Py4JJavaError
+    with _session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
+        try:
+            return read_checkpoint(spark.sparkContext, path)
+        except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
+            first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+            raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
+
+
+def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
+    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path."""
+    fs, path = HadoopFS(sc, path), path.rstrip("/")
+    path = checkpoint.in_run(path, fs)
+    fs.restore(path)
+    if not fs.exists(path):
+        raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
+    return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)

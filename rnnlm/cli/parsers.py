@@ -1,0 +1,124 @@
+"""The arguments of every command, shared by ``rnnlm COMMAND`` and ``jobs/COMMAND.py``.
+
+Every option has a help text, and every default is shown in ``--help`` (an option without a
+value, as ``--resume``, is off unless given).
+"""
+from __future__ import annotations
+
+import argparse
+
+TRAIN_OUT = "runs/latest"
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help with ``(default: X)`` after each option that has a value by default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        if not action.option_strings and action.nargs not in ("?", "*"):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _spark(ap) -> None:
+    ap.add_argument("--master", default=None,
+                    help="Spark master when not run by spark-submit (default: local[2]; under spark-submit, "
+                         "its --master)")
+    ap.add_argument("--verbose", action="store_true", help="Spark's INFO logging (silenced by default)")
+
+
+def train(ap) -> None:
+    ap.add_argument("--config", required=True, metavar="TOML", help="the run's configuration (conf/*.toml)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one configuration key, such as train.rounds=5 (repeatable)")
+    ap.add_argument("--out", default=TRAIN_OUT, metavar="PATH",
+                    help="run directory, any Hadoop path: run.json, metrics.jsonl, checkpoint/")
+    again = ap.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    again.add_argument("--overwrite", action="store_true",
+                       help="start again in an --out that holds a run (deletes its metrics, run.json, checkpoint)")
+    ap.add_argument("--samples", type=int, default=1, metavar="N", help="text samples to print at the end")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the resolved configuration, the parameter count and the bytes a round moves "
+                         "(measured on four rounds in a scratch directory, then deleted); keep and write nothing")
+    ap.add_argument("--bandwidth", default=None, metavar="RATE",
+                    help="with --dry-run: predict a round's sync time on host links of this rate (100mbit, 1gbit; "
+                         "default: no prediction)")
+    ap.add_argument("--latency", default=None, metavar="TIME",
+                    help="with --bandwidth: one-way link latency (1ms; default: 0ms)")
+    _spark(ap)
+
+
+def evaluate(ap) -> None:
+    ap.add_argument("--checkpoint", required=True, metavar="PATH",
+                    help="a checkpoint, or a run directory (train's --out)")
+    ap.add_argument("--data", required=True, metavar="PATH", help="the text to score, any Hadoop path")
+    ap.add_argument("--streams", "--partitions", dest="streams", type=int, default=None, metavar="N",
+                    help="contiguous streams evaluated in parallel (default: the checkpoint's data.eval_streams, "
+                         "as in its training log; 1 = the whole text as one stream)")
+    _spark(ap)
+
+
+def generate(ap) -> None:
+    ap.add_argument("--checkpoint", required=True, metavar="PATH",
+                    help="a checkpoint, or a run directory (train's --out)")
+    ap.add_argument("--prime", default="", help="text the sample continues (default: none)")
+    ap.add_argument("--length", type=int, default=300, metavar="N", help="tokens to sample")
+    ap.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                    help="below 1 sharper, above 1 flatter than the model")
+    ap.add_argument("--argmax", action="store_true", help="always the likeliest token (no sampling)")
+    ap.add_argument("--seed", type=int, default=None, metavar="S",
+                    help="the sampler's seed (default: a new one each call, printed to repeat it)")
+
+
+def plot(ap) -> None:
+    ap.add_argument("--runs", nargs="+", required=True, metavar="DIR",
+                    help="runs (train's --out) or folders of runs; webhdfs://host:port/path reads HDFS")
+    ap.add_argument("--kind", choices=("metric", "frontier", "sync"), default="metric",
+                    help="metric: --y against --x per run; frontier: best/final --y against bytes per token; "
+                         "sync: sync fraction against K per codec")
+    ap.add_argument("--x", choices=("tokens", "syncs", "bytes", "wall"), default="tokens", help="the x axis")
+    ap.add_argument("--y", default="train_loss", help="a metrics key: train_loss, valid_ppl, valid_bpc, ...")
+    ap.add_argument("--pick", choices=("best", "final"), default="best", help="frontier: which value of a run")
+    ap.add_argument("--log-x", action="store_true", help="a logarithmic x axis")
+    ap.add_argument("--labels", nargs="+", default=None, metavar="NAME",
+                    help="one legend label per run, in the order the runs are found (default: what differs "
+                         "in their configurations)")
+    ap.add_argument("--out", required=True, metavar="FIG", help="FIG.png, .svg or .pdf")
+
+
+def download(ap) -> None:
+    from ..download import CORPORA
+    ap.add_argument("corpora", nargs="*", metavar="CORPUS", help=f"any of {', '.join(CORPORA)} (default: all)")
+    ap.add_argument("--dest", default="data", metavar="DIR", help="where the corpora go")
+    ap.add_argument("--mirror", default=None, metavar="DIR",
+                    help="copy from this folder instead of the network (default: download)")
+
+
+def demo(ap) -> None:
+    ap.add_argument("--config", default=None, metavar="TOML",
+                    help="the run's configuration (default: conf/demo.toml of this checkout)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one configuration key, such as train.rounds=5 (repeatable)")
+    ap.add_argument("--out", default=None, metavar="DIR", help="checkpoint directory to write (default: none)")
+    ap.add_argument("--prime", default="The light", help="text the samples continue")
+
+
+def package(ap) -> None:
+    ap.add_argument("--out", default="dist/rnnlm.zip", metavar="ZIP", help="the zip for --py-files")
+    ap.add_argument("--env", metavar="ENV.tar.gz",
+                    help="also pack a virtual environment with NumPy (needs venv-pack: the cluster extra; "
+                         "default: none)")
+
+
+def minicluster(ap) -> None:
+    ap.add_argument("--dir", help="working directory: cluster files, conf/, minicluster.log (required unless "
+                                  "--build)")
+    ap.add_argument("--build", action="store_true", help="fetch the jars and compile the launcher, then exit")
+    ap.add_argument("--datanodes", type=int, default=2, choices=range(1, 5), metavar="{1..4}",
+                    help="HDFS DataNodes")
+    ap.add_argument("--nodemanagers", type=int, default=2, choices=range(1, 5), metavar="{1..4}",
+                    help="YARN NodeManagers")
+    ap.add_argument("--nm-memory-mb", type=int, default=3072, metavar="MB", help="memory each NodeManager offers YARN")

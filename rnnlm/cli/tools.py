@@ -1,0 +1,164 @@
+"""The commands that start no Spark job: generate, demo, plot, download, package, minicluster.
+
+Each takes the namespace its parser (:mod:`.parsers`) makes and returns the exit code.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+
+from .. import config
+from ..core import checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
+
+
+def error(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def generate(a) -> int:
+    from ..core.generate import generate as sample
+    from ..core.model import build as build_model
+    from .actions import load_checkpoint
+    seed = a.seed
+    if seed is None:          # a new sample each call, which the printed seed repeats
+        seed = secrets.randbelow(2 ** 31)
+    try:
+        ck = load_checkpoint(a.checkpoint)
+        model = build_model(ck.config.model)
+        text = sample(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
+                      temperature=a.temperature, argmax=a.argmax, seed=seed)
+    except (checkpoint.CheckpointError, ValueError) as e:
+        return error(str(e))
+    if a.seed is None and not a.argmax:
+        print(f"seed {seed} (--seed {seed} repeats this sample)", file=sys.stderr)
+    print(ck.vocab.join(a.prime, text))
+    return 0
+
+
+def demo(a) -> int:
+    from ..core.generate import generate as sample
+    from ..core.single import train
+    from .checks import locate_data
+    path = a.config or os.path.join(ROOT, "conf", "demo.toml")
+    try:
+        cfg = locate_data(config.load(path, a.set), path, strict=False)
+        m = train(cfg, out=a.out)
+    except (config.ConfigError, OSError, ValueError) as e:
+        return error(str(e))
+    for seed, temp in ((1, 0.7), (2, 1.0)):
+        text = sample(m["model"], m["params"], m["vocab"], prime=a.prime, length=200, temperature=temp, seed=seed)
+        print(f"\n--- sample (temperature {temp}, seed {seed}) ---\n{m['vocab'].join(a.prime, text)}")
+    return 0
+
+
+def plot(a) -> int:
+    from .. import runs
+    try:
+        from .. import plots
+    except ImportError as e:
+        return error(f"plotting needs matplotlib ({e}): pip install -e \".[plots]\"")
+    if os.path.splitext(a.out)[1].lower() not in plots.FORMATS:
+        return error(f"--out {a.out}: the suffix picks the format: {', '.join(plots.FORMATS)}")
+    try:
+        rs = runs.load_all(a.runs)
+    except runs.RunError as e:
+        return error(str(e))
+    if a.labels is not None and len(a.labels) != len(rs):
+        found = ", ".join(r.name for r in rs)
+        return error(f"--labels: {len(a.labels)} labels for {len(rs)} runs ({found})")
+    if a.kind == "metric":
+        if not any(plots.series(r, a.x, a.y)[0].size for r in rs):
+            return error(f"no run has {a.y!r} in its metrics")
+        ax = plots.plot_metric(rs, a.x, a.y, labels=a.labels, log_x=a.log_x)
+    elif a.kind == "frontier":
+        if not plots.frontier(rs, a.y, a.pick):
+            return error(f"no run has {a.y!r} in its metrics")
+        ax = plots.plot_frontier(rs, a.y, a.pick, labels=a.labels)
+    else:
+        if a.labels is not None:
+            return error("--labels names runs; --kind sync draws one line per codec")
+        if not plots.sync_fractions(rs):
+            return error("no synchronous run with round timings")
+        ax = plots.plot_sync_fraction(rs)
+    try:
+        print(plots.save(ax, a.out))
+    except OSError as e:
+        return error(f"--out {a.out}: {e.strerror or e}")
+    return 0
+
+
+def download(a) -> int:
+    from ..download import CORPORA, DownloadError, fetch
+    try:
+        for c in a.corpora or list(CORPORA):
+            fetch(c, a.dest, a.mirror)
+    except DownloadError as e:
+        return error(str(e))
+    return 0
+
+
+def package(a) -> int:
+    from ..packaging import PackagingError, build_env, build_pyfiles
+    print(build_pyfiles(a.out))
+    if a.env:
+        try:
+            print(build_env(a.env))
+        except PackagingError as e:
+            return error(str(e))
+    return 0
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stop(signal.Signals(signum).name)
+
+
+def minicluster(a) -> int:
+    from ..hadoop.minicluster import MiniCluster, MiniClusterError, build, hostname_not_on_loopback, missing_tools
+    problem = missing_tools()
+    if problem:
+        return error(problem)
+    if a.build:
+        try:
+            print(f"classpath {build()}")
+        except MiniClusterError as e:
+            return error(str(e), 1)
+        return 0
+    if not a.dir:
+        return error("--dir is required (or --build)")
+    if a.nm_memory_mb < 1024:
+        return error("--nm-memory-mb must be at least 1024 (a Spark container needs ~900 MB)")
+    try:
+        os.makedirs(a.dir, exist_ok=True)
+    except OSError as e:
+        return error(f"--dir {a.dir}: {e.strerror}")
+    warning = hostname_not_on_loopback()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    cluster = MiniCluster(a.dir, a.datanodes, a.nodemanagers, a.nm_memory_mb)
+    try:
+        cluster.start()
+        print(cluster.endpoints.line(), flush=True)
+        while cluster.proc.poll() is None:
+            time.sleep(0.5)
+        return error(f"the cluster's JVM exited (code {cluster.proc.returncode}; log: {cluster.log_path})", 1)
+    except _Stop as e:
+        print(f"stopping ({e})", file=sys.stderr)
+        return 0
+    except MiniClusterError as e:
+        return error(str(e), 1)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):      # a second one must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        cluster.stop()
