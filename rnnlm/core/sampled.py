@@ -1,4 +1,7 @@
-"""The word sets of seed 000's sampled softmax (section 4).
+"""The word sets of the sampled softmax and their inclusion probabilities.
+
+The method is section 4 of the paper on "a sampling-based approach to reducing data
+transmission" for training neural language models across devices (README, "Sampled softmax").
 
 For one training chunk, :func:`softmax_sets` returns the two sorted id sets that
 :meth:`rnnlm.core.model.RNNLM.loss_and_grad` takes as ``softmax=(v_all, v_f)``:
@@ -6,8 +9,22 @@ For one training chunk, :func:`softmax_sets` returns the two sorted id sets that
 ``v_all``  the rows whose gradient is computed (and sent): the chunk's targets,
            the ``top`` most frequent words and the exchange layer's random rows;
 ``v_f``    ``v_all`` plus V_gamma, ``ceil(mu * V)`` words drawn at random from the
-           whole vocabulary: the softmax of the forward pass is normalised over
-           ``v_f``, so these dummy words take probability but get no backward.
+           whole vocabulary: the softmax of the forward pass is normalised over ``v_f``.
+
+Two variants read these sets (:class:`Sets`):
+
+``seed000``    as the paper describes it: the dummy words V_gamma take probability
+               mass in the forward pass and get no backward at all. The update is then
+               the gradient of no loss, and a word outside the frequent set is pushed
+               down only in steps where it happens to be drawn; on PTB it trains a far
+               worse model than the full softmax (README, "Sampled softmax").
+``corrected``  the same sets and the same ``Wo``/``bo`` rows updated (v_all only, so the
+               exchange sends what it sends for ``seed000``), with two changes: the hidden
+               state's gradient covers every word of ``v_f`` (the paper's "also apply this
+               method to dE/dx_j"), and every non-target logit is divided by its word's
+               probability of being in the step's set, ``s_i - log pi_i``
+               (:func:`log_inclusion`; the importance correction of Bengio & Senecal 2008
+               and Jean et al. 2015), so the sampled normaliser estimates the full one.
 
 Ids are frequency ranks (:mod:`rnnlm.core.vocab`), so the ``top`` most frequent
 words are ``arange(top)``.
@@ -15,15 +32,60 @@ words are ``arange(top)``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from . import backend
 
+VARIANTS = ("corrected", "seed000")
+
+
+class Sets(NamedTuple):
+    """One step's sampled softmax for :meth:`rnnlm.core.model.RNNLM.loss_and_grad`.
+
+    ``v_all`` and ``v_f``: sorted unique ids, ``v_all`` a subset of ``v_f`` (NumPy or ``xp``).
+    ``log_pi``: None, or (n_f,) the log-probability of each word of ``v_f`` (same order) being
+    in the step's set, subtracted from its logit wherever it is not the target.
+    ``through_gamma``: the hidden state's gradient covers every word of ``v_f`` (True) or
+    only ``v_all`` (False, the paper's dummy words without backward).
+    """
+    v_all: object
+    v_f: object
+    log_pi: object = None
+    through_gamma: bool = False
+
 
 def gamma_size(mu: float, V: int) -> int:
     """``ceil(mu * V)``, read as a percentage of V (0.05 of 10000 is 500, not 501)."""
     return min(V, math.ceil(round(mu * V, 6)))
+
+
+def unigram(tokens, V: int) -> np.ndarray:
+    """Unigram frequencies (V,) float64 of ``tokens``; a word never seen counts as half a token,
+    so its inclusion probability (:func:`log_inclusion`) stays above zero."""
+    t = np.asarray(backend.to_numpy(tokens)).reshape(-1)
+    counts = np.bincount(t[t >= 0], minlength=V)[:V].astype(np.float64)
+    return np.maximum(counts, 0.5) / max(1.0, float(counts.sum()))
+
+
+def log_inclusion(ids, freq, n_targets: int, top: int, n_beta: int, n_gamma: int, V: int) -> np.ndarray:
+    """log pi_i (len(ids),) float64: the probability that word ``i`` is in a step's set ``v_f``.
+
+    The ``top`` most frequent words are always in it (pi = 1). Any other word is in it as one
+    of the step's ``n_targets`` targets (each drawn with the word's unigram frequency
+    ``freq[i]``), as one of the ``n_beta`` random rows or as one of the ``n_gamma`` dummy words
+    (each drawn uniformly from V without replacement):
+    ``pi_i = 1 - (1 - f_i)^N (1 - n_beta / V) (1 - n_gamma / V)``.
+    """
+    ids = np.asarray(backend.to_numpy(ids), dtype=np.int64)
+    f = np.asarray(freq, dtype=np.float64)[ids]
+    with np.errstate(divide="ignore"):                              # log(0) = -inf: surely in the set
+        log_out = (n_targets * np.log1p(-np.minimum(f, 1.0)) + np.log1p(-min(1.0, n_beta / V))
+                   + np.log1p(-min(1.0, n_gamma / V)))             # log P(i not in the set)
+        out = np.log1p(-np.exp(log_out))
+    out[ids < top] = 0.0
+    return out
 
 
 def softmax_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Generator):
@@ -72,3 +134,12 @@ def softmax_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Gene
         return v_all, np.arange(V, dtype=np.int64)
     gamma = rng.choice(V, size=k, replace=False) if k else np.empty(0, np.int64)
     return v_all, np.union1d(v_all, gamma.astype(np.int64))
+
+
+def corrected_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Generator, freq) -> Sets:
+    """:func:`softmax_sets` with the corrected variant's ``log_pi`` (``freq``: :func:`unigram`)."""
+    v_all, v_f = softmax_sets(targets, V, top, beta, mu, rng)
+    t = backend.to_numpy(targets)
+    n_beta = np.unique(np.asarray(backend.to_numpy(beta)).reshape(-1)).size
+    log_pi = log_inclusion(v_f, freq, int((t >= 0).sum()), top, n_beta, gamma_size(mu, V), V)
+    return Sets(v_all, v_f, log_pi, True)
