@@ -15,7 +15,7 @@ with the sampled softmax (no PyTorch), both variants (:mod:`rnnlm.core.sampled`:
 the corrected one and the paper's literal one), on the word shapes, over real PTB
 batches (frequency-rank ids; synthetic Zipf targets when the file is missing).
 Each step's sets (and the corrected variant's inclusion probabilities, from the
-batches' unigram frequencies) are built as the trainer would, inside the timed step:
+batches' words, :func:`rnnlm.core.sampled.presence`) are built as the trainer would, inside the timed step:
 v_all = the batch's targets, the top 1% ids and a random 1% (beta), and
 v_f = v_all plus a random MU of the vocabulary. Prints one line per shape and,
 last, ``min_sampled_speedup=<number>`` (the corrected variant's).
@@ -175,7 +175,7 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
     from rnnlm.core.local import train_steps
     from rnnlm.core.model import RNNLM
     from rnnlm.core.optim import make_optimizer
-    from rnnlm.core.sampled import Sets, corrected_sets, softmax_sets, unigram
+    from rnnlm.core.sampled import Sets, corrected_sets, presence, softmax_sets
     cell, V, E, H, L, T, _ = shape
     m = RNNLM(ModelConfig(cell=cell, vocab_size=V, embed=E, hidden=H, layers=L), xp=xp)
     opt = make_optimizer(OptimConfig(name="sgd", clip_norm=5.0))
@@ -188,7 +188,7 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
     one = math.ceil(0.01 * V)
     betas = [np.sort(r.choice(V, one, replace=False)) for _ in batches]   # the exchange's random rows
     sizes, k = [], [0]
-    freq = unigram(np.concatenate([b.y.ravel() for b in batches]), V)
+    freq = presence(np.concatenate([b.y.T.ravel() for b in batches]), T, V)
 
     def sets(_, y):
         beta = betas[k[0] % len(betas)]

@@ -69,7 +69,6 @@ class _ChunkBuffers:
             self.rows = xp.empty(m.V, dtype=xp.int64)    # output rows: v_all, then v_f minus v_all
             self.Wf = xp.empty((m.V, m.H), dtype=m.dtype)  # gathered Wo rows, then their gradient
             self.bf = xp.empty(m.V, dtype=m.dtype)       # gathered bo rows, then their gradient
-            self.log_pi = xp.empty(m.V, dtype=m.dtype)   # log inclusion probabilities, rows' order
 
 
 class RNNLM:
@@ -221,8 +220,9 @@ class RNNLM:
         else:
             lg, ones, yc = buf.logits[:n_out], buf.ones_v[:n_out], ypos  # (n_f, N), (n_f,)
         if log_pi is not None:
+            raw = lg[yc, buf.cols]                                       # (N,) a copy
             lg -= log_pi[:, None]
-            lg[yc, buf.cols] += log_pi[yc]                               # the target is in the set for sure
+            lg[yc, buf.cols] = raw                                       # ...but its own target's
         lg -= lg.max(axis=0)
         zy = lg[yc, buf.cols]                                            # (N,)
         xp.exp(lg, out=lg)
@@ -266,9 +266,8 @@ class RNNLM:
 
         ``buf.rows[:n_f]`` becomes v_all followed by v_f minus v_all (V_gamma), so
         the backward pass reads the v_all rows as the contiguous slice ``[:n_all]``.
-        With ``softmax.log_pi`` set, ``buf.log_pi[:n_f]`` takes it in the same layout.
-        Returns n_all, n_f, each target's row in that layout (N,) and ``buf.log_pi[:n_f]``
-        (None without a correction).
+        Returns n_all, n_f, each target's row in that layout (N,) and ``softmax.log_pi``
+        in that layout, (n_f,) (None without a correction).
         """
         xp, V = self.xp, self.V
         v_all = xp.asarray(softmax.v_all).reshape(-1)
@@ -295,19 +294,18 @@ class RNNLM:
                              f"{missing.size} target id(s) are not, e.g. {missing[:5].tolist()}")
         buf.sampled(xp, self)
         buf.rows[:na] = v_all
-        log_pi = None
+        lp = log_pi = None
         if softmax.log_pi is not None:
-            lp = xp.asarray(softmax.log_pi, dtype=self.dtype).reshape(-1)
+            lp = xp.asarray(softmax.log_pi, dtype=self.dtype)
             if lp.shape != (nf,):
                 raise ValueError(f"softmax log_pi: need one value per word of v_f ({nf}), got {lp.shape}")
-            log_pi = buf.log_pi[:nf]
-            log_pi[:na] = lp[loc]
+            log_pi = lp[loc]
         if nf > na:
             gamma = xp.ones(nf, dtype=bool)
             gamma[loc] = False
             buf.rows[na:nf] = v_f[gamma]                                 # V_gamma, sorted
-            if log_pi is not None:
-                log_pi[na:] = lp[gamma]
+            if lp is not None:
+                log_pi = xp.concatenate([log_pi, lp[gamma]])
         return na, nf, ypos, log_pi
 
     def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
@@ -370,6 +368,17 @@ class RNNLM:
             n_top = nf if softmax.through_gamma else na                  # dL/dh: v_f's or v_all's
             xp.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dtop)   # (H, N)
             dlg, Wa, ba = buf.logits[:na], buf.Wf[:na], buf.bf[:na]      # (n_all, N), (n_all, H)
+            if softmax.log_pi_rows is not None and log_pi is not None:
+                # a row moves only in steps where it is in v_all (probability pi_all), but its
+                # push-down was weighted for v_f (1 / pi_f): reweight it to 1 / pi_all, so that in
+                # expectation each row is pushed down as under the full softmax; a target's
+                # own entry (in v_all for sure) stays
+                lpr = xp.asarray(softmax.log_pi_rows, dtype=self.dtype)
+                if lpr.shape != (na,):
+                    raise ValueError(f"softmax log_pi_rows: need one value per word of v_all ({na}), got {lpr.shape}")
+                ey = dlg[ypos, buf.cols]                                 # (N,) a copy
+                dlg *= xp.exp(log_pi[:na] - lpr)[:, None]
+                dlg[ypos, buf.cols] = ey
             xp.matmul(dlg, buf.act[-1].T, out=Wa)                        # the weights are spent
             xp.matmul(dlg, buf.ones_n, out=ba)
             rows = buf.rows[:na]

@@ -93,17 +93,17 @@ class SoftmaxSampler:
     v_f adds V_gamma, ``ceil(exchange.mu * V)`` words drawn from
     ``(seed, round, seed group, step)``, so partitions of one shared-seed group
     normalise over the same dummy words. ``exchange.sampled_variant`` picks the variant
-    (:mod:`rnnlm.core.sampled`); ``corrected`` needs ``freq``, the unigram frequencies
-    (:func:`rnnlm.core.sampled.unigram`) its inclusion probabilities are computed from.
+    (:mod:`rnnlm.core.sampled`); ``corrected`` needs ``presence``, each word's chance of being
+    among a stream's T targets (:func:`rnnlm.core.sampled.presence`), for its inclusion probabilities.
     For :func:`rnnlm.core.local.train_steps`; ``sizes`` sums |v_all| and |v_f| over the
     steps drawn (for the metrics).
     """
 
-    def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int, freq=None):
-        if ex.sampled_variant == "corrected" and freq is None:
-            raise ValueError("the corrected sampled softmax needs the unigram frequencies")
+    def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int, presence=None):
+        if ex.sampled_variant == "corrected" and presence is None:
+            raise ValueError("the corrected sampled softmax needs the words' presence (sampled.presence)")
         self.V, self.mu, self.seed, self.rnd = V, ex.mu, seed, rnd
-        self.corrected, self.freq = ex.sampled_variant == "corrected", freq
+        self.corrected, self.presence = ex.sampled_variant == "corrected", presence
         self.group = pid % seed_groups(ex.seed_groups, partitions)
         self.top, self.beta = _frequent(V, ex), _beta(V, ex, seed, rnd, self.group)
         self.sizes = [0, 0]
@@ -111,7 +111,7 @@ class SoftmaxSampler:
     def __call__(self, step: int, targets):
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rnd, self.group, step, _GAMMA_KEY]))
         if self.corrected:
-            sets = sampled.corrected_sets(targets, self.V, self.top, self.beta, self.mu, rng, self.freq)
+            sets = sampled.corrected_sets(targets, self.V, self.top, self.beta, self.mu, rng, self.presence)
         else:
             sets = sampled.Sets(*sampled.softmax_sets(targets, self.V, self.top, self.beta, self.mu, rng))
         self.sizes[0] += sets.v_all.size
