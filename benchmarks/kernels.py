@@ -3,7 +3,7 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
 
     python benchmarks/kernels.py [--threads N] [--seconds S] [--shapes a,b]
     python benchmarks/kernels.py --device gpu --batch 128   # CuPy vs PyTorch CUDA
-    python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax (seed 000)
+    python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax
     python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time
 
 Prints one line per shape and, last, ``min_ratio_vs_torch=<number>``.
@@ -11,12 +11,14 @@ Character models take one-hot inputs in both (PyTorch: an LSTM whose input
 width is V, fed ``one_hot(x)``), so parameters and FLOPs are identical.
 
 ``--sampled MU`` instead times rnnlm's full training step against the same step
-with seed 000's sampled softmax (no PyTorch), on the word shapes, over real PTB
+with the sampled softmax (no PyTorch), both variants (:mod:`rnnlm.core.sampled`:
+the corrected one and the paper's literal one), on the word shapes, over real PTB
 batches (frequency-rank ids; synthetic Zipf targets when the file is missing).
-Each step's sets are built as the trainer would, inside the timed step:
+Each step's sets (and the corrected variant's inclusion probabilities, from the
+batches' words, :func:`rnnlm.core.sampled.presence`) are built as the trainer would, inside the timed step:
 v_all = the batch's targets, the top 1% ids and a random 1% (beta), and
 v_f = v_all plus a random MU of the vocabulary. Prints one line per shape and,
-last, ``min_sampled_speedup=<number>``.
+last, ``min_sampled_speedup=<number>`` (the corrected variant's).
 """
 from __future__ import annotations
 
@@ -159,8 +161,9 @@ def sampled_batches(shape, B, count=64, seed=0):
     return out, "synthetic zipf(1.1) ranks"
 
 
-def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0):
-    """One training step per call over ``batches`` in turn; with ``mu``, the sampled softmax.
+def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected"):
+    """One training step per call over ``batches`` in turn; with ``mu``, the sampled softmax
+    (``variant``: corrected or seed000).
 
     Returns the step and a list that collects (|v_all|, |v_f|) of every sampled step.
     """
@@ -172,7 +175,7 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0):
     from rnnlm.core.local import train_steps
     from rnnlm.core.model import RNNLM
     from rnnlm.core.optim import make_optimizer
-    from rnnlm.core.sampled import softmax_sets
+    from rnnlm.core.sampled import Sets, corrected_sets, presence, softmax_sets
     cell, V, E, H, L, T, _ = shape
     m = RNNLM(ModelConfig(cell=cell, vocab_size=V, embed=E, hidden=H, layers=L), xp=xp)
     opt = make_optimizer(OptimConfig(name="sgd", clip_norm=5.0))
@@ -185,11 +188,16 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0):
     one = math.ceil(0.01 * V)
     betas = [np.sort(r.choice(V, one, replace=False)) for _ in batches]   # the exchange's random rows
     sizes, k = [], [0]
+    freq = presence(np.concatenate([b.y.T.ravel() for b in batches]), T, V)
 
     def sets(_, y):
-        v_all, v_f = softmax_sets(y, V, one, betas[k[0] % len(betas)], mu, r)
-        sizes.append((len(v_all), len(v_f)))
-        return v_all, v_f
+        beta = betas[k[0] % len(betas)]
+        if variant == "corrected":
+            s = corrected_sets(y, V, one, beta, mu, r, freq)
+        else:
+            s = Sets(*softmax_sets(y, V, one, beta, mu, r))
+        sizes.append((len(s.v_all), len(s.v_f)))
+        return s
 
     def step():
         x, y, b = dev[k[0] % len(dev)]
@@ -217,11 +225,13 @@ def sampled_main(a, xp, sync):
         batches, source = sampled_batches(shape, B)
         full, _ = make_rnnlm_loop(xp, shape, B, batches)
         samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled)
-        t_f, t_s = interleaved([full, samp], a.seconds, a.rounds, sync)
+        seed, _ = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, variant="seed000")
+        t_f, t_s, t_0 = interleaved([full, samp, seed], a.seconds, a.rounds, sync)
         n_all, n_f = np.mean(sizes, axis=0)
         speedups.append(t_f / t_s)
         print(f"{name:11s} T={shape[5]:<3d} B={B:<4d} V={shape[1]} full {toks / t_f:9.0f} tok/s  "
-              f"sampled {toks / t_s:9.0f} tok/s  speedup {t_f / t_s:5.2f}  "
+              f"corrected {toks / t_s:9.0f} tok/s  speedup {t_f / t_s:5.2f}  "
+              f"seed000 {toks / t_0:9.0f} tok/s  speedup {t_f / t_0:5.2f}  "
               f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  targets: {source}", flush=True)
     print(f"min_sampled_speedup={min(speedups):.3f}")
 

@@ -120,8 +120,9 @@ class ExchangeConfig:
     seed_groups: str = "partition"  # one | partition | log2 | pow064: partitions sharing random rows
     feedback: bool = False         # keep what was not sent (rows, codec error) and send it later
     broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16, delta+int8
-    sampled_softmax: bool = False  # train with seed 000's sampled softmax (evaluation stays full)
+    sampled_softmax: bool = False  # train with a sampled softmax (evaluation stays full)
     mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
+    sampled_variant: str = "corrected"  # corrected | seed000 (the paper's literal one, for its figure)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ _CHOICES = {
     ("server", "update"): ("add", "adagrad"),
     ("server", "staleness"): ("ignore", "divide"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
+    ("exchange", "sampled_variant"): ("corrected", "seed000"),
     # no delta+onebit: executors training from a 1-bit view diverged on PTB (README, "The broadcast shrinks")
     ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16", "delta+int8"),
 }

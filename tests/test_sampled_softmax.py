@@ -1,4 +1,5 @@
-"""Seed 000's sampled softmax: forward over v_f, backward over v_all (float64 checks)."""
+"""The sampled softmax: forward over v_f, ``Wo``/``bo`` rows of v_all; the paper's literal variant
+(dummy words without backward) and the corrected one (float64 checks)."""
 import numpy as np
 import pytest
 
@@ -7,7 +8,7 @@ from rnnlm.config import ModelConfig, OptimConfig
 from rnnlm.core.local import train_steps
 from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
-from rnnlm.core.sampled import softmax_sets
+from rnnlm.core.sampled import Sets, corrected_sets, log_inclusion, presence, softmax_sets
 from rnnlm.core.strategies import StreamBlock
 
 V = 13
@@ -282,3 +283,172 @@ def test_train_steps_with_sampled_sets_moves_only_v_all_rows_of_wo(xp):
     before, after = _slot(m, backend.to_numpy(p), "Wo"), _slot(m, backend.to_numpy(res.params), "Wo")
     moved = np.flatnonzero(np.any(before != after, axis=1))
     assert set(moved.tolist()) == used
+
+
+# ---------------------------------------------------------------- the corrected variant
+# log pi over V_F (its order), hand-picked: 0 for the frequent word 0, the rest below 0
+LOG_PI = np.log(np.array([1.0, 0.9, 0.5, 0.3, 0.7, 0.2, 0.05, 0.1, 0.02, 0.04]))
+
+
+def _reference_corrected_loss(m, p, x, y, state, v_f, log_pi):
+    """-log(e^s_y / (e^s_y + sum_{i in v_f, i != y} e^(s_i - log pi_i))) from ``next_logits`` (NumPy)."""
+    yh = backend.to_numpy(y)
+    total = 0.0
+    for t in range(x.shape[0]):
+        logits = backend.to_numpy(m.next_logits(p, x[:t + 1], state)[0])[:, v_f]   # (B, n_f)
+        for b in range(x.shape[1]):
+            if yh[t, b] >= 0:
+                col = int(np.searchsorted(v_f, yh[t, b]))
+                s = logits[b] - log_pi
+                s[col] = logits[b, col]
+                total += np.log(np.exp(s).sum()) - s[col]
+    return total
+
+
+def test_corrected_loss_equals_an_independent_computation(xp):
+    m, p, x, y, state, reset = _setup(xp, reset=False)
+    loss, count, _, _ = _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, LOG_PI, True))
+    assert count == 11 and loss == pytest.approx(_reference_corrected_loss(m, p, x, y, state, V_F, LOG_PI),
+                                                 rel=1e-12)
+    # each non-target word weighs 1 / pi: more than the uncorrected loss, which counts it once
+    assert loss > _grad(m, p, x, y, state, None, (V_ALL, V_F))[0] + 0.5
+    with pytest.raises(ValueError, match="one value per word of v_f"):
+        _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, LOG_PI[:-1], True))
+    with pytest.raises(ValueError, match="one value per word of v_all"):
+        _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, LOG_PI, True, LOG_PI[:-1]))
+
+
+@pytest.mark.parametrize("cell,layers,embed", [("lstm", 2, 3), ("rnn", 1, 0)])
+def test_corrected_gradient_is_the_gradient_of_the_corrected_loss_for_every_parameter(
+        xp, cell, layers, embed, numeric_grad):
+    log_pi = LOG_PI
+    m, p, x, y, state, _ = _setup(xp, cell, layers, embed, reset=False)
+    ph = backend.to_numpy(p)
+    num = numeric_grad(lambda q: _reference_corrected_loss(m, xp.asarray(q), x, y, state, V_F, log_pi), ph)
+    g = _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, log_pi, True))[3]
+    for slot in m.layout:
+        a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
+        if slot.name in ("Wo", "bo"):
+            a, b = a.reshape(slot.shape), b.reshape(slot.shape)
+            assert np.all(a[GAMMA] == 0) and np.abs(b[GAMMA]).max() > 1e-4, slot.name   # rows not updated
+            assert np.all(a[OUTSIDE] == 0) and np.allclose(b[OUTSIDE], 0, atol=1e-9), slot.name
+            a, b = a[V_ALL], b[V_ALL]
+        assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name       # hidden layers included
+        assert np.abs(b).max() > 0, slot.name
+
+
+def test_corrected_with_mu_one_is_the_full_softmax_below_the_output_layer(xp):
+    m, p, x, y, state, reset = _setup(xp)
+    loss, count, st, g = _grad(m, p, x, y, state, reset, None)
+    v_all, v_f = softmax_sets(y, V, top=2, beta=np.array([9]), mu=1.0, rng=np.random.default_rng(0))
+    sets = corrected_sets(y, V, 2, np.array([9]), 1.0, np.random.default_rng(0), np.full(V, 1 / V))
+    assert np.array_equal(sets.v_f, np.arange(V)) and np.array_equal(sets.log_pi, np.zeros(V))
+    s_loss, s_count, s_st, sg = _grad(m, p, x, y, state, reset, sets)
+    assert s_count == count and s_loss == pytest.approx(loss, rel=1e-13) and np.allclose(s_st, st, rtol=1e-13)
+    for slot in m.layout:
+        a, b = g[slot.offset:slot.end], sg[slot.offset:slot.end]
+        if slot.name in ("Wo", "bo"):
+            a, b = a.reshape(slot.shape), b.reshape(slot.shape)
+            rest = np.setdiff1d(np.arange(V), v_all)
+            assert np.all(b[rest] == 0) and np.abs(a[rest]).max() > 0, slot.name
+            # the frequent rows (in v_all for sure) as the full softmax; the others' push-down
+            # is weighted for their chance of being in v_all (test_row_weights_...)
+            assert not np.allclose(a[v_all[2:]], b[v_all[2:]], rtol=1e-3), slot.name
+            a, b = a[:2], b[:2]
+        assert np.allclose(a, b, rtol=1e-11, atol=1e-14), slot.name
+
+
+def test_corrected_over_the_whole_vocabulary_is_the_full_softmax_bit_for_bit(xp):
+    m, p, x, y, state, reset = _setup(xp)
+    full = _grad(m, p, x, y, state, reset, None)
+    sets = corrected_sets(y, V, V, np.array([], int), 0.0, np.random.default_rng(0), np.full(V, 1 / V))
+    samp = _grad(m, p, x, y, state, reset, sets)
+    assert samp[1] == full[1]
+    assert _same(samp[0], full[0], xp) and _same(samp[2], full[2], xp) and _same(samp[3], full[3], xp)
+
+
+def test_log_inclusion_values():
+    freq = np.array([0.5, 0.2, 0.1, 0.1, 0.05, 0.05])     # presence: in a stream's targets
+    # 3 streams, top 1, 2 beta rows and 3 dummy words of V = 6
+    got = log_inclusion(np.array([0, 1, 4, 5]), freq, 3, 1, 2, 3, 6)
+    out = np.array([0.8 ** 3, 0.95 ** 3, 0.95 ** 3]) * (4 / 6) * (3 / 6)       # P(not in the set)
+    assert np.allclose(np.exp(got), [1.0, *(1 - out)], rtol=1e-14, atol=0)
+    assert log_inclusion(np.array([3]), freq, 3, 1, 0, 6, 6)[0] == 0.0          # mu = 1: always in
+    # windows of 4: [0 0 1 3] [2 0 5 5] (then [1 -1], too short, left out); never seen: half a window
+    assert np.array_equal(presence(np.array([0, 0, 1, 3, 2, 0, 5, 5, 1, -1]), 4, 7),
+                          [1.0, 0.5, 0.5, 0.5, 0.25, 0.5, 0.25])
+
+
+def test_log_inclusion_is_the_frequency_a_word_is_drawn_into_v_f():
+    """Monte Carlo: 2 streams of 4 targets drawn from the unigram (a stream holds word i with
+    probability 1 - (1 - f_i)^4), random rows and dummy words as a partition draws them."""
+    Vb, top, N, draws = 60, 3, 8, 6000
+    r = np.random.default_rng(7)
+    freq = r.dirichlet(np.full(Vb, 0.3))
+    freq = np.sort(freq)[::-1]
+    inside = np.zeros(Vb)
+    for _ in range(draws):
+        y = r.choice(Vb, N, p=freq)
+        beta = r.choice(Vb, 2, replace=False)
+        inside[softmax_sets(y, Vb, top, beta, 0.05, r)[1]] += 1
+    pi = np.exp(log_inclusion(np.arange(Vb), 1 - (1 - freq) ** 4, 2, top, 2, 3, Vb))
+    sd = np.sqrt(pi * (1 - pi) / draws)
+    assert np.all(np.abs(inside / draws - pi) <= 4 * sd + 1e-12)
+    assert pi[top:].min() < 0.2 and pi[:top].min() == 1.0                       # the check has room to fail
+
+
+# log P(word in v_all) for V_ALL = [0, 1, 2, 3, 4, 6, 9]: at most LOG_PI's value (v_all is in v_f)
+LOG_PI_ROWS = np.log(np.array([1.0, 0.6, 0.3, 0.1, 0.5, 0.15, 0.05]))
+
+
+def test_row_weights_reweigh_only_the_push_down_of_v_all_rows(xp):
+    m, p, x, y, state, _ = _setup(xp, reset=False)
+    plain = _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, LOG_PI, True))
+    rows = _grad(m, p, x, y, state, None, Sets(V_ALL, V_F, LOG_PI, True, LOG_PI_ROWS))
+    assert rows[0] == plain[0] and np.array_equal(rows[2], plain[2])            # the loss is the same
+    for slot in m.layout:                                                      # so is every hidden gradient
+        if slot.name not in ("Wo", "bo"):
+            assert np.array_equal(rows[3][slot.offset:slot.end], plain[3][slot.offset:slot.end]), slot.name
+    ratio = np.exp(LOG_PI[np.searchsorted(V_F, V_ALL)] - LOG_PI_ROWS)          # pi_f / pi_all per v_all row
+    # rows 3 and 9 are no token's target: their whole gradient scales by the ratio (2 and 4 here)
+    for name in ("Wo", "bo"):
+        a, b = _slot(m, plain[3], name), _slot(m, rows[3], name)
+        for i in (3, 6):
+            assert np.allclose(b[V_ALL[i]], ratio[i] * a[V_ALL[i]], rtol=1e-12), (name, V_ALL[i])
+        assert np.all(b[GAMMA] == 0) and np.all(b[OUTSIDE] == 0)
+    # bo against a NumPy computation: dlogit = softmax over corrected logits, the push-down of a
+    # non-target entry times pi_f / pi_all, a target's entry p_y - 1 as it is
+    yh = backend.to_numpy(y)
+    want = np.zeros(V)
+    for t in range(x.shape[0]):
+        logits = backend.to_numpy(m.next_logits(p, x[:t + 1], state)[0])[:, V_F]   # (B, n_f)
+        for b in range(x.shape[1]):
+            if yh[t, b] < 0:
+                continue
+            col = int(np.searchsorted(V_F, yh[t, b]))
+            s = logits[b] - LOG_PI
+            s[col] = logits[b, col]
+            q = np.exp(s - s.max())
+            q /= q.sum()
+            push = q[np.searchsorted(V_F, V_ALL)] * ratio
+            push[np.searchsorted(V_ALL, yh[t, b])] = q[col] - 1.0
+            want[V_ALL] += push
+    assert np.allclose(_slot(m, rows[3], "bo"), want, rtol=1e-12, atol=1e-14)
+    assert np.abs(_slot(m, plain[3], "bo") - want).max() > 1e-2
+
+
+def test_corrected_sets_inclusion_probabilities():
+    # V = 10, 2 streams of 2 targets; top 1 (word 0); beta {5}; mu 0.1: one dummy word
+    y = np.array([[3, 0], [4, 3]])
+    pres = np.array([0.4, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02])   # in a stream's 2 targets
+    s = corrected_sets(y, 10, 1, np.array([5]), 0.1, np.random.default_rng(3), pres)
+    v_all, v_f = softmax_sets(y, 10, 1, np.array([5]), 0.1, np.random.default_rng(3))
+    assert s.through_gamma and np.array_equal(s.v_all, v_all) and np.array_equal(s.v_f, v_f)
+    assert np.array_equal(v_all, [0, 3, 4, 5]) and v_f.size == 5
+    g = int(np.setdiff1d(v_f, v_all)[0])
+    # v_f: pi = 1 - (1 - presence)^2 (1 - 1/10: beta) (1 - 1/10: the dummy word); v_all: no dummy word
+    want_f = {0: 1.0, 3: 1 - 0.9 ** 2 * 0.81, 4: 1 - 0.9 ** 2 * 0.81, 5: 1 - 0.95 ** 2 * 0.81,
+              g: 1 - (1 - pres[g]) ** 2 * 0.81}
+    assert np.allclose(np.exp(s.log_pi), [want_f[i] for i in v_f], rtol=1e-14, atol=0)
+    assert np.allclose(np.exp(s.log_pi_rows), [1.0, 1 - 0.9 ** 3, 1 - 0.9 ** 3, 1 - 0.95 ** 2 * 0.9],
+                       rtol=1e-14, atol=0)

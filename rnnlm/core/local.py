@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 
-from . import backend
+from . import backend, sampled
 from .metrics import EVAL_BPTT
 from .optim import clip_factor
 from .strategies import StreamBlock
@@ -48,8 +48,9 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     dropout_rng : xp generator, optional
         Enables dropout when given.
     softmax_sets : callable, optional
-        ``(step_index, y) -> (v_all, v_f)`` with ``y`` the batch's targets as a NumPy
-        array: each step then trains with the sampled softmax over those sets (see
+        ``(step_index, y) -> (v_all, v_f)`` or a :class:`rnnlm.core.sampled.Sets`, with ``y``
+        the batch's targets as a NumPy array: each step then trains with the sampled softmax
+        over those sets (see
         :meth:`RNNLM.loss_and_grad`, :func:`rnnlm.core.sampled.softmax_sets`). None
         is the full softmax.
 
@@ -69,8 +70,8 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         scale = 1.0 / x.shape[1] if grad_norm == "batch" else None
         softmax = None
         if softmax_sets is not None:
-            v_all, v_f = softmax_sets(steps, backend.to_numpy(b.y))
-            softmax = (xp.asarray(v_all), xp.asarray(v_f))
+            sets = sampled.Sets(*softmax_sets(steps, backend.to_numpy(b.y)))
+            softmax = sets._replace(v_all=xp.asarray(sets.v_all), v_f=xp.asarray(sets.v_f))
         loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset,
                                                  grad_scale=scale, rng=dropout_rng, softmax=softmax)
         if not math.isfinite(loss):

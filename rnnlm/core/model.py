@@ -2,14 +2,14 @@
 
 Parameters and gradients are flat buffers described by ``model.layout``;
 :meth:`RNNLM.loss_and_grad` runs truncated BPTT over one (T, B) chunk, with the
-full softmax or (in training only) seed 000's sampled softmax over a subset of
-the vocabulary (:mod:`rnnlm.core.sampled` builds the subsets).
+full softmax or (in training only) a sampled softmax over a subset of the
+vocabulary (:mod:`rnnlm.core.sampled` builds the subsets and describes the variants).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import backend, cells
+from . import backend, cells, sampled
 from ..config import ModelConfig
 from .layout import Layout
 
@@ -201,13 +201,15 @@ class RNNLM:
         mask *= 1.0 / (1.0 - rate)
         a *= mask
 
-    def _nll(self, buf, y, grad_scale, n_out=None, ypos=None):
+    def _nll(self, buf, y, grad_scale, n_out=None, ypos=None, log_pi=None):
         """Log-softmax cross-entropy in place over ``buf.logits``.
 
         Returns the summed NLL (float) and the number of scored tokens; with
         ``grad_scale`` set, leaves ``grad_scale * dNLL/dlogits`` in ``buf.logits``.
         With ``n_out`` (sampled softmax) only ``buf.logits[:n_out]`` is normalised and
-        ``ypos`` (N,) gives each target's row in it.
+        ``ypos`` (N,) gives each target's row in it; ``log_pi`` (n_out,), if set, is
+        subtracted from every logit but the target's (a constant shift: the gradient
+        with respect to the logits keeps its form).
         """
         xp = self.xp
         yv = y.reshape(-1)
@@ -217,6 +219,10 @@ class RNNLM:
             yc = xp.where(valid, yv, 0)
         else:
             lg, ones, yc = buf.logits[:n_out], buf.ones_v[:n_out], ypos  # (n_f, N), (n_f,)
+        if log_pi is not None:
+            raw = lg[yc, buf.cols]                                       # (N,) a copy
+            lg -= log_pi[:, None]
+            lg[yc, buf.cols] = raw                                       # ...but its own target's
         lg -= lg.max(axis=0)
         zy = lg[yc, buf.cols]                                            # (N,)
         xp.exp(lg, out=lg)
@@ -260,11 +266,12 @@ class RNNLM:
 
         ``buf.rows[:n_f]`` becomes v_all followed by v_f minus v_all (V_gamma), so
         the backward pass reads the v_all rows as the contiguous slice ``[:n_all]``.
-        Returns n_all, n_f and each target's row in that layout (N,).
+        Returns n_all, n_f, each target's row in that layout (N,) and ``softmax.log_pi``
+        in that layout, (n_f,) (None without a correction).
         """
         xp, V = self.xp, self.V
-        v_all = xp.asarray(softmax[0]).reshape(-1)
-        v_f = xp.asarray(softmax[1]).reshape(-1)
+        v_all = xp.asarray(softmax.v_all).reshape(-1)
+        v_f = xp.asarray(softmax.v_f).reshape(-1)
         na, nf = int(v_all.size), int(v_f.size)
         if not 0 < na <= nf <= V:
             raise ValueError(f"softmax sets: need 0 < |v_all| <= |v_f| <= V={V} (got {na} and {nf})")
@@ -287,11 +294,19 @@ class RNNLM:
                              f"{missing.size} target id(s) are not, e.g. {missing[:5].tolist()}")
         buf.sampled(xp, self)
         buf.rows[:na] = v_all
+        lp = log_pi = None
+        if softmax.log_pi is not None:
+            lp = xp.asarray(softmax.log_pi, dtype=self.dtype)
+            if lp.shape != (nf,):
+                raise ValueError(f"softmax log_pi: need one value per word of v_f ({nf}), got {lp.shape}")
+            log_pi = lp[loc]
         if nf > na:
             gamma = xp.ones(nf, dtype=bool)
             gamma[loc] = False
             buf.rows[na:nf] = v_f[gamma]                                 # V_gamma, sorted
-        return na, nf, ypos
+            if lp is not None:
+                log_pi = xp.concatenate([log_pi, lp[gamma]])
+        return na, nf, ypos, log_pi
 
     def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
                       softmax=None):
@@ -301,21 +316,25 @@ class RNNLM:
         every slot overwritten. ``grad_scale`` defaults to 1 / tokens scored.
         ``rng`` (an ``xp`` generator) turns dropout on; None means no dropout.
 
-        ``softmax`` None is the full softmax. ``softmax = (v_all, v_f)``, two sorted
-        unique int arrays of vocabulary ids (NumPy or ``xp``) with v_all a subset of
-        v_f, is seed 000's sampled softmax (section 4), with its two samplers:
+        ``softmax`` None is the full softmax. Otherwise a :class:`rnnlm.core.sampled.Sets`
+        (or a plain ``(v_all, v_f)``: two sorted unique int arrays of vocabulary ids, NumPy
+        or ``xp``, v_all a subset of v_f) is a sampled softmax:
 
-        * forward: logits only for the rows v_f of ``Wo``/``bo``, normalised over v_f:
-          the loss is ``-log(exp(s_y) / sum_{i in v_f} exp(s_i))``;
-        * backward: only the rows v_all. ``Wo``/``bo``'s gradient is zero outside
-          v_all and, on v_all, the exact gradient of that sampled loss; the gradient
-          into the top layer is ``sum_{i in v_all} dlogit_i * Wo[i]``. The dummy words
+        * forward: logits only for the rows v_f of ``Wo``/``bo``, normalised over v_f;
+          with ``log_pi`` every non-target logit is first lowered by its word's log
+          inclusion probability, so the loss is
+          ``-log(exp(s_y) / (exp(s_y) + sum_{i in v_f, i != y} exp(s_i - log pi_i)))``;
+        * ``Wo``/``bo``'s gradient is zero outside v_all and, on v_all, the exact gradient
+          of that sampled loss (so only rows the exchange sends move);
+        * the gradient into the top layer: with ``through_gamma`` the exact one,
+          ``sum_{i in v_f} dlogit_i * Wo[i]``, and every hidden parameter's gradient is the
+          gradient of the sampled loss; without it ``sum_{i in v_all}``: the dummy words
           V_gamma = v_f minus v_all take probability mass in the forward pass but get
-          no backward, so unless v_all == v_f the hidden parameters' gradient is *not*
-          the gradient of the sampled loss (deliberately, as the seed describes).
+          no backward (the paper's literal variant, the gradient of no loss).
 
-        The output layer then costs GEMMs of n_f rows forward and n_all rows backward
-        instead of V. Every scored target (y >= 0) must be in v_all.
+        The output layer then costs GEMMs of n_f rows forward and n_all rows (plus n_f
+        for the top layer's gradient with ``through_gamma``) backward instead of V.
+        Every scored target (y >= 0) must be in v_all.
 
         Returns
         -------
@@ -331,22 +350,35 @@ class RNNLM:
         p, g = self.layout.views(params), self.layout.views(grads)
         T, B = x.shape
         N, H = T * B, self.H
-        na = nf = ypos = None
+        na = nf = ypos = log_pi = None
         if softmax is not None:
-            na, nf, ypos = self._softmax_rows(self._bufs(T, B), softmax, y)
+            softmax = sampled.Sets(*softmax)
+            na, nf, ypos, log_pi = self._softmax_rows(self._bufs(T, B), softmax, y)
         buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, nf)
         if grad_scale is None:
             grad_scale = 1.0 / max(1, int((y >= 0).sum()))
-        loss, count = self._nll(buf, y, grad_scale, nf, ypos)
+        loss, count = self._nll(buf, y, grad_scale, nf, ypos, log_pi)
         dtop = buf.dh[-1].reshape(H, N)
         if softmax is None:
             dlg = buf.logits                                             # (V, N)
             xp.matmul(dlg, buf.act[-1].T, out=g["Wo"])                   # (V, H)
             xp.matmul(dlg, buf.ones_n, out=g["bo"])
             xp.matmul(p["Wo"].T, dlg, out=dtop)                          # (H, N)
-        else:                                    # v_all's rows only: V_gamma's are dropped
+        else:                                    # Wo/bo: v_all's rows only
+            n_top = nf if softmax.through_gamma else na                  # dL/dh: v_f's or v_all's
+            xp.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dtop)   # (H, N)
             dlg, Wa, ba = buf.logits[:na], buf.Wf[:na], buf.bf[:na]      # (n_all, N), (n_all, H)
-            xp.matmul(Wa.T, dlg, out=dtop)                               # (H, N)
+            if softmax.log_pi_rows is not None and log_pi is not None:
+                # a row moves only in steps where it is in v_all (probability pi_all), but its
+                # push-down was weighted for v_f (1 / pi_f): reweight it to 1 / pi_all, so that in
+                # expectation each row is pushed down as under the full softmax; a target's
+                # own entry (in v_all for sure) stays
+                lpr = xp.asarray(softmax.log_pi_rows, dtype=self.dtype)
+                if lpr.shape != (na,):
+                    raise ValueError(f"softmax log_pi_rows: need one value per word of v_all ({na}), got {lpr.shape}")
+                ey = dlg[ypos, buf.cols]                                 # (N,) a copy
+                dlg *= xp.exp(log_pi[:na] - lpr)[:, None]
+                dlg[ypos, buf.cols] = ey
             xp.matmul(dlg, buf.act[-1].T, out=Wa)                        # the weights are spent
             xp.matmul(dlg, buf.ones_n, out=ba)
             rows = buf.rows[:na]

@@ -86,28 +86,37 @@ def select_rows(group: str, slot_index: int, change, ex, words, seed: int, rnd: 
 
 
 class SoftmaxSampler:
-    """Seed 000's sampled softmax for one partition's round: ``(step, targets) -> (v_all, v_f)``.
+    """The sampled softmax for one partition's round: ``(step, targets) -> Sets``.
 
     v_all = the step's targets U V_alpha U V_beta, a subset of the rows the
     ``softmax`` group sends this round (its V_base is every word of the round);
     v_f adds V_gamma, ``ceil(exchange.mu * V)`` words drawn from
     ``(seed, round, seed group, step)``, so partitions of one shared-seed group
-    normalise over the same dummy words. For :func:`rnnlm.core.local.train_steps`;
-    ``sizes`` sums |v_all| and |v_f| over the steps drawn (for the metrics).
+    normalise over the same dummy words. ``exchange.sampled_variant`` picks the variant
+    (:mod:`rnnlm.core.sampled`); ``corrected`` needs ``presence``, each word's chance of being
+    among a stream's T targets (:func:`rnnlm.core.sampled.presence`), for its inclusion probabilities.
+    For :func:`rnnlm.core.local.train_steps`; ``sizes`` sums |v_all| and |v_f| over the
+    steps drawn (for the metrics).
     """
 
-    def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int):
+    def __init__(self, V: int, ex, seed: int, rnd: int, pid: int, partitions: int, presence=None):
+        if ex.sampled_variant == "corrected" and presence is None:
+            raise ValueError("the corrected sampled softmax needs the words' presence (sampled.presence)")
         self.V, self.mu, self.seed, self.rnd = V, ex.mu, seed, rnd
+        self.corrected, self.presence = ex.sampled_variant == "corrected", presence
         self.group = pid % seed_groups(ex.seed_groups, partitions)
         self.top, self.beta = _frequent(V, ex), _beta(V, ex, seed, rnd, self.group)
         self.sizes = [0, 0]
 
     def __call__(self, step: int, targets):
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, self.rnd, self.group, step, _GAMMA_KEY]))
-        v_all, v_f = sampled.softmax_sets(targets, self.V, self.top, self.beta, self.mu, rng)
-        self.sizes[0] += v_all.size
-        self.sizes[1] += v_f.size
-        return v_all, v_f
+        if self.corrected:
+            sets = sampled.corrected_sets(targets, self.V, self.top, self.beta, self.mu, rng, self.presence)
+        else:
+            sets = sampled.Sets(*sampled.softmax_sets(targets, self.V, self.top, self.beta, self.mu, rng))
+        self.sizes[0] += sets.v_all.size
+        self.sizes[1] += sets.v_f.size
+        return sets
 
 
 def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int,
