@@ -62,7 +62,8 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
         assert e.returncode == 0, e.stderr[-2000:]
         last = e.stdout.strip().splitlines()[-1]
         assert last.startswith("ppl=") and float(last[4:]) == round(logged["valid_ppl"], 4), (last, logged)
-        assert f"test_bpc {logged['valid_bpc']:.4f}" in e.stdout
+        scored = f"loss {logged['valid_loss']:.4f} | ppl {logged['valid_ppl']:.4f} | bpc {logged['valid_bpc']:.4f}"
+        assert f"{held}: {scored}" in e.stdout, e.stdout
     samples = [run("jobs/generate.py", "--checkpoint", str(tmp_path / where), "--length", "40", "--seed", "2")
                for where in ("run", "run/checkpoint")]
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30
