@@ -143,7 +143,7 @@ def test_run_on_hdfs_resumes_bit_for_bit(hadoop, webhdfs, reference):
     run = f"{hadoop.endpoints.fs_default}{home('runs/halves')}"
     train(hadoop, run, "train.rounds=3")
     train(hadoop, run, "train.rounds=6", resume=True)
-    assert set(webhdfs.list(home("runs/halves"))) == {"run.json", "metrics.jsonl", "checkpoint"}
+    assert set(webhdfs.list(home("runs/halves"))) == {"run.json", "metrics.jsonl", "checkpoint", "best"}
     info = json.loads(cat(webhdfs, f"{home('runs/halves')}/run.json"))
     assert len(info["resumed"]) == 1
     a, b = read_ck(webhdfs, f"{reference}/checkpoint"), read_ck(webhdfs, f"{home('runs/halves')}/checkpoint")

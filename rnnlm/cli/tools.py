@@ -10,9 +10,6 @@ import signal
 import sys
 import time
 
-from .. import config
-from ..core import checkpoint
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
 
 
@@ -22,6 +19,7 @@ def error(message: str, code: int = 2) -> int:
 
 
 def generate(a) -> int:
+    from ..core import checkpoint
     from ..core.generate import generate as sample
     from ..core.model import build as build_model
     from .actions import load_checkpoint
@@ -42,6 +40,7 @@ def generate(a) -> int:
 
 
 def demo(a) -> int:
+    from .. import config
     from ..core.generate import generate as sample
     from ..core.single import train
     from .checks import locate_data
