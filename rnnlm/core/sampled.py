@@ -68,9 +68,6 @@ def gamma_size(mu: float, V: int) -> int:
     return min(V, math.ceil(round(mu * V, 6)))
 
 
-_PRESENCE: dict = {}          # id(tokens) -> (tokens, T, V, presence): a partition's, once per process
-
-
 def presence(tokens, T: int, V: int) -> np.ndarray:
     """(V,) float64: the fraction of ``tokens``' consecutive length-``T`` windows that hold each
     word at least once (a word never seen: half a window).
@@ -80,17 +77,10 @@ def presence(tokens, T: int, V: int) -> np.ndarray:
     (on PTB at T = 20 the two differ by about 2%: the words' burstiness within 20 tokens is small).
     """
     t = np.asarray(backend.to_numpy(tokens)).reshape(-1)
-    hit = _PRESENCE.get(id(tokens))
-    if hit is not None and hit[0] is tokens and hit[1:3] == (T, V):
-        return hit[3]
     n = max(1, t.size // T)
     w = t[:n * T].reshape(n, -1).astype(np.int64)                       # (windows, T)
     pairs = np.unique((w + (np.arange(n, dtype=np.int64) * V)[:, None])[w >= 0])
-    out = np.maximum(np.bincount(pairs % V, minlength=V)[:V], 0.5) / n
-    if len(_PRESENCE) >= 4:
-        _PRESENCE.pop(next(iter(_PRESENCE)))
-    _PRESENCE[id(tokens)] = (tokens, T, V, out)
-    return out
+    return np.maximum(np.bincount(pairs % V, minlength=V)[:V], 0.5) / n
 
 
 def log_inclusion(ids, presence, streams: int, top: int, n_beta: int, n_gamma: int, V: int) -> np.ndarray:

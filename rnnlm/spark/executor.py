@@ -181,7 +181,9 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     batches = src.round_batches(rnd, steps)
     drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
     sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions,
-                                presence=sampled.presence(src.tokens, t.bptt, model.V))
+                                # a partition's, once per executor process (the key holds its source)
+                                presence=_memo(("presence", src, t.bptt, model.V),
+                                               lambda: sampled.presence(src.tokens, t.bptt, model.V)))
             if cfg.exchange.sampled_softmax else None)
     res = train_steps(model, opt, params, opt_state, batches, state, lr=lr, clip_norm=cfg.optim.clip_norm,
                       clip_value=cfg.optim.clip_value, grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
