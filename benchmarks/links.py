@@ -53,6 +53,7 @@ def settings(name: str, partitions: int, data: str) -> tuple:
     conf, extra = EXCHANGES[name]
     return conf, [f"data.train={data}/ptb.train.txt", f"data.valid={data}/ptb.valid.txt", "data.test=",
                   f"data.partitions={partitions}", f"data.eval_streams={partitions}", "train.checkpoint_every=0",
+                  "train.checkpoint_s=0",
                   *extra]
 
 
