@@ -102,7 +102,7 @@ def child(spec: dict) -> list:
     base = config.load(os.path.join(ROOT, conf), sets)
     sync = base.train.mode == "sync"
     data = load_corpus(spark.sparkContext, base)
-    base = config.replace(base, "model", vocab_size=len(data.vocab))
+    base = config.resolve(base, len(data.vocab))
     rows = []
     if spec.get("converge"):
         links.shape(None)
@@ -186,7 +186,7 @@ def bytes_at(partitions: int, exchanges: list, data: str) -> list:
         if cfg.train.mode != "sync":
             continue
         d = load_corpus(spark.sparkContext, cfg)
-        cfg = config.replace(cfg, "model", vocab_size=len(d.vocab))
+        cfg = config.resolve(cfg, len(d.vocab))
         est = measured(probe(spark, cfg, d, rounds=3), partitions, _params(cfg))
         rows.append({"partitions": partitions, "exchange": name, "bytes_only": True,
                      "sent": est["sent"], "broadcast": est["broadcast"]})

@@ -300,6 +300,12 @@ def replace(cfg: Config, section: str, **changes) -> Config:
     return dataclasses.replace(cfg, **{section: sec})
 
 
+def resolve(cfg: Config, vocab_size: int) -> Config:
+    """The run's configuration once its vocabulary is built: what the driver trains with, saves in
+    checkpoints and ships to tasks (already validated: tasks do not parse or check it again)."""
+    return replace(cfg, "model", vocab_size=vocab_size)
+
+
 SAMPLED = ("sampled_windows", "sampled_paragraphs")
 
 

@@ -3,7 +3,9 @@ import numpy as np
 
 from rnnlm import config
 from rnnlm.exchange import plan
+from rnnlm.exchange.round import Carry, RoundMessage
 from rnnlm.spark import executor
+from rnnlm.spark.memo import MEMO
 from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
 
@@ -28,8 +30,7 @@ def cfg_for(vocab_size, *sets):
 
 
 def run_task(cfg, params, pid, tokens, bc_local=None):
-    payload = Bc({"rows": {}, "base": "test:0", "opt": None})
-    task = executor.round_task(cfg.to_json(), Bc(params), payload, bc_local or {}, 1, 0.01)
+    task = executor.round_task(cfg, Bc(params), Bc(RoundMessage("test:0", {}, None)), bc_local or {}, 1, 0.01)
     (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
     assert not agg.errors()
     return params + plan.mean_change(RNNLM(cfg.model).layout, agg, np.float32)
@@ -43,10 +44,10 @@ def test_memo_never_serves_another_partitions_data():
     assert len(a) == len(b) and a[:64].sum() == b[:64].sum() and not np.array_equal(a, b)
     cfg = cfg_for(20)
     params = RNNLM(cfg.model).init_params(1)
-    executor._MEMO.clear()
+    MEMO.clear()
     run_task(cfg, params, 0, a)
     after_a = run_task(cfg, params, 0, b)
-    executor._MEMO.clear()
+    MEMO.clear()
     fresh = run_task(cfg, params, 0, b)
     assert np.array_equal(after_a, fresh)
 
@@ -72,7 +73,7 @@ def test_a_task_reads_only_its_own_partitions_broadcast():
     def state():
         return {"t": 3, "m": np.zeros_like(params), "v": np.full_like(params, 1e-4)}
 
-    mine = run_task(cfg, params, 0, tokens, {0: Bc({"opt": state()}), 1: Untouchable()})
+    mine = run_task(cfg, params, 0, tokens, {0: Bc(Carry(opt=state())), 1: Untouchable()})
     fresh = run_task(cfg, params, 0, tokens, {1: Untouchable()})
     # equal up to the float32 rounding of parameters + averaged change
     np.testing.assert_allclose(mine, stepped_from(cfg, params, tokens, state()), rtol=1e-6, atol=1e-8)

@@ -8,6 +8,7 @@ import pytest
 
 from rnnlm import download
 from rnnlm.exchange.aggregate import Aggregate, merge as comb_op
+from rnnlm.exchange.round import SyncRound
 from rnnlm.core.strategies import Source, TooShort
 
 TOK = np.arange(100, dtype=np.int32)
@@ -126,7 +127,7 @@ def test_aggregate_is_the_weighted_mean_whatever_the_order():
 
 def test_a_failed_partition_merges_with_healthy_ones_at_any_depth():
     vals = {0: (3, 0.5), 1: (5, -1.0), 3: (2, 4.0)}
-    failed = Aggregate.contribution(0.0, {}, {2: {"error": "loss became nan at local step 1"}})
+    failed = SyncRound.failed(2, "loss became nan at local step 1")
     hop = lambda a: pickle.loads(pickle.dumps(a))          # noqa: E731  (a hop between processes)
     parts = lambda: {**{pid: hop(leaf(w, v, pid)) for pid, (w, v) in vals.items()}, 2: hop(failed)}  # noqa: E731
     ref = sum(w * np.float64(np.float32(v)) for w, v in vals.values()) / 10

@@ -35,7 +35,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     d, t = cfg.data, cfg.train
     text = read_text(d.train, d.encoding_errors)
     vocab = Vocab.build(text, d.level, d.vocab_size, d.min_count)
-    cfg = config.replace(cfg, "model", vocab_size=len(vocab))
+    cfg = config.resolve(cfg, len(vocab))
     ids = vocab.encode(text)
     if d.valid:
         valid = vocab.encode(read_text(d.valid, d.encoding_errors))

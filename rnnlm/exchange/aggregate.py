@@ -34,9 +34,10 @@ class Aggregate:
         (a plain array given to :meth:`contribution` travels as an ``f32`` block).
     words : int32 array
         The sorted ids of the words the partitions read this round (their union).
-    local : dict of int -> dict
-        Per-partition values that are gathered, not averaged (carried hidden
-        states, optimizer state kept per partition).
+    local : dict of int -> value
+        Per-partition values that are gathered, not averaged (the synchronous round's
+        :class:`rnnlm.exchange.round.Carry`: carried hidden state, optimizer state kept per
+        partition, or the error that stopped the partition).
     stats : dict of str -> float
         ``tokens``, ``loss_sum``, ``steps`` and per-group block counts (summed), ``compute_s`` (max).
     wire_bytes : int
@@ -99,7 +100,8 @@ class Aggregate:
 
     def errors(self) -> list:
         """``"partition P: message"`` for every partition that reported an error."""
-        return [f"partition {pid}: {v['error']}" for pid, v in sorted(self.local.items()) if "error" in v]
+        return [f"partition {pid}: {v.error}" for pid, v in sorted(self.local.items())
+                if getattr(v, "error", None)]
 
     def mean(self, name: str, dtype=np.float32) -> np.ndarray:
         """The weight-averaged block ``name`` as a full (R, C) array (rows nobody sent are 0)."""

@@ -35,6 +35,7 @@ import numpy as np
 from ..core import sampled
 from .blocks import Block
 
+PARAMS = "params."          # a block of a parameter slot's change is named PARAMS + the slot's name
 GROUP_OF = {"embed": "embed", "Wo": "softmax", "bo": "softmax"}   # every other slot: hidden
 _KEY = 0xEC
 _SOFTMAX_SALT = 1 << 20        # Wo and bo draw the same V_beta (hidden slots salt with their index)
@@ -121,7 +122,7 @@ class SoftmaxSampler:
 
 def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int,
            residual=None) -> tuple:
-    """One partition's change (P,) as blocks named ``params.<slot>``, and per-group statistics.
+    """One partition's change (P,) as blocks named ``PARAMS + slot``, and per-group statistics.
 
     Parameters
     ----------
@@ -151,7 +152,7 @@ def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions:
         if ex.feedback:
             kept = left[slot.offset:slot.end].reshape(slot.shape[0], -1)                # (R, C)
             kept[slice(None) if ids is None else ids] -= b.decode()
-        blocks[f"params.{slot.name}"] = b
+        blocks[PARAMS + slot.name] = b
         for k, v in (("rows_sent", b.rows), ("rows_total", slot.shape[0]), ("block_bytes", b.nbytes)):
             stats[f"{k}.{group}"] = stats.get(f"{k}.{group}", 0) + int(v)
     return blocks, stats, (left if ex.feedback else None)
@@ -161,5 +162,5 @@ def mean_change(layout, agg, dtype) -> np.ndarray:
     """The token-weighted mean change (P,) from an aggregate of :func:`encode`'d blocks."""
     out = np.empty(layout.size, dtype)
     for slot in layout:
-        out[slot.offset:slot.end] = agg.mean(f"params.{slot.name}", dtype).reshape(-1)
+        out[slot.offset:slot.end] = agg.mean(PARAMS + slot.name, dtype).reshape(-1)
     return out

@@ -9,8 +9,8 @@ residual stay in the task. A retried task starts again from the server's
 parameters at its first window not applied, with a fresh optimizer state and
 hidden state (what the dead attempt held is lost with it).
 
-The task captures plain values only: the configuration as JSON, the server's
-address and the run's secret.
+The task captures plain values only: the configuration (resolved on the driver), the
+server's address and the run's secret.
 """
 from __future__ import annotations
 
@@ -21,26 +21,26 @@ from ..core import backend
 from ..core.model import build as build_model
 from ..core.optim import make_optimizer
 from ..exchange.paramserver import WorkerClient
-from .executor import _digest, _memo, make_source, task_xp, train_and_encode
+from .executor import make_source, task_xp, train_and_encode
+from .memo import MEMO, digest
 
 
-def worker_task(cfg_json: str, address: tuple, secret: bytes, lrs: list):
+def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
     """The ``mapPartitions`` function: yields one summary per partition (pid, windows trained, error).
 
     ``lrs[w]`` is window w's learning rate (the schedule at the epoch every worker reaches there).
     """
     def run(it):
-        cfg = config.from_json(cfg_json)
         t = cfg.train
         xp = task_xp(t.device)
-        model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
+        model = MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
             client = WorkerClient(address, secret, pid, cfg.server, model.layout)
             trained, error = 0, None
             try:
                 first, windows, version, host = client.hello()
-                src = _memo(("source", cfg_json, pid, _digest(tokens, starts)),
-                            lambda: make_source(cfg, pid, tokens, starts))
+                src = MEMO.get(("source", cfg, pid, digest(tokens, starts)),
+                               lambda: make_source(cfg, pid, tokens, starts))
                 opt = make_optimizer(cfg.optim)
                 params = xp.array(host)
                 opt_state = opt.init_state(params)

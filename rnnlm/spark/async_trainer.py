@@ -63,7 +63,7 @@ class AsyncTrainer(Trainer):
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
         owned = data is None
         data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else None)
-        cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
+        cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         model = build_model(cfg.model)
         self.layout, P = model.layout, cfg.data.partitions
         windows = total_rounds(probe_cfg, data)
@@ -108,7 +108,7 @@ class AsyncTrainer(Trainer):
             self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
         run = _Run(self, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
-        job = _Job(self.sc, data.train, worker_task(cfg.to_json(), frames.address, secret, _lrs(cfg, data, windows)))
+        job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
         stop = _StopRequest(self.log)
         try:
             run.loop(job, stop)

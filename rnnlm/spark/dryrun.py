@@ -18,18 +18,15 @@ import numpy as np
 
 from .. import config
 from ..core.model import build as build_model
-from ..core.optim import make_optimizer
 from ..exchange import plan
-from ..exchange.rebase import changed_rows, delta_blocks, size
 from .executor import make_source
 from .linkcost import parse_latency, parse_rate, predict
-from .trainer import Trainer, _steps, load_corpus, total_rounds
+from .trainer import Trainer, load_corpus, steps_label, total_rounds
 
 
-def round_words_task(cfg_json: str):
+def round_words_task(cfg: config.Config):
     """Per partition: ``(pid, input words, all words)`` of round 1's batches."""
     def run(it):
-        cfg = config.from_json(cfg_json)
         for pid, tokens, starts in it:
             batches = make_source(cfg, pid, tokens, starts).round_batches(1, cfg.train.local_steps)
             x = np.unique(np.concatenate([b.x.ravel() for b in batches]))
@@ -39,17 +36,16 @@ def round_words_task(cfg_json: str):
 
 
 def estimate(layout, cfg, words: list) -> dict:
-    """Bytes of round 1 from the words each partition reads (``[(pid, input words, all words)]``).
+    """An async run's bytes per push window from the words each partition reads in round 1
+    (``[(pid, input words, all words)]``).
 
     Each partition's change is taken as non-zero wherever training moves parameters (every
     row, but for the input table only the rows of the words read, as SGD moves them), then
     encoded as :func:`rnnlm.exchange.plan.encode` sends it. Returns ``sent`` (all partitions),
-    ``dense`` (the same as float32 without selection), ``broadcast`` (the next round's: the rows
-    the union of what was sent changes, and the averaged optimizer state where it travels) and
-    ``model`` (the parameters as float32: the first broadcast).
+    ``dense`` (the same as float32 without selection) and ``model`` (the parameters as float32).
     """
     ex, P = cfg.exchange, cfg.data.partitions
-    sent, mean = 0, np.zeros(layout.size, np.float32)
+    sent = 0
     for pid, x, all_words in words:
         change = np.ones(layout.size, np.float32)
         e = layout["embed"]
@@ -59,21 +55,7 @@ def estimate(layout, cfg, words: list) -> dict:
         rows[~keep] = 0
         blocks, _, _ = plan.encode(layout, change, ex, all_words, cfg.train.seed, 1, pid, P)
         sent += sum(b.nbytes for b in blocks.values())
-        for slot in layout:
-            b = blocks[f"params.{slot.name}"]
-            view = mean[slot.offset:slot.end].reshape(slot.shape[0], -1)
-            view[slice(None) if b.ids is None else b.ids] += b.decode().reshape(b.rows, -1) / P
-    base = np.zeros(layout.size, np.float32)
-    kind, codec = ex.broadcast.partition("+")[::2]
-    if kind == "delta":
-        bcast = sum(b.nbytes for b in delta_blocks(layout, mean, codec).values())
-    else:
-        amount = size(changed_rows(layout, mean, base))
-        rebase = amount >= cfg.train.rebase_fraction * layout.size
-        bcast = layout.size * 4 if rebase else amount * 4
-    if cfg.train.optim_state == "average":       # the averaged optimizer state travels whole every round
-        bcast += len(make_optimizer(cfg.optim).slots) * layout.size * 4
-    return {"sent": sent, "dense": P * layout.size * 4, "broadcast": bcast, "model": layout.size * 4}
+    return {"sent": sent, "dense": P * layout.size * 4, "model": layout.size * 4}
 
 
 def probe(spark, cfg: config.Config, data, rounds: int = 4) -> list:
@@ -101,16 +83,15 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     link = (parse_rate(bandwidth), parse_latency(latency)) if bandwidth else None
     sc, sync = spark.sparkContext, cfg.train.mode != "async"
     steps = cfg.train.local_steps if sync else cfg.train.push_every
-    probe_cfg = config.replace(cfg, "train", local_steps=steps)
-    data = load_corpus(sc, probe_cfg)
+    data = load_corpus(sc, config.replace(cfg, "train", local_steps=steps))
     try:
-        cfg = config.replace(cfg, "model", vocab_size=len(data.vocab))
-        probe_cfg = config.replace(probe_cfg, "model", vocab_size=len(data.vocab))
+        cfg = config.resolve(cfg, len(data.vocab))
+        probe_cfg = config.replace(cfg, "train", local_steps=steps)
         layout = build_model(cfg.model).layout
         if sync:
             est = measured(probe(spark, probe_cfg, data), cfg.data.partitions, layout.size)
         else:
-            words = data.train.mapPartitions(round_words_task(probe_cfg.to_json())).collect()
+            words = data.train.mapPartitions(round_words_task(probe_cfg)).collect()
             est = estimate(layout, probe_cfg, words)
         rounds = total_rounds(probe_cfg, data)
     finally:
@@ -122,11 +103,11 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
         f"train tokens {data.tokens:,}")
     if not sync:
-        log(f"{rounds:,} push windows of {_steps(probe_cfg.train)} on {P} partitions")
+        log(f"{rounds:,} push windows of {steps_label(probe_cfg.train)} on {P} partitions")
         log(f"per push window, estimated from round 1's batches: partitions send {est['sent'] / 1e6:.3f} MB in "
             f"all ({est['sent'] / est['dense']:.1%} of dense float32's {est['dense'] / 1e6:.3f} MB)")
         return est
-    log(f"{rounds:,} rounds of {_steps(probe_cfg.train)} on {P} partitions")
+    log(f"{rounds:,} rounds of {steps_label(probe_cfg.train)} on {P} partitions")
     log(f"per round, measured on rounds 1-4 (run in a scratch directory, then deleted): partitions send "
         f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
         f"{est['dense'] / 1e6:.3f} MB); the driver broadcasts {est['broadcast']:,} bytes (round 1: "

@@ -3,42 +3,29 @@ broadcast handles only (never the SparkContext or a driver object), so every
 task is a pure function of (broadcasts, round, partition data): a retried task
 reproduces its result exactly.
 
+Tasks receive the run's configuration resolved and validated once, on the driver
+(:func:`rnnlm.config.resolve`), as a frozen dataclass.
+
 A task that cannot train (a non-finite loss, no usable GPU) reports the error in
 its result instead of raising: Spark would retry a raising task, and the retry
 would fail the same way.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 
 import numpy as np
 
 from ..core import backend, sampled
 from .. import config
-from ..exchange import plan, rebase
+from ..exchange import plan
 from ..exchange.aggregate import Aggregate
+from ..exchange.round import Carry, SyncRound, view
 from ..core.local import held_out_nll, train_steps
 from ..core.model import build as build_model
 from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
-
-# Per-process memo of what a task derives from its inputs alone (the model object with its
-# buffers, a partition's batch source): results do not depend on it, only start-up time does.
-_MEMO: dict = {}
-_MEMO_SIZE = 8
-
-
-def _memo(key, build):
-    if key not in _MEMO:
-        _remember(key, build())
-    return _MEMO[key]
-
-
-def _remember(key, value):
-    if len(_MEMO) >= _MEMO_SIZE:
-        _MEMO.pop(next(iter(_MEMO)))
-    _MEMO[key] = value
+from .memo import MEMO, digest
 
 
 def task_xp(device: str):
@@ -63,18 +50,9 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
                   fraction=d.sample_fraction, seed=t.seed, partition=pid)
 
 
-def _digest(*arrays) -> str:
-    # names a partition's data exactly (a sample of it could collide); hashing is ~1 GB/s
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).data)
-    return h.hexdigest()
-
-
-def probe_task(cfg_json: str):
+def probe_task(cfg: config.Config):
     """Per partition: (pid, tokens, expected tokens per round, error message or None)."""
     def run(it):
-        cfg = config.from_json(cfg_json)
         try:
             task_xp(cfg.train.device)
             device_error = None
@@ -91,17 +69,14 @@ def probe_task(cfg_json: str):
     return run
 
 
-def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float, deltas=()):
-    """One round on one partition from the broadcast state.
+def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=()):
+    """One round on one partition from the broadcast state (:mod:`rnnlm.exchange.round`).
 
-    ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc``
-    holds what every partition reads this round (the rows that differ from the base,
-    see :mod:`rnnlm.exchange.rebase`; averaged optimizer state); ``deltas`` are the
-    broadcasts of :class:`rnnlm.exchange.rebase.DeltaBroadcast`, added to the base in
-    order (an executor caches its sum, the view, per base); ``bc_local``
-    maps a partition to a broadcast of what it alone carries (hidden state,
-    optimizer state kept per partition), so an executor fetches only its own
-    partitions' share.
+    ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the
+    round's :class:`~rnnlm.exchange.round.RoundMessage`; ``deltas`` are the broadcasts of
+    :class:`rnnlm.exchange.rebase.DeltaBroadcast`, added to the base in order (an executor
+    caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
+    :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
     With ``exchange.feedback`` the task reads ``((pid, tokens, starts), (pid, residual))``
     (the data zipped with :class:`rnnlm.spark.residuals.Residuals`' RDD) and yields,
@@ -109,52 +84,40 @@ def round_task(cfg_json: str, bc_base, bc, bc_local: dict, rnd: int, lr: float, 
     round's input (see :func:`fold`).
     """
     def run(it):
-        cfg = config.from_json(cfg_json)
         t, feedback = cfg.train, cfg.exchange.feedback
         items = (_unzip(x) if feedback else (x, None) for x in it)
         try:
             xp = task_xp(t.device)
         except RuntimeError as e:
             for (pid, _, _), residual in items:
-                yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+                yield SyncRound.failed(pid, str(e))
                 if feedback:
                     yield pid, residual
             return
-        payload = bc.value
-        model = _memo(("model", cfg_json, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
-        host = _view(model.layout, bc_base, payload, deltas)      # the parameters the driver sent
+        msg = bc.value
+        model = MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
+        protocol = SyncRound(model.layout, t, cfg.data.partitions)
+        host = view(model.layout, bc_base, msg, deltas, MEMO)      # the parameters the driver sent
         for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
             opt = make_optimizer(cfg.optim)
             params = xp.array(host)
-            mine = bc_local[pid].value if pid in bc_local else {}
-            if t.optim_state == "local" and "opt" in mine:
-                opt_state = _to_xp(xp, mine["opt"])
-            elif t.optim_state == "average" and payload["opt"] is not None:
-                opt_state = _to_xp(xp, payload["opt"])
-            else:
-                opt_state = opt.init_state(params)
-            src = _memo(("source", cfg_json, pid, _digest(tokens, starts)),
-                        lambda: make_source(cfg, pid, tokens, starts))
-            state = mine.get("state") if src.carries_state else None
+            carry = bc_carry[pid].value if pid in bc_carry else Carry()
+            opt_state = protocol.start(msg, carry, opt, params, xp.array)
+            src = MEMO.get(("source", cfg, pid, digest(tokens, starts)),
+                           lambda: make_source(cfg, pid, tokens, starts))
+            state = carry.state if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             try:
-                res, dense, block_stats, left, words = train_and_encode(
+                res, blocks, block_stats, left, words = train_and_encode(
                     cfg, model, src, opt, params, opt_state, state, host, rnd, pid, lr, t.local_steps, residual)
             except FloatingPointError as e:
-                yield Aggregate.contribution(0.0, {}, {pid: {"error": str(e)}})
+                yield protocol.failed(pid, str(e))
                 if feedback:
                     yield pid, residual
                 continue
-            local = {"state": backend.to_numpy(res.state)} if src.carries_state else {}
-            host_opt = {k: (backend.to_numpy(v) if k != "t" else v) for k, v in res.opt_state.items()}
-            if t.optim_state == "average":
-                dense.update({f"opt.{k}": v for k, v in host_opt.items() if k != "t"})
-            elif t.optim_state == "local":
-                local["opt"] = host_opt
-            yield Aggregate.contribution(res.tokens, dense, {pid: local}, words=words, tokens=res.tokens,
-                                         loss_sum=res.loss_sum, steps=res.steps,
-                                         compute_s=time.perf_counter() - t0, **block_stats)
+            yield protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
+                                        time.perf_counter() - t0, backend.to_numpy)
             if feedback:
                 yield pid, left
     return run
@@ -182,8 +145,8 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
     sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions,
                                 # a partition's, once per executor process (the key holds its source)
-                                presence=_memo(("presence", src, t.bptt, model.V),
-                                               lambda: sampled.presence(src.tokens, t.bptt, model.V)))
+                                presence=MEMO.get(("presence", src, t.bptt, model.V),
+                                                  lambda: sampled.presence(src.tokens, t.bptt, model.V)))
             if cfg.exchange.sampled_softmax else None)
     res = train_steps(model, opt, params, opt_state, batches, state, lr=lr, clip_norm=cfg.optim.clip_norm,
                       clip_value=cfg.optim.clip_value, grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
@@ -194,20 +157,6 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     if sets is not None:
         stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
     return res, blocks, stats, left, words
-
-
-def _view(layout, bc_base, payload, deltas):
-    """Base + rows, + the deltas in order; the sum so far is cached per base (``payload["base"]``),
-    so a round adds only its new delta (a from-scratch sum in the same order is the same bits)."""
-    key = ("view", payload["base"])
-    done, view = _MEMO.pop(key, (None, None))
-    if done is None or done > len(deltas):
-        done, view = 0, rebase.rebuild(layout, bc_base.value, payload["rows"])
-    for d in deltas[done:]:
-        rebase.apply_delta(layout, view, d.value)
-    if deltas:
-        _remember(key, (len(deltas), view))
-    return view
 
 
 def _unzip(item):
@@ -230,17 +179,12 @@ def fold(acc: Aggregate, x) -> Aggregate:
     return acc.merge(x)
 
 
-def eval_task(cfg_json: str, bc):
+def eval_task(cfg: config.Config, bc):
     """Summed NLL and token count of each partition read as one stream."""
     def run(it):
-        cfg = config.from_json(cfg_json)
         xp = task_xp(cfg.train.device)
         model = build_model(cfg.model, xp=xp)
         params = xp.asarray(bc.value)
         for _, tokens, _ in it:
             yield held_out_nll(model, params, [tokens])
     return run
-
-
-def _to_xp(xp, d: dict) -> dict:
-    return {k: (xp.array(v) if k != "t" else v) for k, v in d.items()}

@@ -15,8 +15,8 @@ partition, zipped with the corpus' partitions:
   from their lineage (the earlier rounds' tasks, pure functions of their
   broadcasts, which this class keeps alive), bit for bit;
 * every checkpoint truncates the lineage: the residuals are collected (one
-  partition at a time), written into the checkpoint (``optim.npz``,
-  ``feedback.p<pid>``), broadcast back one per partition, and the broadcasts and
+  partition at a time), written into the checkpoint (``optim.npz``, under
+  :class:`rnnlm.exchange.round.StateKeys`' names), broadcast back one per partition, and the broadcasts and
   cached rounds before are released. A resumed run starts from the same
   broadcasts, so resume reproduces the uninterrupted run's numbers. A cut moves
   values, never changes them: whatever writes a checkpoint (``train.checkpoint_every``,
@@ -35,12 +35,10 @@ round's broadcast bytes).
 """
 from __future__ import annotations
 
-import numpy as np
 from pyspark import StorageLevel
 
 from .executor import fold
 
-KEY = "feedback.p"         # optim.npz key prefix of a partition's residual
 MAX_LINEAGE = 48           # rounds; three RDDs each (zip, mapPartitions, filter)
 
 
@@ -132,12 +130,3 @@ def _release(broadcasts, out) -> None:
     for b in broadcasts:
         b.unpersist()
         b.destroy()
-
-
-def to_optim(saved: dict) -> dict:
-    """``optim.npz`` entries for residuals."""
-    return {f"{KEY}{pid}": np.asarray(a) for pid, a in saved.items()}
-
-
-def from_optim(optim: dict) -> dict:
-    return {int(k[len(KEY):]): v for k, v in optim.items() if k.startswith(KEY)}

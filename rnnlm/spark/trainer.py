@@ -26,7 +26,8 @@ from . import corpus, executor
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
-from . import residuals as residuals_mod
+from ..exchange.round import SyncRound
+from .residuals import Residuals
 from . import runinfo
 from .hfs import HadoopFS
 from ..core.metrics import due, json_lines, log_line, loss_fields
@@ -125,8 +126,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     bc_vocab = sc.broadcast(vocab)
     enc = corpus.encode_partitions(corpus.contiguous_partitions(paras, d.partitions), bc_vocab)
     enc = enc.persist()
-    cfg = config.replace(cfg, "model", vocab_size=len(vocab))
-    probe = enc.mapPartitions(executor.probe_task(cfg.to_json())).collect()
+    probe = enc.mapPartitions(executor.probe_task(cfg)).collect()
     errors = [f"partition {pid}: {err}" for pid, _, _, err in probe if err]
     if errors:
         enc.unpersist()
@@ -199,17 +199,8 @@ class Trainer:
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"],
                       eval_s=pos.get("eval_s", 0.0), best=best_record(pos.get("best")))
-        # optim.npz keys: "<slot>" (averaged), "p<pid>/<slot>" (per partition), "outer.velocity", "outer.view"
-        slots = {k: v for k, v in ck.optim.items() if "/" not in k and not k.startswith(("outer.", "feedback."))}
-        if slots:
-            st.opt = dict(slots, t=ck.optim_t)
-        st.velocity = ck.optim.get("outer.velocity")
-        st.view = ck.optim.get("outer.view")
-        st.residual = residuals_mod.from_optim(ck.optim)
-        for k, v in ck.optim.items():
-            if "/" in k:
-                pid, slot = k[1:].split("/", 1)
-                st.opt_local.setdefault(int(pid), {"t": ck.optim_t})[slot] = v
+        for k, v in SyncRound.from_optim(ck.optim, ck.optim_t).items():
+            setattr(st, k, v)
         if ck.hidden is not None:
             if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
                 raise TrainingError(f"cannot resume: {self.ck_path} holds one stream's hidden state (a one-machine "
@@ -263,11 +254,12 @@ class Trainer:
             if owned:
                 _unpersist(data)
             return self.nothing_to_do(st.round, total_rounds(self.cfg_in, data), st.params, data.vocab)
-        cfg = self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(data.vocab))
+        cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         self.layout = build_model(cfg.model).layout
+        self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
         st = st or self._fresh(cfg)
         runinfo.write(self.fs, self.out, self.sc, cfg, resume)
-        self.residuals = residuals_mod.Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
+        self.residuals = Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         retire = self.residuals.keep if self.residuals else None
         if cfg.exchange.broadcast == "rows":
@@ -277,7 +269,7 @@ class Trainer:
                                             retire=retire)
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
-                 f"{cfg.data.partitions} partitions x {_steps(cfg.train)} | {rounds} rounds")
+                 f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
         if resume:
             self.log(f"resumed from round {st.round}")
         stop = _StopRequest(self.log)
@@ -307,7 +299,7 @@ class Trainer:
         """A resumed run already at its length: no training, the checkpoint's model; the last line."""
         self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
                  "train.epochs to train on)")
-        self.cfg = config.replace(self.cfg_in, "model", vocab_size=len(vocab))
+        self.cfg = config.resolve(self.cfg_in, len(vocab))
         self.params, self.vocab = params, vocab
         return self.metrics[-1] if self.metrics else {"round": at}
 
@@ -321,47 +313,26 @@ class Trainer:
 
     def _round(self, cfg, data, st: RunState, rounds: int, stop) -> tuple:
         """Train round ``st.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
-        t, sc = cfg.train, self.sc
-        r = st.round + 1
+        r, t0 = st.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, st.schedule)
-        epoch = st.tokens / data.tokens
-        lr = sched.lr(epoch)
-        local = {pid: {"state": s} for pid, s in st.states.items()}
-        if t.optim_state == "local":
-            for pid, o in st.opt_local.items():
-                local.setdefault(pid, {})["opt"] = o
-        t0 = time.perf_counter()
-        bc_base, rows, deltas, new = self.params_bc.round(st.params)
-        rebased = any(b is bc_base for b in new)
-        payload = {"rows": rows, "base": self.params_bc.token, "opt": st.opt if t.optim_state == "average" else None}
-        bcs = [sc.broadcast(payload)]
-        bc_local = {pid: sc.broadcast(v) for pid, v in local.items()}
-        bcs += bc_local.values()
+        lr = sched.lr(st.tokens / data.tokens)
+        # what every partition reads (the base, the rows that differ from it) and what each alone carries
+        base, rows, deltas, new = self.params_bc.round(st.params)
+        msg, carries = self.protocol.messages(st, self.params_bc.token, rows)
+        bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
         bc_bytes = sum(_broadcast_bytes(b) for b in bcs + new)
-        sc.setJobDescription(f"rnnlm round {r}/{rounds}: {_steps(t)} + treeAggregate")
-        task = executor.round_task(cfg.to_json(), bc_base, bcs[0], bc_local, r, lr, deltas)
-        if self.residuals is not None:
-            # residuals re-seeded from a checkpoint travel now, one broadcast per partition
-            bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
-            self.residuals.pending_broadcast = []
-            self.residuals.keep(bcs)          # the residuals' lineage reads them until the next checkpoint
-            agg = self.residuals.run_round(task, t.tree_depth, Aggregate(), merge)
-        else:
-            try:
-                agg = data.train.mapPartitions(task).treeAggregate(Aggregate(), executor.fold, merge,
-                                                                   depth=t.tree_depth)
-            finally:
-                for b in bcs:
-                    b.unpersist()
-                    b.destroy()
-        errors = agg.errors()
-        loss = agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
+        # local steps on every partition; their changes merged by treeAggregate
+        self.sc.setJobDescription(f"rnnlm round {r}/{rounds}: {steps_label(cfg.train)} + treeAggregate")
+        task = executor.round_task(cfg, base, bcs[0], dict(zip(carries, bcs[1:])), r, lr, deltas)
+        agg, bc_bytes = self._aggregate(cfg, data, task, bcs, bc_bytes)
+        # the mean change applied, unless a partition failed or a value is not finite
+        errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
         if errors or not math.isfinite(loss):
             self._stop(r, errors[0] if errors else f"training loss is {loss}")
-        self._apply(cfg, st, agg)
+        self.protocol.apply(st, agg)
         if not np.isfinite(st.params.sum(dtype=np.float64)):
             self._stop(r, "the averaged parameters are not finite")
-        evaluated = due(r, t.eval_every, rounds) and (data.valid is not None or data.test is not None)
+        evaluated = due(r, cfg.train.eval_every, rounds) and (data.valid is not None or data.test is not None)
         save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
         if self.residuals is not None and not save:
             agg.wire_bytes += self.residuals.trim()      # residuals collected to cut their lineage
@@ -369,41 +340,51 @@ class Trainer:
         st.bytes_sent += agg.wire_bytes
         st.bytes_broadcast += bc_bytes
         st.wall_s += time.perf_counter() - t0
-        m = {"round": r, "epoch": round(st.tokens / data.tokens, 5), "tokens": st.tokens, "syncs": r,
-             "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
-             "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
-             "wall_s": round(st.wall_s, 3),
-             "round_s": round(time.perf_counter() - t0, 3), "compute_s": round(agg.stats["compute_s"], 3),
-             "train_loss": loss, "lr": lr, "unique_words": int(len(agg.words))}
-        # what travelled per parameter group (seed 002's U against N: unique_words against tokens)
-        m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
-        sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
-        m["compression"] = round(self.layout.size * 4 * cfg.data.partitions / max(1, sent), 3)
-        m["seed_groups"] = plan.seed_groups(cfg.exchange.seed_groups, cfg.data.partitions)
-        if cfg.exchange.sampled_softmax:      # mean sampled softmax sets per local step
-            for k in ("softmax_v_all", "softmax_v_f"):
-                m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
+        m = round_metrics(cfg, self.layout, st, data.tokens, agg, bc_bytes, any(b is base for b in new), lr,
+                          time.perf_counter() - t0)
+        # held-out text, between rounds (its time is not the round's)
         best = False
         if evaluated:
-            e0 = time.perf_counter()
-            if data.valid is not None:
-                vl = self._evaluate_held_out(cfg, st.params, data, "valid")
-                m.update(loss_fields(vl, cfg.data.level, "valid"))
-                sched.observe(vl)
-                st.schedule = sched.state
-                best = improves(st.best, vl)
-                if best:
-                    st.best = {"round": r, "valid_loss": vl}
-                m["best_round"] = st.best["round"]
-            if data.test is not None:
-                m.update(loss_fields(self._evaluate_held_out(cfg, st.params, data, "test"), cfg.data.level, "test"))
-            st.eval_s += time.perf_counter() - e0
-            m["eval_s"] = round(st.eval_s, 3)
-        sc.setJobDescription(None)
+            best = self._evaluate_round(cfg, data, st, sched, m)
+        self.sc.setJobDescription(None)
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
         self.report(m, rounds, log_line(m, skip=_quiet(cfg)))
         return save, best
+
+    def _aggregate(self, cfg, data, task, bcs: list, bc_bytes: int) -> tuple:
+        """Run the round's job; return its aggregate and the round's broadcast bytes."""
+        if self.residuals is None:
+            try:
+                return data.train.mapPartitions(task).treeAggregate(
+                    Aggregate(), executor.fold, merge, depth=cfg.train.tree_depth), bc_bytes
+            finally:
+                for b in bcs:
+                    b.unpersist()
+                    b.destroy()
+        # residuals re-seeded from a checkpoint travel now, one broadcast per partition
+        bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
+        self.residuals.pending_broadcast = []
+        self.residuals.keep(bcs)          # the residuals' lineage reads them until the next checkpoint
+        return self.residuals.run_round(task, cfg.train.tree_depth, Aggregate(), merge), bc_bytes
+
+    def _evaluate_round(self, cfg, data, st: RunState, sched, m: dict) -> bool:
+        """Score held-out text into ``m``; step a plateau schedule; return whether this round is the best."""
+        e0, best = time.perf_counter(), False
+        if data.valid is not None:
+            vl = self._evaluate_held_out(cfg, st.params, data, "valid")
+            m.update(loss_fields(vl, cfg.data.level, "valid"))
+            sched.observe(vl)
+            st.schedule = sched.state
+            best = improves(st.best, vl)
+            if best:
+                st.best = {"round": st.round, "valid_loss": vl}
+            m["best_round"] = st.best["round"]
+        if data.test is not None:
+            m.update(loss_fields(self._evaluate_held_out(cfg, st.params, data, "test"), cfg.data.level, "test"))
+        st.eval_s += time.perf_counter() - e0
+        m["eval_s"] = round(st.eval_s, 3)
+        return best
 
     def _evaluate_held_out(self, cfg, params, data: Corpus, name: str) -> float:
         self.say_evaluating(name, data.held_out_tokens.get(name))
@@ -439,45 +420,14 @@ class Trainer:
     def _stop(self, r: int, why: str):
         raise TrainingError(f"round {r}: {why}; stopped, {self._kept()}")
 
-    def _apply(self, cfg, st: RunState, agg: Aggregate):
-        t, dtype = cfg.train, st.params.dtype      # the configured model.dtype, end to end
-        delta = plan.mean_change(self.layout, agg, dtype)      # partitions send changes, not weights
-        if t.outer == "average":
-            st.params = st.params + delta
-        else:
-            if st.velocity is None:
-                st.velocity = np.zeros_like(delta)
-            st.velocity *= t.outer_momentum
-            st.velocity += delta
-            step = delta + t.outer_momentum * st.velocity if t.outer == "nesterov" else st.velocity
-            st.params = (st.params + t.outer_lr * step).astype(dtype)
-        if t.optim_state == "average":
-            slots = {k[4:]: agg.mean(k, dtype) for k in agg.dense if k.startswith("opt.")}
-            prev = st.opt["t"] if st.opt else 0
-            # every partition ran the same steps, except sampled strategies (one pass of each sample)
-            st.opt = dict(slots, t=prev + round(agg.stats["steps"] / cfg.data.partitions)) if slots else None
-        elif t.optim_state == "local":
-            st.opt_local = {pid: v["opt"] for pid, v in agg.local.items() if "opt" in v}
-        st.states = {pid: v["state"] for pid, v in agg.local.items() if "state" in v}
-
     def evaluate(self, cfg, params, rdd) -> float:
         return evaluate_rdd(self.sc, cfg, params, rdd)
 
     def _checkpoint(self, cfg, vocab, st: RunState, best: bool = False):
         """Write the checkpoint of round ``st.round`` (and, with ``best``, the same files to ``best/``)."""
-        optim = {}
-        if st.opt:
-            optim.update({k: v for k, v in st.opt.items() if k != "t"})
-        for pid, d in st.opt_local.items():
-            optim.update({f"p{pid}/{k}": v for k, v in d.items() if k != "t"})
-        if st.velocity is not None:
-            optim["outer.velocity"] = st.velocity
-        if self.params_bc.view is not None:
-            optim["outer.view"] = self.params_bc.view
         if self.residuals is not None:
             st.residual = self.residuals.collect()
-            optim.update(residuals_mod.to_optim(st.residual))
-        opt_t = (st.opt or next(iter(st.opt_local.values()), {})).get("t", 0)
+        optim, opt_t = SyncRound.to_optim(st, self.params_bc.view, st.residual if self.residuals else None)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
         ck = checkpoint.Checkpoint(
             params=st.params, config=cfg, vocab=vocab, optim=optim, optim_t=opt_t, hidden=hidden,
@@ -556,8 +506,29 @@ def _unpersist(data: Corpus) -> None:
             rdd.unpersist()
 
 
-def _steps(t) -> str:
+def steps_label(t) -> str:
+    """What a partition trains per round (``t``: the train section), for log lines."""
     return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"
+
+
+def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate, bc_bytes: int, rebased: bool,
+                  lr: float, round_s: float) -> dict:
+    """The metrics line of round ``st.round`` (``st`` already moved on by it), before evaluation."""
+    m = {"round": st.round, "epoch": round(st.tokens / corpus_tokens, 5), "tokens": st.tokens, "syncs": st.round,
+         "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
+         "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
+         "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
+         "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
+         "unique_words": int(len(agg.words))}
+    # what travelled per parameter group (Zipf's law for the exchange: unique_words against tokens)
+    m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
+    sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
+    m["compression"] = round(layout.size * 4 * cfg.data.partitions / max(1, sent), 3)
+    m["seed_groups"] = plan.seed_groups(cfg.exchange.seed_groups, cfg.data.partitions)
+    if cfg.exchange.sampled_softmax:      # mean sampled softmax sets per local step
+        for k in ("softmax_v_all", "softmax_v_f"):
+            m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
+    return m
 
 
 def _broadcast_bytes(bc) -> int:
@@ -572,7 +543,7 @@ def evaluate_rdd(sc, cfg, params, rdd) -> float:
     """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream)."""
     bc = sc.broadcast(params)
     try:
-        parts = rdd.mapPartitions(executor.eval_task(cfg.to_json(), bc)).collect()
+        parts = rdd.mapPartitions(executor.eval_task(cfg, bc)).collect()
     finally:
         bc.unpersist()
         bc.destroy()
