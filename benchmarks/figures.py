@@ -1,27 +1,27 @@
-"""The seeds' figures, reproduced from this project's runs (PNGs in docs/figures/).
+"""The papers' figures, reproduced from this project's runs (PNGs in docs/figures/).
 
-    python benchmarks/figures.py [--only seed001,seed000,seed002,seed004,frontier,shakespeare] [--draw-only]
+    python benchmarks/figures.py [--only spark_rnn,sampling,zipf,paramserver,frontier,shakespeare] [--draw-only]
                                  [--out runs/figures] [--figures docs/figures]
 
 Every training run is a ``jobs/train.py`` process (its own SparkSession, ``run.json``
 and ``metrics.jsonl`` under ``<out>/<stage>/<run>``), sized so this 2-core machine
 finishes a stage in minutes; ``--draw-only`` redraws from the runs already there.
 
-``seed001``  Tiny Shakespeare, char LSTM 1x25 (the seed's size), 2 partitions, T=25:
+``spark_rnn``  Tiny Shakespeare, char LSTM 1x25 (the report's size), 2 partitions, T=25:
              paragraphs / all windows / sampled windows / sampled paragraphs, loss
              against characters seen and against all-reduces (Figs. 3-4); paragraphs
              with K = 1, 5, 25 local steps per all-reduce at equal work (Fig. 5).
-``seed000``  PTB small: training tokens/s against workers (1 partition on local[1],
+``sampling``   PTB small: training tokens/s against workers (1 partition on local[1],
              2 on local[2]) per exchange setting (Fig. 3); learning curves of the
              corrected sampled softmax for several mu, and of the paper's literal
              variant at mu = 5%, against the full softmax (Fig. 6).
-``seed002``  unique words U against tokens N, log-log, with the fitted power law, on
+``zipf``  unique words U against tokens N, log-log, with the fitted power law, on
              PTB and on Tiny Shakespeare's words (Fig. 1); no training.
-``seed004``  the async ffnn (conf/nnlm_async.toml) through benchmarks/worker_failure.py:
+``paramserver``  the async ffnn (conf/nnlm_async.toml) through benchmarks/worker_failure.py:
              validation loss against time for 1, 2, 3 workers (Fig. 3) and with 2 of 3
              workers killed (Fig. 4).
 ``frontier`` PTB small, 0.5 epoch per exchange setting: best validation perplexity against
-             bytes per training token with the Pareto front (with seed000's mu runs); and
+             bytes per training token with the Pareto front (with the sampling stage's mu runs); and
              the sync fraction against K for dense and the sparse conf's exchange.
 ``shakespeare`` conf/shakespeare_char.toml as it stands (2x512 char LSTM, 2 partitions, 10
              epochs, ~14 minutes): training and validation loss against wall time, with
@@ -41,11 +41,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-STAGES = ("seed001", "seed000", "seed002", "seed004", "frontier", "shakespeare")
+STAGES = ("spark_rnn", "sampling", "zipf", "paramserver", "frontier", "shakespeare")
 NANOGPT_CHAR = 1.47           # nanoGPT's baby char transformer, validation nats/char on the same 90/10 split
 SHAKESPEARE = ("data/tinyshakespeare.train.txt", "data/tinyshakespeare.valid.txt")
 
-# seed 001: 1x25 LSTM, T=25, B=16, 10 local steps a round; sampled strategies train on a sample
+# the Spark RNN report: 1x25 LSTM, T=25, B=16, 10 local steps a round; sampled strategies train on a sample
 # holding about as many characters as those steps read (benchmarks/strategies.py's rule)
 S001 = ["data.level=char", "data.partitions=2", "data.window_stride=1", "model.cell=lstm", "model.hidden=25",
         "model.layers=1", "model.init_scale=0.08", "optim.name=adam", "optim.lr=0.01", "optim.clip_norm=5.0",
@@ -53,7 +53,7 @@ S001 = ["data.level=char", "data.partitions=2", "data.window_stride=1", "model.c
 S001_ROUNDS, S001_K = 150, 10
 S001_KS = (1, 5, 25)          # Fig. 5: equal work, S001_ROUNDS * S001_K // 2 steps in all
 
-# seed 000: PTB small (conf/ptb_word_small.toml) with these exchanges
+# Xiao et al. (2017): PTB small (conf/ptb_word_small.toml) with these exchanges
 EXCHANGES = {
     "dense": [],
     "rows": ["exchange.embed=rows", "exchange.softmax=rows", "exchange.frequent=0.02", "exchange.random=0.02",
@@ -83,7 +83,7 @@ def train(out: str, config: str, sets: list, master: str = "local[2]") -> str:
     return out
 
 
-def run_seed001(out: str):
+def run_spark_rnn(out: str):
     per_part = len(open(os.path.join(ROOT, SHAKESPEARE[0]), encoding="utf-8").read()) / 2
     chars = S001_K * 16 * 25
     fractions = {"sampled_windows": chars / 25 / per_part, "sampled_paragraphs": chars / per_part}
@@ -101,7 +101,7 @@ def run_seed001(out: str):
             f"train.eval_every={max(1, steps // k // 5)}"])
 
 
-def run_seed000(out: str):
+def run_sampling(out: str):
     base = ["data.test=", "train.checkpoint_every=0"]
     for name, ex in EXCHANGES.items():
         conf = ex if isinstance(ex, str) else "conf/ptb_word_small.toml"
@@ -112,8 +112,8 @@ def run_seed000(out: str):
                 f"train.rounds={S000_ROUNDS}", "train.eval_every=0"], master=f"local[{workers}]")
     runs = [("full_softmax", EXCHANGES["rows"])]
     runs += [(f"mu{mu}", EXCHANGES["rows + sampled softmax"] + [f"exchange.mu={mu}"]) for mu in MUS]
-    runs.append((f"seed000_mu{LITERAL_MU}", EXCHANGES["rows + sampled softmax"] + [
-        f"exchange.mu={LITERAL_MU}", "exchange.sampled_variant=seed000"]))
+    runs.append((f"literal_mu{LITERAL_MU}", EXCHANGES["rows + sampled softmax"] + [
+        f"exchange.mu={LITERAL_MU}", "exchange.sampled_variant=literal"]))
     for name, sets in runs:
         train(os.path.join(out, "mu", name), "conf/ptb_word_small.toml",
               [*base, *sets, f"train.epochs={S000_MU_EPOCHS}", "train.eval_every=10"])
@@ -141,7 +141,7 @@ def run_frontier(out: str):
                 f"train.local_steps={k}", f"train.rounds={max(6, 60 // k)}"])
 
 
-def run_seed004(out: str):
+def run_paramserver(out: str):
     for fig in (3, 4):
         d = os.path.join(out, f"fig{fig}")
         shutil.rmtree(d, ignore_errors=True)
@@ -171,24 +171,25 @@ def _pair(plots, rs, labels, title, smooth=1):
     return fig
 
 
-def draw_seed001(d: str, out: str) -> list:
+def draw_spark_rnn(d: str, out: str) -> list:
     from rnnlm import plots, runs
     done = []
     rs = runs.load_all([os.path.join(d, "strategies")])
-    fig = _pair(plots, rs, [r.name for r in rs], "seed 001 Figs. 3-4: Tiny Shakespeare, 1x25 char LSTM, 2 partitions "
-                "(training loss, mean of 5 rounds)", smooth=5)
-    done.append((plots.save(fig, os.path.join(out, "seed001_strategies.png")),
+    fig = _pair(plots, rs, [r.name for r in rs], "The Spark RNN report, Figs. 3-4: Tiny Shakespeare, 1x25 char LSTM, "
+                "2 partitions (training loss, mean of 5 rounds)", smooth=5)
+    done.append((plots.save(fig, os.path.join(out, "spark_rnn_strategies.png")),
                  {r.name: round(r.metrics[-1]["valid_loss"], 3) for r in rs}))
     rs = runs.load_all([os.path.join(d, "local_steps")])
     rs.sort(key=lambda r: r.config["train"]["local_steps"])
     fig = _pair(plots, rs, [f"K = {r.config['train']['local_steps']}" for r in rs],
-                "seed 001 Fig. 5: paragraphs, K local steps per all-reduce, equal work (mean of 5 rounds)", smooth=5)
-    done.append((plots.save(fig, os.path.join(out, "seed001_local_steps.png")),
+                "The Spark RNN report, Fig. 5: paragraphs, K local steps per all-reduce, equal work (mean of 5 rounds)",
+                smooth=5)
+    done.append((plots.save(fig, os.path.join(out, "spark_rnn_local_steps.png")),
                  {r.name: round(r.metrics[-1]["valid_loss"], 3) for r in rs}))
     return done
 
 
-def draw_seed000(d: str, out: str) -> list:
+def draw_sampling(d: str, out: str) -> list:
     from rnnlm import plots, runs
     done = []
     rs = runs.load_all([os.path.join(d, "speed")])
@@ -205,8 +206,8 @@ def draw_seed000(d: str, out: str) -> list:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    ax.set_title("seed 000 Fig. 3: PTB small, K = 20, speed against workers", fontsize=10)
-    done.append((plots.save(ax, os.path.join(out, "seed000_speed.png")), table))
+    ax.set_title("Xiao et al. (2017), Fig. 3: PTB small, K = 20, speed against workers", fontsize=10)
+    done.append((plots.save(ax, os.path.join(out, "sampling_speed.png")), table))
     rs = runs.load_all([os.path.join(d, "mu")])
 
     def variant(r):
@@ -217,13 +218,13 @@ def draw_seed000(d: str, out: str) -> list:
                }.get(variant(r), f"the paper's literal variant, mu = {r.config['exchange']['mu']:g}") for r in rs]
     ax = plots.plot_metric(rs, "tokens", "valid_ppl", labels=labels)
     ax.set_yscale("log")
-    ax.set_title("seed 000 Fig. 6: PTB small, rows exchange, learning curves against mu", fontsize=10)
-    done.append((plots.save(ax, os.path.join(out, "seed000_mu.png")),
+    ax.set_title("Xiao et al. (2017), Fig. 6: PTB small, rows exchange, learning curves against mu", fontsize=10)
+    done.append((plots.save(ax, os.path.join(out, "sampling_mu.png")),
                  {lab: round(r.metrics[-1]["valid_ppl"], 1) for lab, r in zip(labels, rs)}))
     return done
 
 
-def draw_seed002(d: str, out: str) -> list:
+def draw_zipf(d: str, out: str) -> list:
     from rnnlm import plots
     from rnnlm.core import zipf
     _, ax = plots._pyplot().subplots(figsize=(6.4, 4.6))
@@ -245,15 +246,15 @@ def draw_seed002(d: str, out: str) -> list:
     ax.set_ylabel("distinct words U")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
-    ax.set_title("seed 002 Fig. 1: distinct words against tokens", fontsize=10)
-    return [(plots.save(ax, os.path.join(out, "seed002_zipf.png")), summary)]
+    ax.set_title("Patwary et al. (2018), Fig. 1: distinct words against tokens", fontsize=10)
+    return [(plots.save(ax, os.path.join(out, "zipf.png")), summary)]
 
 
-def draw_seed004(d: str, out: str) -> list:
+def draw_paramserver(d: str, out: str) -> list:
     from rnnlm import plots, runs
     done = []
-    for fig, title in ((3, "seed 004 Fig. 3: async ffnn on PTB, 1, 2, 3 workers (as many partitions)"),
-                       (4, "seed 004 Fig. 4: 3 workers, 2 executors SIGKILLed (dotted), against 3 and 1")):
+    for fig, title in ((3, "Tai and Xu (2014), Fig. 3: async ffnn on PTB, 1, 2, 3 workers (as many partitions)"),
+                       (4, "Tai and Xu (2014), Fig. 4: 3 workers, 2 executors SIGKILLed (dotted), against 3 and 1")):
         results = [json.loads(x) for x in open(os.path.join(d, f"fig{fig}", "results.jsonl"))]
         rs = [runs.load(os.path.join(d, f"fig{fig}", r["run"].replace(" ", "_").replace(",", ""))) for r in results]
         ax = plots.plot_metric(rs, "wall", "valid_loss", labels=[r["run"] for r in results])
@@ -263,13 +264,13 @@ def draw_seed004(d: str, out: str) -> list:
         ax.set_title(title, fontsize=10)
         summary = {r["run"]: {"end_s": round(run.metrics[-1]["wall_s"]), "killed_at_s": r["killed_at_s"],
                               "valid_loss": round(run.metrics[-1]["valid_loss"], 3)} for r, run in zip(results, rs)}
-        done.append((plots.save(ax, os.path.join(out, f"seed004_fig{fig}.png")), summary))
+        done.append((plots.save(ax, os.path.join(out, f"paramserver_fig{fig}.png")), summary))
     return done
 
 
 def draw_frontier(d: str, out: str) -> list:
     from rnnlm import plots, runs
-    rs = runs.load_all([os.path.join(d, "quality"), os.path.join(os.path.dirname(d), "seed000", "mu")])
+    rs = runs.load_all([os.path.join(d, "quality"), os.path.join(os.path.dirname(d), "sampling", "mu")])
     labels = [r.name.replace("_", " ") for r in rs]
     ax = plots.plot_frontier(rs, "valid_ppl", "best", labels=labels)
     ax.set_title("PTB small, 2 partitions, 0.5 epoch: quality against communication", fontsize=10)
@@ -307,7 +308,7 @@ def draw_shakespeare(d: str, out: str) -> list:
 
 
 def draw(stage: str, d: str, out: str) -> list:
-    return {"seed001": draw_seed001, "seed000": draw_seed000, "seed002": draw_seed002, "seed004": draw_seed004,
+    return {"spark_rnn": draw_spark_rnn, "sampling": draw_sampling, "zipf": draw_zipf, "paramserver": draw_paramserver,
             "frontier": draw_frontier, "shakespeare": draw_shakespeare}[stage](d, out)
 
 
@@ -323,8 +324,8 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise SystemExit(f"--only: unknown stage {bad[0]} (choose from {', '.join(STAGES)})")
-    runners = {"seed001": run_seed001, "seed000": run_seed000, "seed004": run_seed004, "frontier": run_frontier,
-               "shakespeare": run_shakespeare}
+    runners = {"spark_rnn": run_spark_rnn, "sampling": run_sampling, "paramserver": run_paramserver,
+               "frontier": run_frontier, "shakespeare": run_shakespeare}
     if not a.draw_only:
         for s in stages:
             if s in runners:

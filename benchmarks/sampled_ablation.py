@@ -1,12 +1,12 @@
 """What each part of the corrected sampled softmax does, in one process on PTB small.
 
-    python benchmarks/sampled_ablation.py [--steps 1200] [--mu 0.05,0.2] [--variants full,seed000,A,B,AB,corrected]
+    python benchmarks/sampled_ablation.py [--steps 1200] [--mu 0.05,0.2] [--variants full,literal,A,B,AB,corrected]
                                           [--presence windows|unigram]
 
 2x200 LSTM, B=10 streams, T=20, SGD lr 1, clip 5; the sampled variants draw their sets as
 a partition does (:class:`rnnlm.exchange.plan.SoftmaxSampler`: ``--frequent`` most frequent
 words, 2% random rows redrawn every 20 steps, mu dummy words per step). Variants: ``full``
-softmax; ``seed000`` (dummy words without backward, no correction); ``A`` (the hidden
+softmax; ``literal`` (dummy words without backward, no correction); ``A`` (the hidden
 state's gradient over every word of v_f); ``B`` (the log-inclusion correction of the
 logits only); ``AB`` (both); ``corrected`` (both, and the rows of v_all reweighted for
 their own inclusion probability: the ``corrected`` variant). Prints, per run,
@@ -33,7 +33,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--mu", default="0.05")
-    ap.add_argument("--variants", default="full,seed000,A,B,AB,corrected")
+    ap.add_argument("--variants", default="full,literal,A,B,AB,corrected")
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
     ap.add_argument("--frequent", type=float, default=0.02)
     ap.add_argument("--presence", choices=("windows", "unigram"), default="windows",
@@ -68,7 +68,7 @@ def main(argv=None):
             p = m.init_params(1)
             st = opt.init_state(p)
             ex = ExchangeConfig(frequent=a.frequent, random=0.02, seed_groups="one", sampled_softmax=True, mu=mu,
-                                sampled_variant="seed000" if variant == "seed000" else "corrected")
+                                sampled_variant="literal" if variant == "sampling" else "corrected")
             state, losses, t0 = m.zero_state(10), [], time.perf_counter()
             for r in range(math.ceil(a.steps / K)):
                 sampler = SoftmaxSampler(V, ex, 1, r + 1, 0, 1, presence=freq)

@@ -1,10 +1,10 @@
-"""Seed 001's comparison on Tiny Shakespeare: paragraphs, windows, sampled windows, sampled paragraphs.
+"""The Spark RNN report's comparison on Tiny Shakespeare: paragraphs, windows, sampled windows, sampled paragraphs.
 
     python benchmarks/strategies.py [--rounds 100] [--out runs/strategies]
 
 Same model (1x128 char LSTM), same partitions (2) and batch for every strategy, and about
 the same characters per round: ``paragraphs`` and ``windows`` run ``--local-steps`` steps
-per round; the sampled strategies train each round on their whole sample (seed 001's
+per round; the sampled strategies train each round on their whole sample (the report's
 iteration), with the fraction chosen so that the sample holds as many characters as those
 steps read. Prints the training loss against characters seen and against all-reduces, and
 the validation loss at the end. Per-round metrics go to ``<out>/<strategy>/metrics.jsonl``

@@ -1,4 +1,4 @@
-"""Seed 004's Figure 4 on Spark: 3 async workers, 2 killed mid-run, against 3 and 1 undisturbed.
+"""Tai and Xu's (2014) Figure 4 on Spark: 3 async workers, 2 killed mid-run, against 3 and 1 undisturbed.
 
     python benchmarks/worker_failure.py [--epochs 1] [--kill-at 0.4] [--out runs/worker_failure]
                                         [--figure 4|3] [--set section.key=value ...]
@@ -16,7 +16,7 @@ and the failure counters of the killed run's last metrics line. On Spark a kille
 is not gone for good as in the seed: the standalone worker starts a replacement and Spark
 retries the dead tasks there, each resuming at its first window not applied.
 
-``--figure 3`` runs seed 004's Figure 3 instead: 1, 2 and 3 workers, each with as many
+``--figure 3`` runs Tai and Xu's Figure 3 instead: 1, 2 and 3 workers, each with as many
 partitions (the corpus sharded over the workers), none killed. Each run's summary line is
 also written to ``<out>/results.jsonl`` (kill times for plotting).
 """

@@ -1,11 +1,11 @@
-"""Seed 002's Zipf measurement: unique words U against tokens N in a round's batches.
+"""Patwary et al.'s (2018) Zipf measurement: unique words U against tokens N in a round's batches.
 
     python benchmarks/zipf.py [--data data/ptb.train.txt] [--partitions 2] [--batch 10] [--bptt 20]
 
 N runs from one partition's step (B x T tokens) to all partitions' K steps, as the
 ``streams`` strategy lays the corpus out (PTB small's shape by default); U is the number of
 distinct ids among those tokens (inputs and targets), averaged over rounds. Prints U against
-N and the least-squares exponent a of U ~ c N^a (seed 002 finds a = 0.64).
+N and the least-squares exponent a of U ~ c N^a (Patwary et al. find a = 0.64).
 """
 from __future__ import annotations
 

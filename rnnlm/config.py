@@ -38,7 +38,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    cell: str = "lstm"             # lstm | rnn | ffnn (Bengio's feed-forward NNLM, seed 004)
+    cell: str = "lstm"             # lstm | rnn | ffnn (Bengio et al.'s feed-forward NNLM, as Tai and Xu 2014 train it)
     context: int = 3               # ffnn: the previous words it reads (k)
     vocab_size: int = 0            # filled from the vocabulary when 0
     embed: int = 0                 # 0 = one-hot input (first layer indexes its input weights)
@@ -122,7 +122,7 @@ class ExchangeConfig:
     broadcast: str = "rows"        # rows (exact) | delta, delta+fp16, delta+bf16, delta+int8
     sampled_softmax: bool = False  # train with a sampled softmax (evaluation stays full)
     mu: float = 0.05               # sampled softmax: the dummy words V_gamma, a fraction of the vocabulary
-    sampled_variant: str = "corrected"  # corrected | seed000 (the paper's literal one, for its figure)
+    sampled_variant: str = "corrected"  # corrected | literal (the paper's literal one, for its figure)
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ _CHOICES = {
     ("server", "update"): ("add", "adagrad"),
     ("server", "staleness"): ("ignore", "divide"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),
-    ("exchange", "sampled_variant"): ("corrected", "seed000"),
-    # no delta+onebit: executors training from a 1-bit view diverged on PTB (README, "The broadcast shrinks")
+    ("exchange", "sampled_variant"): ("corrected", "literal"),
+    # no delta+onebit: executors training from a 1-bit view diverged on PTB (docs/exchange.md, "The broadcast")
     ("exchange", "broadcast"): ("rows", "delta", "delta+fp16", "delta+bf16", "delta+int8"),
 }
 _BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows")

@@ -298,7 +298,7 @@ def test_a_delta_broadcast_in_fp16_trains_like_the_exact_one_for_a_fraction_of_t
 
 
 def test_softmax_sampler_shares_words_within_a_seed_group_and_stays_inside_the_rows_sent():
-    ex = Ex(frequent=0.01, random=0.02, mu=0.05, seed_groups="log2", sampled_variant="seed000")   # 2 groups
+    ex = Ex(frequent=0.01, random=0.02, mu=0.05, seed_groups="log2", sampled_variant="literal")   # 2 groups
     targets = np.array([[5, 500], [999, -1]])
     a, b, c = (plan.SoftmaxSampler(1000, ex, seed=3, rnd=2, pid=p, partitions=4) for p in (0, 2, 1))
     v_all, v_f = a(0, targets)[:2]

@@ -106,7 +106,7 @@ class Momentum(Optimizer):
 
 
 class AdaGrad(Optimizer):
-    """``G += g^2;  p -= lr g / (sqrt(G) + eps)`` (seeds 001 and 004)."""
+    """``G += g^2;  p -= lr g / (sqrt(G) + eps)`` (the Spark RNN report; Tai and Xu 2014)."""
 
     slots = ("sum_sq",)
 

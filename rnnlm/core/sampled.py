@@ -1,7 +1,7 @@
 """The word sets of the sampled softmax and their inclusion probabilities.
 
-The method is section 4 of the paper on "a sampling-based approach to reducing data
-transmission" for training neural language models across devices (README, "Sampled softmax").
+The method is section 4 of Xiao et al., "Fast Parallel Training of Neural Language Models"
+(IJCAI 2017); what is wrong with its literal form and the correction: docs/exchange.md, "Sampled softmax".
 
 For one training chunk, :func:`softmax_sets` returns the two sorted id sets that
 :meth:`rnnlm.core.model.RNNLM.loss_and_grad` takes as ``softmax=(v_all, v_f)``:
@@ -13,13 +13,13 @@ For one training chunk, :func:`softmax_sets` returns the two sorted id sets that
 
 Two variants read these sets (:class:`Sets`):
 
-``seed000``    as the paper describes it: the dummy words V_gamma take probability
+``literal``    as the paper describes it: the dummy words V_gamma take probability
                mass in the forward pass and get no backward at all. The update is then
                the gradient of no loss, and a word outside the frequent set is pushed
                down only in steps where it happens to be drawn; on PTB it trains a far
-               worse model than the full softmax (README, "Sampled softmax").
+               worse model than the full softmax (docs/exchange.md, "Sampled softmax").
 ``corrected``  the same sets and the same ``Wo``/``bo`` rows updated (v_all only, so the
-               exchange sends what it sends for ``seed000``), with three changes: the
+               exchange sends what it sends for ``literal``), with three changes: the
                hidden state's gradient covers every word of ``v_f`` (the paper's "also
                apply this method to dE/dx_j"); every non-target logit is lowered by
                ``log pi_i``, pi_i its word's probability of being in the step's ``v_f``
@@ -42,7 +42,7 @@ import numpy as np
 
 from . import backend
 
-VARIANTS = ("corrected", "seed000")
+VARIANTS = ("corrected", "literal")
 
 
 class Sets(NamedTuple):

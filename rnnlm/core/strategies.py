@@ -1,4 +1,4 @@
-"""How one partition's tokens become training batches (seed 001, section 5.2).
+"""How one partition's tokens become training batches (the Spark RNN report, section 5.2).
 
 Every source maps (round, step) to a :class:`Batch` with no other
 state, so a retried Spark task or a resumed run draws exactly the same data.

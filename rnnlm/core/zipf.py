@@ -1,4 +1,4 @@
-"""Seed 002's Zipf measurement: how many distinct words U a stretch of N tokens holds.
+"""Patwary et al.'s (2018) Zipf measurement: how many distinct words U a stretch of N tokens holds.
 
 U grows as a power of N (U ~ c N^a, a < 1: Heaps' law, the other face of Zipf's), so a
 minibatch's unique words, the rows row-sparse exchange sends, grow far slower than

@@ -6,7 +6,7 @@ carries all its rows or only some (sorted ``ids``), with the values in a codec:
 =========  ===================================================================
 ``f32``    float32 as computed
 ``fp16``   multiplied by a power of two F, cast to float16, divided by F on
-           arrival (seed 002, section III-C). F is the largest power of two that
+           arrival (Patwary et al. 2018, section III-C). F is the largest power of two that
            keeps the block's largest magnitude below 2^15, so nothing overflows;
            an element comes back within ``|v| 2^-11 + max|v| 2^-24`` of ``v``
 ``bf16``   float32 truncated to its upper 16 bits (no scale needed: bfloat16
@@ -23,7 +23,7 @@ carries all its rows or only some (sorted ``ids``), with the values in a codec:
 
 Merging never happens in a codec: a leaf's block is decoded once into a
 float64 weighted :class:`Sum`; sums of row blocks merge as the union of their ids
-with the values of shared rows added (seed 002's all-gather of indices followed
+with the values of shared rows added (Patwary et al.'s all-gather of indices followed
 by an all-reduce over the union), so a level of the tree never holds more rows
 than the union of what its partitions sent.
 

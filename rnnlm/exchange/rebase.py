@@ -1,5 +1,5 @@
 """The broadcast that shrinks: a base the executors keep, and per round only the rows
-that differ from it (seed 000's row selection, applied to what the driver sends).
+that differ from it (Xiao et al.'s row selection, applied to what the driver sends).
 
 Spark keeps a broadcast on every executor until it is destroyed, so the base travels
 once; each round's broadcast holds, per parameter slot, the rows whose current values

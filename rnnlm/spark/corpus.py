@@ -154,7 +154,7 @@ def encode_partitions(paras, bc_vocab):
 
 def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partitions: int = 2,
                   longest: int = 1_000_000, draws: int = 8, seed: int = 0) -> tuple:
-    """Seed 002's U against N on a corpus: the mean number of distinct tokens in stretches of
+    """Patwary et al.'s (2018) U against N on a corpus: the mean number of distinct tokens in stretches of
     N consecutive tokens, measured in every partition (:func:`rnnlm.core.zipf.unique_counts`)
     and averaged over the partitions long enough for N. Only the (N, U) grid reaches the driver.
 

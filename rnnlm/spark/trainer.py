@@ -1,5 +1,5 @@
 """Distributed training on Spark: local steps on every partition, then a
-``treeAggregate`` all-reduce of the weights (seed 001, sections 3-5).
+``treeAggregate`` all-reduce of the weights (the Spark RNN report, sections 3-5).
 
 Per round the driver broadcasts the flat parameters (with optimizer state and
 carried hidden states where they travel), every partition runs
