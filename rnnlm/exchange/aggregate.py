@@ -39,7 +39,9 @@ class Aggregate:
         :class:`rnnlm.exchange.round.Carry`: carried hidden state, optimizer state kept per
         partition, or the error that stopped the partition).
     stats : dict of str -> float
-        ``tokens``, ``loss_sum``, ``steps`` and per-group block counts (summed), ``compute_s`` (max).
+        ``tokens``, ``loss_sum``, ``steps`` and per-group block counts (summed); durations
+        (``*_s``: ``compute_s``, the phases of a task) and ``*_end`` times the slowest task's
+        (max), ``*_start`` times the first task's (min).
     wire_bytes : int
         Serialised bytes of every hop this value and its parts made.
     """
@@ -93,8 +95,8 @@ class Aggregate:
         if len(other.words):
             self.words = np.union1d(self.words, other.words).astype(np.int32)
         self.local.update(other.local)
-        for k, v in other.stats.items():     # counts add up; compute time is the slowest task's
-            self.stats[k] = max(self.stats.get(k, 0), v) if k == "compute_s" else self.stats.get(k, 0) + v
+        for k, v in other.stats.items():
+            self.stats[k] = v if k not in self.stats else _combine(k, self.stats[k], v)
         self.wire_bytes += other.wire_bytes
         return self
 
@@ -117,6 +119,15 @@ class Aggregate:
         if protocol < 5:
             buffers = [b.raw().tobytes() for b in buffers]
         return _rebuild, (head, buffers, self.wire_bytes + size)
+
+
+def _combine(key: str, a, b):
+    """Two statistics of one name merged: a phase's time is the slowest task's, a start the first's."""
+    if key.endswith("_start"):
+        return min(a, b)
+    if key.endswith(("_s", "_end")):
+        return max(a, b)
+    return a + b
 
 
 def _rebuild(head, buffers, wire_bytes) -> Aggregate:

@@ -84,6 +84,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     round's input (see :func:`fold`).
     """
     def run(it):
+        started = time.time()       # wall clock: the driver sets it against the job's submission
         t, feedback = cfg.train, cfg.exchange.feedback
         items = (_unzip(x) if feedback else (x, None) for x in it)
         try:
@@ -97,7 +98,9 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
         msg = bc.value
         model = MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         protocol = SyncRound(model.layout, t, cfg.data.partitions)
+        v0 = time.perf_counter()
         host = view(model.layout, bc_base, msg, deltas, MEMO)      # the parameters the driver sent
+        view_s = time.perf_counter() - v0
         for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
             opt = make_optimizer(cfg.optim)
@@ -116,6 +119,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                 if feedback:
                     yield pid, residual
                 continue
+            block_stats.update(task_start=started, task_end=time.time(), view_s=view_s)
             yield protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
                                         time.perf_counter() - t0, backend.to_numpy)
             if feedback:
@@ -148,12 +152,15 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
                                 presence=MEMO.get(("presence", src, t.bptt, model.V),
                                                   lambda: sampled.presence(src.tokens, t.bptt, model.V)))
             if cfg.exchange.sampled_softmax else None)
+    t0 = time.perf_counter()
     res = train_steps(model, opt, params, opt_state, batches, state, lr=lr, clip_norm=cfg.optim.clip_norm,
                       clip_value=cfg.optim.clip_value, grad_norm=t.grad_norm, dropout_rng=drop, softmax_sets=sets)
+    t1 = time.perf_counter()
     words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
     change = backend.to_numpy(res.params) - host        # what this partition did
     blocks, stats, left = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
                                       cfg.data.partitions, residual)
+    stats.update(steps_s=t1 - t0, encode_s=time.perf_counter() - t1)
     if sets is not None:
         stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
     return res, blocks, stats, left, words

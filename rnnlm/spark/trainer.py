@@ -273,7 +273,7 @@ class Trainer:
         if resume:
             self.log(f"resumed from round {st.round}")
         stop = _StopRequest(self.log)
-        self.ck_time = time.monotonic()
+        self.ck_time, self.round_end = time.monotonic(), None
         try:
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
@@ -321,10 +321,12 @@ class Trainer:
         msg, carries = self.protocol.messages(st, self.params_bc.token, rows)
         bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
         bc_bytes = sum(_broadcast_bytes(b) for b in bcs + new)
+        prepared, submitted = time.perf_counter(), time.time()
         # local steps on every partition; their changes merged by treeAggregate
         self.sc.setJobDescription(f"rnnlm round {r}/{rounds}: {steps_label(cfg.train)} + treeAggregate")
         task = executor.round_task(cfg, base, bcs[0], dict(zip(carries, bcs[1:])), r, lr, deltas)
         agg, bc_bytes = self._aggregate(cfg, data, task, bcs, bc_bytes)
+        arrived, t_agg = time.time(), time.perf_counter()
         # the mean change applied, unless a partition failed or a value is not finite
         errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
         if errors or not math.isfinite(loss):
@@ -332,6 +334,7 @@ class Trainer:
         self.protocol.apply(st, agg)
         if not np.isfinite(st.params.sum(dtype=np.float64)):
             self._stop(r, "the averaged parameters are not finite")
+        applied = time.perf_counter()
         evaluated = due(r, cfg.train.eval_every, rounds) and (data.valid is not None or data.test is not None)
         save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
         if self.residuals is not None and not save:
@@ -342,6 +345,10 @@ class Trainer:
         st.wall_s += time.perf_counter() - t0
         m = round_metrics(cfg, self.layout, st, data.tokens, agg, bc_bytes, any(b is base for b in new), lr,
                           time.perf_counter() - t0)
+        # where the round's time went (benchmarks/round_cost.py): the driver's phases and the slowest task's
+        m.update(round_phases(agg.stats, prepare=prepared - t0, submitted=submitted, arrived=arrived,
+                              apply=applied - t_agg, between=t0 - self.round_end if self.round_end else None))
+        self.round_end = time.perf_counter()
         # held-out text, between rounds (its time is not the round's)
         best = False
         if evaluated:
@@ -494,7 +501,7 @@ def _quiet(cfg) -> tuple:
     metrics file has them), and fields that say nothing in this run's setting."""
     x = cfg.exchange
     skip = ["bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased", "seed_groups", "softmax_v",
-            "syncs"]                    # = round, in rounds
+            "phase.", "syncs"]                    # = round, in rounds
     if x.embed == x.softmax == x.hidden == "dense":
         skip.append("compression")      # dense float32 blocks: 1 every round
     return tuple(skip)
@@ -509,6 +516,25 @@ def _unpersist(data: Corpus) -> None:
 def steps_label(t) -> str:
     """What a partition trains per round (``t``: the train section), for log lines."""
     return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"
+
+
+def round_phases(stats: dict, prepare: float, submitted: float, arrived: float, apply: float,
+                 between: float | None) -> dict:
+    """A round's time by phase (seconds): ``prepare`` (the broadcasts: rows or deltas, pickling,
+    files), ``launch`` (job submitted to the first task running: scheduling, task shipping and
+    deserialisation), the slowest task's ``view`` (broadcast fetch and rebuild), ``steps`` and
+    ``encode``, ``collect`` (the last task done to the aggregate on the driver: result pickling,
+    transfer, tree merges), ``apply`` (the mean change and its checks) and ``between`` (the
+    previous round's metrics line to this round's start: its evaluation if one ran, the metrics
+    file, the log line, a checkpoint). Task times are wall
+    clocks set against the driver's, exact in local mode, as good as the clocks' agreement on a cluster."""
+    out = {"prepare_s": prepare, "apply_s": apply}
+    if "task_start" in stats:
+        out.update(launch_s=stats["task_start"] - submitted, collect_s=arrived - stats["task_end"],
+                   view_s=stats["view_s"], steps_s=stats["steps_s"], encode_s=stats["encode_s"])
+    if between is not None:
+        out["between_s"] = between
+    return {f"phase.{k}": round(v, 4) for k, v in out.items()}
 
 
 def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate, bc_bytes: int, rebased: bool,
