@@ -1,12 +1,18 @@
 """Synchronisation cost and scaling of the Spark trainer on the ptb-small model.
 
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
-                                    [--exchange dense,sparse] [--bytes-at 2,4,8]
+                                    [--exchange dense,sparse] [--bytes-at 2,4,8] [--profile]
 
 Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
 (compute_s: the slowest task's training time; round_s: the driver's wall time for
 broadcast + tasks + treeAggregate + update), median over rounds after the first.
+
+``--profile`` adds, per row, where the round's time goes (the metrics' ``phase.*``, see
+:func:`rnnlm.spark.trainer.round_phases`), median over rounds after the first: the driver's
+``prepare`` (broadcasts), ``launch`` (job submitted to the first task running), the slowest
+task's ``view``, ``steps`` and ``encode``, ``collect`` (last task done to the aggregate on the
+driver), ``apply``; and ``between`` rounds (metrics file, log line).
 
 Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition on
 ``local[1]`` (same per-partition batch, K=20), and their ratio.
@@ -29,6 +35,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+PHASES = ("phase.prepare_s", "phase.launch_s", "phase.view_s", "phase.steps_s", "phase.encode_s",
+          "phase.collect_s", "phase.apply_s", "phase.between_s")
 EXCHANGES = {"dense": "conf/ptb_word_small.toml", "sparse": "conf/ptb_word_small_sparse.toml"}   # their [exchange]
 
 
@@ -63,7 +71,8 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
                          "sync_fraction": frac, "tokens_per_s": tok_s,
                          "bytes_per_round": ms[-1]["round_bytes_sent"],
                          "broadcast_per_round": statistics.median(m["round_bytes_broadcast"] for m in ms),
-                         "unique_words": statistics.median(m["unique_words"] for m in ms)})
+                         "unique_words": statistics.median(m["unique_words"] for m in ms),
+                         **{k: statistics.median(m[k] for m in ms) for k in PHASES if all(k in m for m in ms)}})
     spark.stop()
     with open(out_json, "w") as f:
         json.dump(rows, f)
@@ -91,6 +100,7 @@ def main(argv=None):
     ap.add_argument("--data", default=os.path.join(ROOT, "data/ptb.train.txt"))
     ap.add_argument("--exchange", default="dense,sparse", help=f"any of {', '.join(EXCHANGES)}")
     ap.add_argument("--no-scaling", action="store_true", help="skip part 2")
+    ap.add_argument("--profile", action="store_true", help="part 1 also splits each round into its phases")
     ap.add_argument("--bytes-at", default="", help="only part 3: bytes per round at these partition counts "
                     "(e.g. 2,4,8; K=20, local[2]: bytes are measured at pickling, whatever the master)")
     a = ap.parse_args(argv)
@@ -106,14 +116,16 @@ def main(argv=None):
     exchanges = a.exchange.split(",")
     print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N); MB sent by workers and "
           "broadcast per round")
+    names = [k[len("phase."):-2] for k in PHASES] if a.profile else []
     print(f"{'master':26s} {'exchange':8s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} "
-          f"{'MB sent':>8s} {'MB bcast':>8s}")
+          f"{'MB sent':>8s} {'MB bcast':>8s}" + "".join(f" {n:>8s}" for n in names))
     for master in ("local[2]", "local-cluster[2,1,2048]"):
         for ex in exchanges:
             for r in child(master, 2, steps, a.rounds, a.data, ex):
+                phases = "".join(f" {r.get(k, float('nan')):8.3f}" for k in PHASES[:len(names)])
                 print(f"{master:26s} {ex:8s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
                       f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
-                      f"{r['broadcast_per_round'] / 1e6:8.2f}", flush=True)
+                      f"{r['broadcast_per_round'] / 1e6:8.2f}{phases}", flush=True)
     if a.no_scaling:
         return
     for ex in exchanges:
