@@ -134,6 +134,8 @@ def run_frontier(out: str):
     for name, sets in FRONTIER.items():
         train(os.path.join(out, "quality", name), "conf/ptb_word_small.toml", [*base, *sets])
     train(os.path.join(out, "quality", "sparse_conf_K20"), "conf/ptb_word_small_sparse.toml", base)
+    train(os.path.join(out, "quality", "sparse_conf_sampled_K20"), "conf/ptb_word_small_sparse.toml",
+          base + ["exchange.sampled_softmax=true"])
     for conf, name in (("conf/ptb_word_small.toml", "dense"), ("conf/ptb_word_small_sparse.toml", "sparse")):
         for k in SYNC_KS:
             train(os.path.join(out, "sync", f"{name}_K{k}"), conf, [
