@@ -133,7 +133,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
     import threading
     import time
-    from rnnlm.exchange.paramserver import ParameterServer
+    from rnnlm.server.paramserver import ParameterServer
     release, original, calls = threading.Event(), ParameterServer._apply, []
 
     def second_hangs(self, decoded, scale):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import CODECS, Block, wire_shapes
+from ..exchange.blocks import CODECS, Block, wire_shapes
 
 # the dtype each codec's payload must arrive in (anything else is refused)
 _DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
