@@ -14,7 +14,7 @@ import numpy as np
 from . import backend
 from ..config import ModelConfig
 from .layout import Layout
-from .model import RNNLM, _gather_columns
+from .model import RNNLM
 
 
 class _ChunkBuffers:
@@ -119,7 +119,7 @@ class FFNNLM:
         new_state = self._context(buf, x, state, reset)
         for j in range(self.K):
             cj = buf.ctx[j * E:(j + 1) * E]                               # (E, N)
-            _gather_columns(xp, p["embed"], buf.rows[j], cj)
+            backend.gather_columns(xp, p["embed"], buf.rows[j], cj)
             cj *= buf.present[j]
         xp.matmul(p["W1"], buf.ctx, out=buf.h)                            # (H, N)
         buf.h += p["b1"][:, None]

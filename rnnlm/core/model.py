@@ -14,18 +14,6 @@ from ..config import ModelConfig
 from .layout import Layout
 
 
-def _gather_columns(xp, table, idx, out):
-    """``out[:, n] = table[idx[n]]``: rows of ``table`` (V, W) as columns of ``out`` (W, N).
-
-    A strided transpose of the gathered rows is slow, so a small table is
-    transposed first and gathered along its columns instead.
-    """
-    if table.shape[0] <= out.shape[1]:
-        xp.take(xp.ascontiguousarray(table.T), idx, axis=1, out=out)    # via (W, V)
-    else:
-        out[...] = xp.take(table, idx, axis=0).T
-
-
 def _onehot_steps(xp, table, x, onehot, out):
     """``out[t] = table[x[t]].T``: rows of ``table`` (V, W) as step-major columns (T, W, B).
 
@@ -163,7 +151,7 @@ class RNNLM:
             zin = ws.zin.reshape(-1, N)                                  # (GH, N)
             step_major = False
             if layer == 0 and self.E:
-                _gather_columns(xp, p["embed"], idx, buf.x0)             # (E, N)
+                backend.gather_columns(xp, p["embed"], idx, buf.x0)      # (E, N)
                 if drop:
                     self._dropout(rng, buf.x0, buf.mask0, drop)
                 xp.matmul(p["Wx0"], buf.x0, out=zin)
@@ -171,7 +159,7 @@ class RNNLM:
                 _onehot_steps(xp, p["embed"], x, buf.onehot, ws.z)       # (T, GH, B)
                 step_major = True
             elif layer == 0:
-                _gather_columns(xp, p["embed"], idx, zin)
+                backend.gather_columns(xp, p["embed"], idx, zin)
             else:
                 xp.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
             new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], p[f"b{layer}"], state[layer],
