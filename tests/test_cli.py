@@ -16,7 +16,7 @@ import rnnlm
 from rnnlm import config
 from rnnlm.cli import checks, main, parsers, tools
 from rnnlm.core import checkpoint
-from rnnlm.core.model import build as build_model
+from rnnlm.core.models import build as build_model
 from rnnlm.core.vocab import Vocab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

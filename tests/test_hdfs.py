@@ -179,7 +179,7 @@ def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
     sc = spark.sparkContext
     root = f"{hadoop.endpoints.fs_default}/crash"
     cfg = config.load(None, ["data.train=x", "model.vocab_size=5", "model.hidden=4"])
-    from rnnlm.core.model import build as build_model
+    from rnnlm.core.models import build as build_model
     from rnnlm.core.vocab import Vocab
     vocab = Vocab.from_counts({c: 1 for c in "abcd"}, "char")
     size = build_model(cfg.model).layout.size

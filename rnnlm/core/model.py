@@ -263,11 +263,3 @@ class RNNLM:
             g["embed"].fill(0)
             backend.scatter_add_rows(g["embed"], x.reshape(N), dinput.T)
         return loss, count, new_state
-
-
-def build(cfg: ModelConfig, xp=np, dtype: str | None = None):
-    """The model ``cfg.cell`` names: :class:`RNNLM` or the feed-forward :class:`rnnlm.core.ffnn.FFNNLM`."""
-    if cfg.cell == "ffnn":
-        from .ffnn import FFNNLM
-        return FFNNLM(cfg, xp=xp, dtype=dtype)
-    return RNNLM(cfg, xp=xp, dtype=dtype)
