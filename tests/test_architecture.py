@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 PKG = os.path.join(ROOT, "rnnlm")
 
 
