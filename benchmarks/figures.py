@@ -164,7 +164,7 @@ def _speed(run) -> float:
 
 
 def _pair(plots, rs, labels, title, smooth=1):
-    fig, axes = plots._pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plots.pyplot().subplots(1, 2, figsize=(11, 4), sharey=True)
     plots.plot_metric(rs, "tokens", "train_loss", ax=axes[0], labels=labels, smooth=smooth)
     plots.plot_metric(rs, "syncs", "train_loss", ax=axes[1], labels=labels, smooth=smooth)
     axes[0].set_xlabel("characters seen (all partitions)")
@@ -195,7 +195,7 @@ def draw_sampling(d: str, out: str) -> list:
     from rnnlm import plots, runs
     done = []
     rs = runs.load_all([os.path.join(d, "speed")])
-    _, ax = plots._pyplot().subplots(figsize=(6.4, 4.2))
+    _, ax = plots.pyplot().subplots(figsize=(6.4, 4.2))
     table = {}
     for name in EXCHANGES:
         key = name.split(" (")[0].replace(" ", "")
@@ -229,7 +229,7 @@ def draw_sampling(d: str, out: str) -> list:
 def draw_zipf(d: str, out: str) -> list:
     from rnnlm import plots
     from rnnlm.core import zipf
-    _, ax = plots._pyplot().subplots(figsize=(6.4, 4.6))
+    _, ax = plots.pyplot().subplots(figsize=(6.4, 4.6))
     summary = {}
     for name, path in (("PTB train", "data/ptb.train.txt"), ("Tiny Shakespeare (words)", "data/tinyshakespeare.txt")):
         lines = open(os.path.join(ROOT, path), encoding="utf-8").read().splitlines()
@@ -292,7 +292,7 @@ def draw_frontier(d: str, out: str) -> list:
 def draw_shakespeare(d: str, out: str) -> list:
     from rnnlm import plots, runs
     run = runs.load(os.path.join(d, "char"))
-    ax = plots._axes(None)
+    ax = plots.axes()
     for y, label in (("train_loss", "training (mean of the round's steps, dropout on)"), ("valid_loss", "validation")):
         xs, ys = plots.series(run, "wall", y)
         ax.plot(xs, ys, label=label, marker="." if y == "valid_loss" else None)

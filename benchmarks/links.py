@@ -167,7 +167,7 @@ def child(spec: dict) -> list:
 
 
 def _params(cfg) -> int:
-    from rnnlm.core.model import build
+    from rnnlm.core.models import build
     return build(cfg.model).layout.size
 
 

@@ -36,7 +36,8 @@ FORMATS = (".png", ".svg", ".pdf")
 _EXCHANGE_DEFAULTS = dataclasses.asdict(ExchangeConfig())
 
 
-def _pyplot():
+def pyplot():
+    """``matplotlib.pyplot``, on the Agg backend unless a notebook's inline one is in use."""
     if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
         matplotlib.use("Agg")        # headless: no display on executors, CI or a server
     import matplotlib.pyplot as plt
@@ -64,9 +65,10 @@ def series(run, x: str = "tokens", y: str = "train_loss") -> tuple:
     return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
 
 
-def _axes(ax, figsize=(6.4, 4.2)):
+def axes(ax=None, figsize=(6.4, 4.2)):
+    """``ax``, or the axes of a new figure of ``figsize`` inches."""
     if ax is None:
-        _, ax = _pyplot().subplots(figsize=figsize)
+        _, ax = pyplot().subplots(figsize=figsize)
     return ax
 
 
@@ -82,7 +84,7 @@ def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=
     """One line per run: ``y`` (any metrics key, or ``train_ppl``) against ``x``
     (``tokens``, ``syncs``, ``bytes`` or ``wall``); ``smooth`` > 1 draws the trailing
     mean of that many points (per-round training losses are noisy)."""
-    ax = _axes(ax)
+    ax = axes(ax)
     for run, label in zip(runs, labels or run_labels(runs)):
         xs, ys = smoothed(*series(run, x, y), smooth)
         if xs.size:
@@ -140,7 +142,7 @@ def frontier(runs, y: str = "valid_ppl", pick: str = "best", labels=None) -> lis
 
 def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, labels=None):
     """Quality against communication: a point per run, the Pareto front joined and ringed."""
-    ax = _axes(ax)
+    ax = axes(ax)
     rows = frontier(runs, y, pick, labels)
     for r in rows:
         ax.scatter(r["bytes_per_token"], r["value"], s=28, zorder=3,
@@ -192,7 +194,7 @@ def sync_fractions(runs) -> dict:
 def plot_sync_fraction(runs, ax=None, names: dict | None = None):
     """Sync fraction against local steps K, one line per codec (``names`` maps a :func:`codec`
     name to a legend label; long names are wrapped)."""
-    ax = _axes(ax)
+    ax = axes(ax)
     for name, pts in sync_fractions(runs).items():
         label = (names or {}).get(name) or textwrap.fill(name, 48)
         ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=label)
@@ -215,5 +217,5 @@ def save(fig_or_ax, path: str) -> str:
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path

@@ -1,11 +1,33 @@
+"""What the tests share: fixtures, and helpers a test module imports (``from conftest import ROOT``:
+pytest puts this folder on ``sys.path``, as it does for ``from test_hdfs import ...``)."""
 import os
 
 import numpy as np
 import pytest
 
 from rnnlm.core import backend
+from rnnlm.core.metrics import json_lines
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # Spark stays on loopback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
+HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")            # the project's own small corpus
+HARBOUR_VALID = os.path.join(ROOT, "rnnlm", "data", "harbour_valid.txt")
+# a small, fast LSTM for a run of one machine (local[2]), and one for a run on a real cluster
+TINY = ["model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3"]
+TINY_CLUSTER = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4"]
+
+
+def set_options(*sets) -> list:
+    """A command line's ``--set`` options, one for each ``section.key=value``."""
+    return [a for s in sets for a in ("--set", s)]
+
+
+def metrics(run) -> list:
+    """The metrics lines of the run directory ``run``, read as the project reads them."""
+    with open(os.path.join(run, "metrics.jsonl"), "rb") as f:
+        return json_lines(f.read())
+
 
 XPS = [pytest.param("cpu", id="numpy")]
 XPS.append(pytest.param("gpu", id="cupy", marks=pytest.mark.skipif(
@@ -78,9 +100,8 @@ def tiny_cfg():
     """A small, fast character LSTM on the project's own text."""
     from rnnlm import config
     return config.load(None, [
-        "data.train=rnnlm/data/harbour.txt", "data.level=char", "data.partitions=2",
-        "model.cell=lstm", "model.hidden=16", "optim.name=adam", "optim.lr=0.01",
-        "train.bptt=8", "train.batch=4", "train.grad_norm=token", "train.local_steps=3",
+        *TINY, "data.train=rnnlm/data/harbour.txt", "data.level=char", "data.partitions=2",
+        "model.cell=lstm", "optim.name=adam", "optim.lr=0.01", "train.grad_norm=token",
         "train.rounds=2", "train.eval_every=0"])
 
 

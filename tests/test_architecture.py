@@ -1,10 +1,12 @@
-"""The tree's layers: the numerical core and the exchange layer run without Spark."""
+"""The tree's layers, bottom up: the numerical core, the exchange layer, the async server, Spark;
+the three below Spark run without it."""
 import ast
 import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
+
 PKG = os.path.join(ROOT, "rnnlm")
 
 
@@ -24,8 +26,9 @@ def imports_in(source):
 
 def violations(pkg):
     """``(layer, file, module)`` for every import of a layer above in the package at ``pkg``, and
-    how many imports were checked: core imports nothing of exchange or spark; exchange nothing of spark."""
-    below = {"core": ("exchange", "spark"), "exchange": ("spark",)}
+    how many imports were checked: core imports nothing of exchange, server or spark; exchange nothing
+    of server or spark; server nothing of spark."""
+    below = {"core": ("exchange", "server", "spark"), "exchange": ("server", "spark"), "server": ("spark",)}
     found, checked = [], 0
     for layer, forbidden in below.items():
         for f in sorted(os.listdir(os.path.join(pkg, layer))):
@@ -40,10 +43,10 @@ def violations(pkg):
     return found, checked
 
 
-def test_core_and_exchange_never_import_pyspark():
+def test_core_exchange_and_server_never_import_pyspark():
     code = ("import importlib, pkgutil, sys\n"
-            "import rnnlm.core, rnnlm.exchange\n"
-            "for pkg in (rnnlm.core, rnnlm.exchange):\n"
+            "import rnnlm.core, rnnlm.exchange, rnnlm.server\n"
+            "for pkg in (rnnlm.core, rnnlm.exchange, rnnlm.server):\n"
             "    for m in pkgutil.iter_modules(pkg.__path__):\n"
             "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('pyspark', 'py4j')))")
@@ -61,16 +64,21 @@ def test_the_layer_check_sees_every_form_of_import(tmp_path):
     """``from .. import spark`` once read as ``..`` and passed (core/single.py uses that form for config)."""
     (tmp_path / "core").mkdir()
     (tmp_path / "exchange").mkdir()
+    (tmp_path / "server").mkdir()
     (tmp_path / "core" / "a.py").write_text("from .. import spark\nfrom .. import config\nfrom . import model\n")
-    (tmp_path / "core" / "b.py").write_text("from ..exchange.plan import encode\n")
+    (tmp_path / "core" / "b.py").write_text("from ..exchange.plan import encode\nfrom ..server import wire\n")
     (tmp_path / "exchange" / "c.py").write_text("import pyspark.sql\nfrom rnnlm import spark\n"
-                                                "from py4j import java_gateway\n")
+                                                "from py4j import java_gateway\nfrom ..server import wire\n")
+    (tmp_path / "server" / "d.py").write_text("from ..exchange.blocks import Block\nfrom rnnlm.spark import trainer\n")
     found, checked = violations(str(tmp_path))
     assert found == [("core", "a.py", "..spark"), ("core", "b.py", "..exchange.plan"),
-                     ("core", "b.py", "..exchange.plan.encode"), ("exchange", "c.py", "pyspark.sql"),
+                     ("core", "b.py", "..exchange.plan.encode"), ("core", "b.py", "..server"),
+                     ("core", "b.py", "..server.wire"), ("exchange", "c.py", "pyspark.sql"),
                      ("exchange", "c.py", "rnnlm.spark"), ("exchange", "c.py", "py4j"),
-                     ("exchange", "c.py", "py4j.java_gateway")]
-    assert checked == 10
+                     ("exchange", "c.py", "py4j.java_gateway"), ("exchange", "c.py", "..server"),
+                     ("exchange", "c.py", "..server.wire"), ("server", "d.py", "rnnlm.spark"),
+                     ("server", "d.py", "rnnlm.spark.trainer")]
+    assert checked == 18
 
 
 def test_run_loading_and_plots_start_no_spark():

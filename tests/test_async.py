@@ -1,5 +1,4 @@
 """Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
-import json
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer
 from rnnlm.spark.trainer import TrainingError
+from conftest import metrics
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -17,10 +17,6 @@ BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm
 
 def cfg_of(*sets):
     return config.load(None, BASE + list(sets))
-
-
-def lines(out):
-    return [json.loads(x) for x in open(out / "metrics.jsonl")]
 
 
 def test_one_worker_equals_k_local_steps_then_a_push(spark, tmp_path):
@@ -34,10 +30,10 @@ def test_one_worker_equals_k_local_steps_then_a_push(spark, tmp_path):
     assert isinstance(tr, AsyncTrainer)
     tr.run()
     np.testing.assert_array_equal(tr.params, sync.params)
-    last = lines(tmp_path / "async")[-1]
+    last = metrics(tmp_path / "async")[-1]
     assert last["syncs"] == 5 and last["windows_lost"] == 0 and last.get("refused_duplicate", 0) == 0
-    assert sum(m["pushes"] for m in lines(tmp_path / "async")) == 5
-    assert last["tokens"] == lines(tmp_path / "sync")[-1]["tokens"]
+    assert sum(m["pushes"] for m in metrics(tmp_path / "async")) == 5
+    assert last["tokens"] == metrics(tmp_path / "sync")[-1]["tokens"]
     # and its checkpoint holds the server's parameters and progress
     ck = checkpoint.load(str(tmp_path / "async" / "checkpoint"))
     np.testing.assert_array_equal(ck.params, tr.params)
@@ -54,7 +50,7 @@ def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_pa
                  "train.push_every=4", "train.rounds=12", "train.eval_every=4", *server)
     tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
     tr.run()
-    m = lines(tmp_path / "run")
+    m = metrics(tmp_path / "run")
     assert m[-1]["syncs"] == 24 and sum(x["pushes"] for x in m) == 24 and m[-1]["windows_lost"] == 0
     assert tr.server.done == [12, 12] and m[-1].get("refused_duplicate", 0) == 0
     stale = {}
@@ -89,7 +85,7 @@ def test_ffnn_trains_asynchronously_with_adagrad_on_the_server(spark, tmp_path):
                  "server.update=adagrad", "server.lr=0.05")
     tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
     tr.run()
-    m = lines(tmp_path / "run")
+    m = metrics(tmp_path / "run")
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
     assert m[-1]["syncs"] == 20
@@ -118,14 +114,14 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     make_trainer(spark, cfg, out, log=lambda *_: None).run()
     ck = checkpoint.load(out + "/checkpoint")
     assert ck.optim["server.acc"].shape == ck.params.shape and ck.optim["server.acc"].max() > 0
-    assert ck.position["tokens"] == lines(tmp_path / "run")[-1]["tokens"] > 0
+    assert ck.position["tokens"] == metrics(tmp_path / "run")[-1]["tokens"] > 0
     sync = config.replace(cfg, "train", mode="sync", local_steps=3)
     with pytest.raises(TrainingError, match="train.mode is 'sync' here but 'async'"):
         make_trainer(spark, sync, out, log=lambda *_: None).run(resume=True)
     logs = []
     last = make_trainer(spark, cfg, out, log=logs.append).run(resume=True)
     assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
-    assert last == lines(tmp_path / "run")[-1]
+    assert last == metrics(tmp_path / "run")[-1]
 
 
 def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, monkeypatch):
@@ -133,7 +129,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
     import threading
     import time
-    from rnnlm.exchange.paramserver import ParameterServer
+    from rnnlm.server.paramserver import ParameterServer
     release, original, calls = threading.Event(), ParameterServer._apply, []
 
     def second_hangs(self, decoded, scale):
@@ -155,7 +151,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     finally:
         release.set()
     assert checkpoint.load(str(tmp_path / "run" / "checkpoint")).position["version"] == 1
-    assert [m["syncs"] for m in lines(tmp_path / "run")] == [1]
+    assert [m["syncs"] for m in metrics(tmp_path / "run")] == [1]
 
 
 @pytest.mark.parametrize("master, host", [
@@ -197,7 +193,7 @@ def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, 
     assert cli.guarded(lambda: cli.train(a)) == 0
     a.resume = True
     assert cli.guarded(lambda: cli.train(a)) == 0
-    m = lines(tmp_path / "run")
+    m = metrics(tmp_path / "run")
     assert m[-1]["pushes"] == 0 and m[-1]["syncs"] == 4 and "train_loss" not in m[-1]
     assert all(("train_loss" in x) == (x["pushes"] > 0) for x in m), m
     loss = [x["train_loss"] for x in m if "train_loss" in x][-1]

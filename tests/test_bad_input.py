@@ -12,7 +12,9 @@ from rnnlm.core import backend, checkpoint
 from rnnlm import cli
 from rnnlm.core.model import RNNLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, metrics
+
+# smaller than conftest.TINY: test_evaluate_overflowing_perplexity_is_not_a_traceback needs a model this small
 TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
 
 
@@ -32,7 +34,7 @@ def one_error(capsys, rc, *needles):
 
 
 def demo(*extra):
-    return [f"data.train={os.path.join(ROOT, 'rnnlm/data/harbour.txt')}", "data.valid=", *extra]
+    return [f"data.train={HARBOUR}", "data.valid=", *extra]
 
 
 def test_missing_path(spark, tmp_path, capsys):
@@ -63,7 +65,7 @@ def test_undecodable_bytes_replace_or_fail(spark, tmp_path, capsys):
 
 
 def test_gzip_corpus_is_read(spark, tmp_path, capsys):
-    text = open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read()
+    text = open(HARBOUR, "rb").read()
     with gzip.open(tmp_path / "h.txt.gz", "wb") as f:
         f.write(text)
     assert train(tmp_path / "o", *demo(f"data.train={tmp_path}/h.txt.gz")) == 0
@@ -118,7 +120,7 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     views["Wo"] *= 1e5                     # confidently wrong: losses in the thousands of nats
     checkpoint.save(str(out / "checkpoint"), ck)
     capsys.readouterr()
-    held = os.path.join(ROOT, "rnnlm/data/harbour_valid.txt")
+    held = HARBOUR_VALID
     a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=None, master=None, verbose=False)
     assert cli.guarded(lambda: cli.evaluate(a)) == 0
     result, last = capsys.readouterr().out.strip().splitlines()[-2:]
@@ -150,7 +152,7 @@ def test_a_run_stopped_before_its_first_checkpoint_says_so_and_starts_again_with
     assert err.endswith("start it again with --overwrite"), err
     one_error(capsys, train(out, *demo()), "already holds a run", "--overwrite to start it again")
     assert train(out, *demo(), overwrite=True) == 0
-    assert [json.loads(x)["round"] for x in open(out / "metrics.jsonl")] == [1]      # the old lines are gone
+    assert [m["round"] for m in metrics(out)] == [1]      # the old lines are gone
     assert json.loads((out / "run.json").read_text())["resumed"] == []
     assert checkpoint.load(str(out)).position["round"] == 1
 
@@ -191,7 +193,7 @@ def test_resume_with_a_hidden_state_the_configuration_does_not_carry_is_one_line
 def test_a_corpus_made_on_windows_trains_as_its_unix_copy(spark, tmp_path, capsys):
     """With CRLF line ends the corpus was one paragraph: "the corpus has 1 paragraphs, fewer than
     data.partitions=2"."""
-    text = open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read()
+    text = open(HARBOUR, "rb").read()
     (tmp_path / "crlf.txt").write_bytes(text.replace(b"\n", b"\r\n"))
     assert train(tmp_path / "o", *demo(f"data.train={tmp_path}/crlf.txt")) == 0
     assert f"vocab {len(set(text.decode())) + 1} |" in capsys.readouterr().out      # no \r among them
@@ -200,7 +202,7 @@ def test_a_corpus_made_on_windows_trains_as_its_unix_copy(spark, tmp_path, capsy
 def test_a_corpus_directory_holding_a_subdirectory_is_one_line(spark, tmp_path, capsys):
     d = tmp_path / "corpus"
     (d / "2024").mkdir(parents=True)
-    (d / "a.txt").write_bytes(open(os.path.join(ROOT, "rnnlm/data/harbour.txt"), "rb").read())
+    (d / "a.txt").write_bytes(open(HARBOUR, "rb").read())
     one_error(capsys, train(tmp_path / "o", *demo(f"data.train={d}")), f"{d}/2024 is a directory",
               f"such as {d}/*/*")
     assert not (tmp_path / "o" / "metrics.jsonl").exists()

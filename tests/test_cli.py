@@ -16,11 +16,10 @@ import rnnlm
 from rnnlm import config
 from rnnlm.cli import checks, main, parsers, tools
 from rnnlm.core import checkpoint
-from rnnlm.core.model import build as build_model
+from rnnlm.core.models import build as build_model
 from rnnlm.core.vocab import Vocab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")
+from conftest import HARBOUR, HARBOUR_VALID, ROOT
 
 
 def help_text(capsys, *argv) -> str:
@@ -168,7 +167,7 @@ def test_the_demo_config_finds_its_data_from_any_directory(tmp_path, monkeypatch
     said = []
     cfg = checks.locate_data(config.load(os.path.join(ROOT, "conf", "demo.toml")),
                              os.path.join(ROOT, "conf", "demo.toml"), said.append)
-    assert (cfg.data.train, cfg.data.valid) == (HARBOUR, os.path.join(ROOT, "rnnlm", "data", "harbour_valid.txt"))
+    assert (cfg.data.train, cfg.data.valid) == (HARBOUR, HARBOUR_VALID)
     assert said[0] == (f"data.train: {HARBOUR} (rnnlm/data/harbour.txt in {ROOT}, the config's checkout; "
                        "not in the working directory)")
     # from the checkout itself nothing changes; a config outside a conf/ directory has no checkout

@@ -15,10 +15,10 @@ import pytest
 
 from rnnlm.core import checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, TINY_CLUSTER, metrics, set_options
+
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4",
-        "train.eval_every=0", "data.valid="]
+TINY = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]
 
 
 def env():
@@ -28,7 +28,7 @@ def env():
 
 
 def train_cmd(out, master, *sets):
-    args = [a for s in (*TINY, *sets) for a in ("--set", s)]
+    args = set_options(*TINY, *sets)
     return [sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
             "--master", master, "--samples", "0", *args]
 
@@ -55,7 +55,7 @@ def executor_id(pid) -> str:
 
 def rounds_done(out):
     try:
-        return len(open(os.path.join(out, "metrics.jsonl")).read().splitlines())
+        return len(metrics(out))
     except FileNotFoundError:
         return 0
 
@@ -96,8 +96,8 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     a = checkpoint.load(str(tmp_path / "ref" / "checkpoint"))
     b = checkpoint.load(str(tmp_path / "kill" / "checkpoint"))
     assert np.array_equal(a.params, b.params)
-    ma = [json.loads(x)["train_loss"] for x in open(tmp_path / "ref" / "metrics.jsonl")]
-    mb = [json.loads(x)["train_loss"] for x in open(tmp_path / "kill" / "metrics.jsonl")]
+    ma = [m["train_loss"] for m in metrics(tmp_path / "ref")]
+    mb = [m["train_loss"] for m in metrics(tmp_path / "kill")]
     assert ma == mb and len(ma) == 8
 
 
@@ -107,7 +107,7 @@ def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(t
     before the JVM's shutdown hooks run: a successful run used to end with an ERROR and a stack trace per
     executor the Worker restarted during shutdown ("Shutdown hooks cannot be modified during shutdown")."""
     submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
-    args = [a for s in (*TINY, "train.rounds=2", "train.local_steps=2") for a in ("--set", s)]
+    args = set_options(*TINY, "train.rounds=2", "train.local_steps=2")
     r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", "jobs/train.py",
                         "--config", "conf/demo.toml", "--out", str(tmp_path / "out"), "--samples", "0", *args],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
@@ -158,7 +158,7 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
                                        "--webui-port", str(ui2), "--work-dir", str(tmp_path / "work")],
                                       env=env(), stdout=logs, stderr=logs))
         submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
-        args = [a for s in (*TINY, "train.rounds=3") for a in ("--set", s)]
+        args = set_options(*TINY, "train.rounds=3")
         r = subprocess.run([submit, "--master", url, "--py-files", str(zip_path),
                             "--conf", f"spark.pyspark.python={wrapper}",
                             "--conf", f"spark.pyspark.driver.python={sys.executable}",
@@ -187,7 +187,7 @@ ASYNC = ("train.mode=async", "train.push_every=4", "server.heartbeat_s=0.2", "se
 
 def metric_lines(out):
     try:
-        return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")).read().splitlines()]
+        return metrics(out)
     except FileNotFoundError:
         return []
 

@@ -1,14 +1,11 @@
 """Corpus RDDs: paragraphs, vocabulary by reduceByKey, contiguous partitions."""
-import os
-
 import numpy as np
 import pytest
 
 from rnnlm.spark import corpus
 from rnnlm.core.vocab import Vocab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEXT = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")
+from conftest import HARBOUR as TEXT
 
 
 def test_paragraph_modes(spark, tmp_path):

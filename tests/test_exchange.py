@@ -1,5 +1,4 @@
 """The exchange layer: codecs, row blocks and their merge, row selection, and sparse training on Spark."""
-import json
 import os
 import pickle
 
@@ -12,7 +11,7 @@ from rnnlm.exchange.aggregate import Aggregate, merge
 from rnnlm.exchange.blocks import Block, Sum
 from rnnlm.spark.trainer import Trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, TINY, metrics
 
 
 @pytest.mark.parametrize("top", [1e-8, 3e-3, 1.0, 7e4, 1e9])
@@ -176,11 +175,11 @@ def test_softmax_rows_are_words_frequent_and_seeded_random_shared_within_a_seed_
 def train(spark, tmp_path, name, *sets):
     cfg = config.load(os.path.join(ROOT, "conf/demo.toml"), [
         f"data.train={ROOT}/rnnlm/data/harbour.txt", "data.valid=", "data.level=word", "model.embed=16",
-        "model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3", "train.rounds=6",
+        *TINY, "train.rounds=6",
         "train.eval_every=0", "optim.name=sgd", "optim.lr=0.5", "train.optim_state=reset", *sets])
     tr = Trainer(spark, cfg, str(tmp_path / name), log=lambda s: None)
     tr.run()
-    return tr, [json.loads(x) for x in open(tmp_path / name / "metrics.jsonl")]
+    return tr, metrics(tmp_path / name)
 
 
 def test_rows_on_the_input_embedding_alone_equal_dense_exchange(spark, tmp_path):

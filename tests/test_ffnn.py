@@ -6,7 +6,7 @@ from rnnlm.core import backend
 from rnnlm.config import ModelConfig, OptimConfig
 from rnnlm.core.ffnn import FFNNLM
 from rnnlm.core.local import evaluate, train_steps
-from rnnlm.core.model import build
+from rnnlm.core.models import build
 from rnnlm.core.optim import make_optimizer
 from rnnlm.core.strategies import StreamBlock
 

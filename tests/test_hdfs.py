@@ -14,19 +14,18 @@ import pytest
 
 from rnnlm import cli, config, runs
 from rnnlm.core import checkpoint
+from rnnlm.core.metrics import json_lines
 from rnnlm.spark import trainer
 from rnnlm.hadoop.minicluster import hostname_not_on_loopback
 from rnnlm.spark.hfs import HadoopFS, default_fs
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, set_options
 from test_minicluster import LOOPBACK, listening
 
 pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")
-HARBOUR_VALID = os.path.join(ROOT, "rnnlm", "data", "harbour_valid.txt")
 USER = getpass.getuser()
 # a small character LSTM that writes a checkpoint every round, so that HDFS is written throughout
-TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4", "train.eval_every=3",
+TINY = [*TINY_CLUSTER, "train.eval_every=3",
         "train.checkpoint_every=1", f"data.train=file://{HARBOUR}", f"data.valid=file://{HARBOUR_VALID}"]
 
 
@@ -40,7 +39,7 @@ def job_env(hadoop):
 def train_cmd(out, *sets, resume=False):
     return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
             "--out", out, "--samples", "0", *(["--resume"] if resume else []),
-            *[a for s in (*TINY, *sets) for a in ("--set", s)]]
+            *set_options(*TINY, *sets)]
 
 
 def train(hadoop, out, *sets, resume=False, cwd=None):
@@ -67,7 +66,7 @@ def cat(webhdfs, path) -> bytes:
 
 
 def metrics(webhdfs, run):
-    return [json.loads(x) for x in cat(webhdfs, f"{run}/metrics.jsonl").decode().splitlines()]
+    return json_lines(cat(webhdfs, f"{run}/metrics.jsonl"))
 
 
 def rounds_written(webhdfs, run) -> int:
@@ -179,7 +178,7 @@ def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
     sc = spark.sparkContext
     root = f"{hadoop.endpoints.fs_default}/crash"
     cfg = config.load(None, ["data.train=x", "model.vocab_size=5", "model.hidden=4"])
-    from rnnlm.core.model import build as build_model
+    from rnnlm.core.models import build as build_model
     from rnnlm.core.vocab import Vocab
     vocab = Vocab.from_counts({c: 1 for c in "abcd"}, "char")
     size = build_model(cfg.model).layout.size

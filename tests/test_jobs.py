@@ -11,7 +11,7 @@ import numpy as np
 
 from rnnlm.core import checkpoint
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import HARBOUR, ROOT, TINY, metrics, set_options
 
 
 def run(*args):
@@ -19,11 +19,8 @@ def run(*args):
                           env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
 
 
-TINY = ["model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3"]
-
-
 def sets(*items):
-    return [a for s in (*TINY, *items) for a in ("--set", s)]
+    return set_options(*TINY, *items)
 
 
 def test_demo_then_generate(tmp_path):
@@ -47,13 +44,13 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
 
 def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp_path):
     held = tmp_path / "held.txt"          # several paragraphs: a layout by partitions would cut it in two
-    shutil.copy(os.path.join(ROOT, "rnnlm/data/harbour.txt"), held)
+    shutil.copy(HARBOUR, held)
     test = tmp_path / "test.txt"
     shutil.copy(held, test)
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "run"), "--samples", "0",
             *sets("train.rounds=4", "data.partitions=2", f"data.valid={held}", f"data.test={test}"))
     assert r.returncode == 0, r.stderr[-2000:]
-    logged = json.loads(open(tmp_path / "run" / "metrics.jsonl").read().splitlines()[-1])
+    logged = metrics(tmp_path / "run")[-1]
     # another machine: the checkpoint alone, elsewhere; the training run's test file is gone
     shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved")
     test.unlink()
@@ -99,7 +96,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     assert len(lines) == 1 and "interrupted after round" in lines[0] and "--resume continues" in lines[0], err
     assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
     ck = checkpoint.load(str(out / "checkpoint"))
-    done = [json.loads(x)["round"] for x in open(out / "metrics.jsonl")]
+    done = [m["round"] for m in metrics(out)]
     assert 3 <= ck.position["round"] == done[-1] < 400 and np.isfinite(ck.params).all()
     assert f"interrupted after round {done[-1]};" in lines[0]
     # and the run resumes from it
@@ -124,7 +121,7 @@ def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert rc == 143, err[-2000:]
     assert "SIGTERM: stopping after this round with a checkpoint (SIGTERM again to stop now)" in log
     lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
-    done = [json.loads(x)["round"] for x in open(out / "metrics.jsonl")]
+    done = [m["round"] for m in metrics(out)]
     assert lines == [f"error: interrupted after round {done[-1]}; its checkpoint is in {out}/checkpoint "
                      "(--resume continues)"], err
     assert 3 <= checkpoint.load(str(out)).position["round"] == done[-1] < 40
@@ -133,8 +130,7 @@ def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = checkpoint.load(str(tmp_path / "ref")), checkpoint.load(str(out))
     assert b.position["round"] == 40 and np.array_equal(a.params, b.params)
-    assert [json.loads(x)["train_loss"] for x in open(out / "metrics.jsonl")] == \
-        [json.loads(x)["train_loss"] for x in open(tmp_path / "ref" / "metrics.jsonl")]
+    assert [m["train_loss"] for m in metrics(out)] == [m["train_loss"] for m in metrics(tmp_path / "ref")]
 
 
 def _mb(pattern, text):
@@ -155,7 +151,7 @@ def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path
     assert r.returncode == 0 and " INFO " in r.stderr
     header = r.stdout.splitlines()[0]                     # "vocab 47 | params 1,234 | ..."
     assert header.split(" | ")[1] in d.stdout             # the same parameter count
-    m, m2 = [json.loads(x) for x in (tmp_path / "real" / "metrics.jsonl").read_text().splitlines()]
+    m, m2 = metrics(tmp_path / "real")
     # everything that travels, exactly: round 1's results (blocks, Adam's averaged state, hidden
     # states, pickling) and round 2's broadcast (the rows round 1 changed, Adam's averaged state)
     assert f"partitions send {m['round_bytes_sent']:,} bytes" in d.stdout, (d.stdout, m)

@@ -12,7 +12,7 @@ import pytest
 
 from rnnlm.spark.hfs import default_fs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 
 def site(conf_dir, name):

@@ -1,6 +1,5 @@
 """Hosts in network namespaces behind shaped links (rnnlm.netcluster): the rate is real,
 everything is torn down, and a training run crosses the links between its own hosts."""
-import json
 import os
 import subprocess
 import sys
@@ -9,7 +8,8 @@ import pyspark
 
 from rnnlm.netcluster import NetCluster, parse_rate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, metrics
+
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 
 
@@ -61,10 +61,7 @@ def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
         after = c.link_bytes()
     assert r.returncode == 0, r.stderr[-2000:]
 
-    def lines(name):
-        with open(tmp_path / name / "metrics.jsonl") as f:
-            return [json.loads(s) for s in f]
-    hosts, ref = lines("hosts"), lines("local")
+    hosts, ref = metrics(tmp_path / "hosts"), metrics(tmp_path / "local")
     assert [m["train_loss"] for m in hosts] == [m["train_loss"] for m in ref]
     assert [m["round_bytes_sent"] for m in hosts] == [m["round_bytes_sent"] for m in ref]
     received = after[0][1] - before[0][1]                 # what reached the driver's host over its link

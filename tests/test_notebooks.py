@@ -5,11 +5,11 @@ import os
 import pytest
 
 from rnnlm import config
+from conftest import HARBOUR, HARBOUR_VALID, ROOT
 
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(f for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
 
 
@@ -42,7 +42,7 @@ def test_committed_notebooks_carry_no_outputs():
 
 def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
     from rnnlm.spark.trainer import Trainer
-    held = os.path.join(ROOT, "rnnlm/data/harbour_valid.txt")
+    held = HARBOUR_VALID
     for k, embed in ((2, "dense"), (4, "dense"), (4, "rows+fp16")):
         cfg = config.replace(tiny_cfg, "train", local_steps=k, rounds=3, eval_every=3)
         cfg = config.replace(config.replace(cfg, "data", valid=held), "exchange", embed=embed)
@@ -65,7 +65,7 @@ def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
 
 def test_zipf_notebook_counts_with_spark(tmp_path):
     corpus = tmp_path / "c.txt"
-    corpus.write_text(open(os.path.join(ROOT, "rnnlm/data/harbour.txt")).read())
+    corpus.write_text(open(HARBOUR).read())
     nb = execute("zipf.ipynb", {"RNNLM_CORPUS": str(corpus), "RNNLM_ZIPF_LONGEST": "300"})
     text = outputs(nb)
     assert f"{corpus}: U = " in text and "N = 10 .. 300" in text

@@ -8,8 +8,8 @@ import pytest
 from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
-from rnnlm.exchange import wire
-from rnnlm.exchange.paramserver import ParameterServer, WorkerClient, blocks_to_wire, patch
+from rnnlm.server import wire
+from rnnlm.server.paramserver import ParameterServer, WorkerClient, blocks_to_wire, patch
 
 LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
 
@@ -555,7 +555,7 @@ def test_a_row_block_selecting_no_rows_is_applied_as_no_change(codec):
 def test_a_worker_whose_window_outlasts_the_servers_idle_limit_still_pushes():
     """The server closes a connection idle for server_idle_s; a worker replaces one idle for timeout_s itself
     before pushing, so a long window never loses its push to the idle limit."""
-    from rnnlm.exchange.paramserver import server_idle_s
+    from rnnlm.server.paramserver import server_idle_s
     sv = config.load(None, ["server.heartbeat_s=0.2", "server.timeout_s=0.3"]).server
     ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), sv, 3, 2, log=lambda *_: None)
     secret = wire.new_secret()

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from rnnlm import config, runs
+from conftest import ROOT
 
 plots = pytest.importorskip("rnnlm.plots")       # the plots extra (part of the test extra)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_run(root, name, lines, sets=(), info=True, raw_tail=""):

@@ -1,7 +1,5 @@
 """Distributed training in Spark local mode (one shared session)."""
-import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from rnnlm.core.strategies import Source
 from rnnlm.spark import executor
 from rnnlm.spark.trainer import Trainer, TrainingError, load_corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT, metrics
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +25,6 @@ def run(spark, cfg, out, resume=False):
     tr = Trainer(spark, cfg, str(out), log=lambda s: None)
     tr.run(resume=resume)
     return tr
-
-
-def metrics(out):
-    return [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
 
 
 @pytest.mark.parametrize("strategy,sets", [

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rnnlm.exchange import wire
+from rnnlm.server import wire
 
 MAX_FRAME = 1 << 20
 

@@ -15,13 +15,13 @@ import numpy as np
 import pyspark
 import pytest
 
-from test_hdfs import HARBOUR, cat, home, metrics, read_ck, rounds_written
+from conftest import HARBOUR, ROOT, TINY_CLUSTER, set_options
+from test_hdfs import cat, home, metrics, read_ck, rounds_written
 
 pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-TINY = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4", "train.eval_every=0",
+TINY = [*TINY_CLUSTER, "train.eval_every=0",
         "data.valid=", "data.train=hdfs:///data/harbour.txt"]
 
 
@@ -59,7 +59,7 @@ def submit(hadoop, mode, out, *sets):
     env = hadoop.env()
     env.update(SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("PYSPARK_GATEWAY_PORT", None)
-    args = [a for s in (*TINY, *sets) for a in ("--set", s)]
+    args = set_options(*TINY, *sets)
     cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--properties-file", "conf/spark/yarn.properties",
            *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
            # in cluster mode the driver runs in a container, where --files land in the working directory

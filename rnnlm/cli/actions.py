@@ -67,7 +67,7 @@ def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
 
 def train(a) -> int:
     from ..core.generate import generate
-    from ..core.model import build as build_model
+    from ..core.models import build as build_model
     from .checks import check_train
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)

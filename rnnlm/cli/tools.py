@@ -21,7 +21,7 @@ def error(message: str, code: int = 2) -> int:
 def generate(a) -> int:
     from ..core import checkpoint
     from ..core.generate import generate as sample
-    from ..core.model import build as build_model
+    from ..core.models import build as build_model
     from .actions import load_checkpoint
     seed = a.seed
     if seed is None:          # a new sample each call, which the printed seed repeats

@@ -97,6 +97,18 @@ def onehot_input_product(xp, V: int) -> bool:
     return xp is np and V <= ONE_HOT_INPUT_MAX_V
 
 
+def gather_columns(xp, table, idx, out):
+    """``out[:, n] = table[idx[n]]``: rows of ``table`` (V, W) as columns of ``out`` (W, N).
+
+    A strided transpose of the gathered rows is slow, so a small table is
+    transposed first and gathered along its columns instead.
+    """
+    if table.shape[0] <= out.shape[1]:
+        xp.take(xp.ascontiguousarray(table.T), idx, axis=1, out=out)    # via (W, V)
+    else:
+        out[...] = xp.take(table, idx, axis=0).T
+
+
 def scatter_add_rows(dst, idx, src) -> None:
     """``dst[idx[n]] += src[n]`` for every row n, duplicates summed.
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import config as config_mod
 from .files import LocalFS
-from .model import build as build_model
+from .models import build as build_model
 from .vocab import Vocab, VocabError
 
 MANIFEST = "MANIFEST.json"

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import backend
+from . import backend, output
 from ..config import ModelConfig
 from .layout import Layout
-from .model import RNNLM, _gather_columns
 
 
 class _ChunkBuffers:
@@ -32,10 +31,8 @@ class _ChunkBuffers:
         self.dctx = e(K * m.E, N)
         self.h = e(m.H, N)                                     # tanh layer, then 1 - h^2
         self.dh = e(m.H, N)
-        self.logits = e(m.V, N)                                # logits, then dlogits
         self.ones_n = xp.ones(N, dtype=dt)
-        self.ones_v = xp.ones(m.V, dtype=dt)
-        self.cols = xp.arange(N)
+        self.out = m.out.buffers(N)                            # logits, then dlogits
 
 
 class FFNNLM:
@@ -58,10 +55,6 @@ class FFNNLM:
     start), which contributes a zero vector and receives no gradient.
     """
 
-    # RNNLM's rules apply as they are: zero biases, embed fan_in 1, W1's fan_in K * E
-    init_params = RNNLM.init_params
-    _nll = RNNLM._nll
-
     def __init__(self, cfg: ModelConfig, xp=np, dtype: str | None = None):
         if cfg.vocab_size <= 0:
             raise ValueError("model.vocab_size must be set (from the vocabulary)")
@@ -70,21 +63,29 @@ class FFNNLM:
         self.cfg, self.xp = cfg, xp
         self.dtype = np.dtype(dtype or cfg.dtype)
         self.V, self.E, self.H, self.K = cfg.vocab_size, cfg.embed, cfg.hidden, cfg.context
-        self.L, self.S, self.G = 1, 1, 1                 # G: no LSTM gates for init_params
+        self.L, self.S = 1, 1                            # the state's leading axes, as RNNLM's (L, S, H, B)
+        self.out = output.Softmax(cfg, self.V, self.H, xp, self.dtype)
         self.layout = Layout([("embed", (self.V, self.E)), ("W1", (self.H, self.K * self.E)),
-                              ("b1", (self.H,)), ("Wo", (self.V, self.H)), ("bo", (self.V,))])
+                              ("b1", (self.H,)), *self.out.entries])
         self._buffers: dict = {}
+
+    def init_params(self, seed: int):
+        """Seeded initial parameters as a flat buffer (P,), drawn as the RNN's are
+        (:mod:`rnnlm.core.output`): embeddings with fan_in 1, W1 with K * E, zero biases."""
+        cfg, rng = self.cfg, output.init_rng(seed)
+        flat = np.zeros(self.layout.size, dtype=self.dtype)
+        p = self.layout.views(flat)
+        p["embed"][...] = output.draw(rng, cfg, p["embed"].shape, 1)
+        p["W1"][...] = output.draw(rng, cfg, p["W1"].shape, self.K * self.E)
+        self.out.init(p, rng)
+        return self.xp.asarray(flat)
 
     def zero_state(self, B: int):
         """Initial state (1, 1, K - 1, B): no previous words."""
-        return self.xp.zeros((1, 1, self.K - 1, B), dtype=self.dtype)
+        return self.xp.zeros((self.L, self.S, self.K - 1, B), dtype=self.dtype)
 
     def _bufs(self, T, B) -> _ChunkBuffers:
-        key = (T, B)
-        if key not in self._buffers:
-            self._buffers.clear()   # one chunk shape at a time keeps memory bounded
-            self._buffers[key] = _ChunkBuffers(self.xp, self, T, B)
-        return self._buffers[key]
+        return output.reuse(self._buffers, (T, B), lambda: _ChunkBuffers(self.xp, self, T, B))
 
     # ---------------------------------------------------------------- forward
     def _context(self, buf, x, state, reset):
@@ -119,13 +120,12 @@ class FFNNLM:
         new_state = self._context(buf, x, state, reset)
         for j in range(self.K):
             cj = buf.ctx[j * E:(j + 1) * E]                               # (E, N)
-            _gather_columns(xp, p["embed"], buf.rows[j], cj)
+            backend.gather_columns(xp, p["embed"], buf.rows[j], cj)
             cj *= buf.present[j]
         xp.matmul(p["W1"], buf.ctx, out=buf.h)                            # (H, N)
         buf.h += p["b1"][:, None]
         xp.tanh(buf.h, out=buf.h)
-        xp.matmul(p["Wo"], buf.h, out=buf.logits)                         # (V, N)
-        buf.logits += p["bo"][:, None]
+        self.out.forward(p, buf.out, buf.h)                               # (V, N)
         return buf, new_state
 
     def loss(self, params, x, y, state, reset=None):
@@ -145,14 +145,13 @@ class FFNNLM:
         loss_sum : float, count : int, new_state : array (1, 1, K - 1, B)
         """
         buf, new_state = self._forward(self.layout.views(params), x, state, reset)
-        loss, count = self._nll(buf, y, None)
+        loss, count = self.out.loss(buf.out, y)
         return loss, count, new_state
 
     def next_logits(self, params, x, state):
         """Logits (B, V) after the last step of ``x`` (T, B), and the new state."""
         buf, new_state = self._forward(self.layout.views(params), x, state, None)
-        T, B = x.shape
-        return buf.logits[:, (T - 1) * B:].T.copy(), new_state
+        return self.out.last(buf.out, *x.shape), new_state
 
     # --------------------------------------------------------------- backward
     def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
@@ -179,13 +178,9 @@ class FFNNLM:
         T, B = x.shape
         N = T * B
         buf, new_state = self._forward(p, x, state, reset)
-        if grad_scale is None:
-            grad_scale = 1.0 / max(1, int((y >= 0).sum()))
-        loss, count = self._nll(buf, y, grad_scale)
-        dlg, h, dh = buf.logits, buf.h, buf.dh                            # (V, N), (H, N), (H, N)
-        xp.matmul(dlg, h.T, out=g["Wo"])                                  # (V, H)
-        xp.matmul(dlg, buf.ones_n, out=g["bo"])
-        xp.matmul(p["Wo"].T, dlg, out=dh)                                 # (H, N)
+        loss, count = self.out.loss_grad(buf.out, y, grad_scale)
+        h, dh = buf.h, buf.dh                                             # (H, N), (H, N)
+        self.out.backward(p, g, buf.out, h, dh)
         xp.multiply(h, h, out=h)                                          # h is spent: tanh' = 1 - h^2
         xp.subtract(1, h, out=h)
         dh *= h

@@ -34,7 +34,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
 
     Parameters
     ----------
-    model : RNNLM or FFNNLM (:func:`rnnlm.core.model.build`)
+    model : RNNLM or FFNNLM (:func:`rnnlm.core.models.build`)
     optimizer : Optimizer
     params : flat array (P,), updated in place
     opt_state : dict, updated in place

@@ -12,7 +12,7 @@ from .. import config
 from .local import evaluate, train_steps
 from .strategies import StreamBlock
 from .metrics import EVAL_BPTT, due, log_line, loss_fields
-from .model import build as build_model
+from .models import build as build_model
 from .optim import make_optimizer
 from .schedule import Schedule
 from .vocab import Vocab

@@ -18,9 +18,9 @@ import time
 
 from .. import config
 from ..core import backend
-from ..core.model import build as build_model
+from ..core.models import build as build_model
 from ..core.optim import make_optimizer
-from ..exchange.paramserver import WorkerClient
+from ..server.paramserver import WorkerClient
 from .executor import make_source, task_xp, train_and_encode
 from .memo import MEMO, digest
 

@@ -28,10 +28,10 @@ from .. import config
 from ..core import checkpoint
 from ..core.local import held_out_nll
 from ..core.metrics import json_lines, log_line, loss_fields
-from ..core.model import build as build_model
+from ..core.models import build as build_model
 from ..core.schedule import Schedule
-from ..exchange import wire
-from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
+from ..server import wire
+from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
 from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, best_record, improves, \

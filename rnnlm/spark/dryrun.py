@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from .. import config
-from ..core.model import build as build_model
+from ..core.models import build as build_model
 from ..exchange import plan
 from .executor import make_source
 from .linkcost import parse_latency, parse_rate, predict

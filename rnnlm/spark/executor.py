@@ -22,7 +22,7 @@ from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from ..exchange.round import Carry, SyncRound, view
 from ..core.local import held_out_nll, train_steps
-from ..core.model import build as build_model
+from ..core.models import build as build_model
 from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
 from .memo import MEMO, digest

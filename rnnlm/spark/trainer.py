@@ -31,7 +31,7 @@ from .residuals import Residuals
 from . import runinfo
 from .hfs import HadoopFS
 from ..core.metrics import due, json_lines, log_line, loss_fields
-from ..core.model import build as build_model
+from ..core.models import build as build_model
 from ..core.schedule import Schedule
 
 # a change in any of these makes a resumed run a different experiment

@@ -117,7 +117,7 @@ def _decode(head, body, seq: int) -> tuple:
 
 
 class Conn:
-    """One authenticated, framed connection (either side), after the handshake.
+    """One framed connection (either side), authenticated by :meth:`handshake` before any other frame.
 
     Used by one thread at a time. ``timeout`` bounds each socket operation and a whole hello;
     a frame, once begun, must end within ``timeout`` plus a second per MiB. Between frames
@@ -141,9 +141,12 @@ class Conn:
         """Write one frame (``fields``: JSON, NumPy scalars allowed; ``arrays``: name -> array) and
         return the bytes written. WireError "dtype" or "size", before anything is written, for a
         frame the other side would refuse."""
-        return self._write(self._frame(kind, fields, arrays))
+        return self.write(self.encode(kind, fields, arrays))
 
-    def _frame(self, kind, fields, arrays) -> list:
+    def encode(self, kind: str, fields: dict | None = None, arrays: dict | None = None) -> list:
+        """The next frame as byte pieces for :meth:`write`, nothing written yet: a frame that cannot be
+        sent (WireError "dtype" or "size") leaves the connection usable. It carries the next sequence
+        number, so write it before encoding another."""
         specs, body = [], []
         for name, a in (arrays or {}).items():
             a = np.asarray(a)
@@ -158,7 +161,8 @@ class Conn:
             raise WireError("size", f"header {len(head)} bytes, body {size} (max {MAX_HEADER}, {self.max_frame})")
         return _seal(self._key, self._out, head, body)
 
-    def _write(self, pieces: list) -> int:
+    def write(self, pieces: list) -> int:
+        """Write a frame from :meth:`encode`; the bytes written."""
         self._seq_out += 1
         if sum(memoryview(p).nbytes for p in pieces) < _CHUNK:
             pieces = [b"".join(pieces)]             # one segment, not a header alone then the arrays
@@ -218,6 +222,33 @@ class Conn:
             got, self.bytes_received = got + k, self.bytes_received + k
         return buf
 
+    def handshake(self, secret: bytes) -> "Conn":
+        """Exchange hellos MAC'd with the secret, key the connection with the session key; or close it."""
+        try:
+            self._key, mine = _checked(secret), secrets.token_bytes(16)
+            if self.server:
+                self.send("hello", {"v": 1, "nonce": mine.hex()})
+            try:
+                kind, f, _ = self._recv(_HELLO_HEADER, 0, time.monotonic() + self.timeout)
+            except OSError as e:      # closed, reset or silent before its hello (as a client with the wrong secret is)
+                if not self.server:
+                    raise
+                raise WireError("handshake", f"no hello from the client ({type(e).__name__})") from None
+            want = ("nonce_s", "nonce_c") if self.server else ("nonce",)
+            theirs = [_nonce(f.get(k)) for k in want]
+            if kind != "hello" or f.get("v") != 1 or None in theirs:
+                raise WireError("handshake", f"expected a hello with {' and '.join(want)}")
+            if self.server and not hmac.compare_digest(theirs[0], mine):
+                raise WireError("replay", "the hello answers another connection's nonce")
+            if not self.server:
+                self.send("hello", {"v": 1, "nonce_s": theirs[0].hex(), "nonce_c": mine.hex()})
+            nonces = mine + theirs[1] if self.server else theirs[0] + mine             # nonce_s + nonce_c
+            self._key = hmac.new(secret, b"rnnlm-session" + nonces, hashlib.sha256).digest()
+            return self
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         """Shut the socket down (which wakes a thread blocked on it) and close it."""
         try:
@@ -234,43 +265,15 @@ def _nonce(x):
         return None
 
 
-def _handshake(conn: Conn, secret: bytes) -> Conn:
-    """Exchange hellos MAC'd with the secret, key the connection with the session key; or close it."""
-    try:
-        conn._key, mine = _checked(secret), secrets.token_bytes(16)
-        if conn.server:
-            conn.send("hello", {"v": 1, "nonce": mine.hex()})
-        try:
-            kind, f, _ = conn._recv(_HELLO_HEADER, 0, time.monotonic() + conn.timeout)
-        except OSError as e:      # closed, reset or silent before its hello (as a client with the wrong secret is)
-            if not conn.server:
-                raise
-            raise WireError("handshake", f"no hello from the client ({type(e).__name__})") from None
-        want = ("nonce_s", "nonce_c") if conn.server else ("nonce",)
-        theirs = [_nonce(f.get(k)) for k in want]
-        if kind != "hello" or f.get("v") != 1 or None in theirs:
-            raise WireError("handshake", f"expected a hello with {' and '.join(want)}")
-        if conn.server and not hmac.compare_digest(theirs[0], mine):
-            raise WireError("replay", "the hello answers another connection's nonce")
-        if not conn.server:
-            conn.send("hello", {"v": 1, "nonce_s": theirs[0].hex(), "nonce_c": mine.hex()})
-        nonces = mine + theirs[1] if conn.server else theirs[0] + mine             # nonce_s + nonce_c
-        conn._key = hmac.new(secret, b"rnnlm-session" + nonces, hashlib.sha256).digest()
-        return conn
-    except BaseException:
-        conn.close()
-        raise
-
-
 def connect(host: str, port: int, secret: bytes, max_frame: int, timeout: float = 30.0) -> Conn:
     """Connect to a :class:`FrameServer` and authenticate. ``max_frame``: the largest frame body
     sent or accepted (bytes); ``timeout``: for each socket operation and reply (s)."""
-    return _handshake(Conn(socket.create_connection((host, port), timeout), max_frame, timeout, False), secret)
+    return Conn(socket.create_connection((host, port), timeout), max_frame, timeout, False).handshake(secret)
 
 
 def accept(sock, secret: bytes, max_frame: int, timeout: float = 30.0) -> Conn:
     """Authenticate the client of an accepted socket (server side); WireError if that fails."""
-    return _handshake(Conn(sock, max_frame, timeout, True), secret)
+    return Conn(sock, max_frame, timeout, True).handshake(secret)
 
 
 class Client:
@@ -303,9 +306,9 @@ class Client:
             if self._conn is None:
                 sock = socket.create_connection((self.host, self.port), self.timeout)
                 self._conn = Conn(sock, self.max_frame, self.timeout, server=False)
-                self._guard(_handshake, self._conn, self.secret)
-            frame = self._conn._frame(kind, fields, arrays)   # an unsendable request leaves the connection be
-            self._guard(self._conn._write, frame)
+                self._guard(self._conn.handshake, self.secret)
+            frame = self._conn.encode(kind, fields, arrays)    # an unsendable request leaves the connection be
+            self._guard(self._conn.write, frame)
             reply = self._guard(self._conn.recv)
             self._used = time.monotonic()
             return reply
@@ -420,7 +423,7 @@ class FrameServer:
             self.connections += 1
             self._live.add(conn)
         try:
-            _handshake(conn, self.secret)
+            conn.handshake(self.secret)
             while self._request(conn):
                 pass
         except WireError as e:
@@ -444,11 +447,11 @@ class FrameServer:
                 self.closed_idle += 1
             return False
         try:
-            frame = conn._frame(*self.handle(conn.peer, kind, fields, arrays))
+            frame = conn.encode(*self.handle(conn.peer, kind, fields, arrays))
         except Exception as e:                      # the handler's bug must not stop the server
             self._refuse(conn.peer, "handler", f"handler: {kind!r:.40}: {type(e).__name__}: {e}")
             return False
-        conn._write(frame)
+        conn.write(frame)
         return True
 
     def _refuse(self, peer: str, reason: str, line: str, once: bool = False):

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blocks import CODECS, Block, wire_shapes
+from ..exchange.blocks import CODECS, Block, wire_shapes
 
 # the dtype each codec's payload must arrive in (anything else is refused)
 _DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
@@ -107,7 +107,7 @@ class PushStats:
 
 
 def blocks_to_wire(blocks: dict) -> tuple:
-    """``{"params.<slot>": Block}`` as (fields, arrays) for :mod:`rnnlm.exchange.wire` (no pickle)."""
+    """``{"params.<slot>": Block}`` as (fields, arrays) for :mod:`rnnlm.server.wire` (no pickle)."""
     meta, arrays = {}, {}
     for name, b in blocks.items():
         slot = name.split(".", 1)[1]
@@ -257,7 +257,7 @@ class ParameterServer:
 
     # ------------------------------------------------------------ protocol
     def handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
-        """Serve one request (for :class:`rnnlm.exchange.wire.FrameServer`): ``(kind, fields, arrays)``.
+        """Serve one request (for :class:`rnnlm.server.wire.FrameServer`): ``(kind, fields, arrays)``.
 
         A request the protocol refuses is answered ``("refused", {"reason": ...})``, counted
         (``refused_protocol``) and logged; nothing of it is applied.
