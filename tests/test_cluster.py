@@ -194,7 +194,7 @@ def metric_lines(out):
 
 @pytest.mark.slow
 def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tmp_path):
-    """Seed 004 section 4.2 on Spark: a worker dies mid-run; its task is retried from the first window the
+    """Tai and Xu (2014) section 4.2 on Spark: a worker dies mid-run; its task is retried from the first window the
     server has not applied; every window is applied exactly once and the metrics say what was redone."""
     out = tmp_path / "kill"
     log = open(tmp_path / "kill.log", "w+")
@@ -224,7 +224,7 @@ def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tm
 
 @pytest.mark.slow
 def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(tmp_path):
-    """Seed 004 section 4.1 on Spark: the server lives in the driver; SIGKILL it, --resume restarts from
+    """Tai and Xu (2014) section 4.1 on Spark: the server lives in the driver; SIGKILL it, --resume restarts from
     the server's last checkpoint (every 4 pushes here), and the run completes every window."""
     out = tmp_path / "run"
     every = ("server.checkpoint_pushes=4", "server.checkpoint_s=0")

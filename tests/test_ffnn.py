@@ -1,4 +1,4 @@
-"""The feed-forward NNLM (seed 004): gradients, context window, carried state, resets, learning."""
+"""The feed-forward NNLM (Tai and Xu 2014): gradients, context window, carried state, resets, learning."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""Seed 002's U against N (rnnlm.core.zipf, rnnlm.spark.corpus.unique_growth)."""
+"""Patwary et al.'s (2018) U against N (rnnlm.core.zipf, rnnlm.spark.corpus.unique_growth)."""
 import numpy as np
 import pytest
 

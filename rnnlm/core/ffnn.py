@@ -1,4 +1,4 @@
-"""Bengio et al.'s feed-forward neural network language model (seed 004).
+"""Bengio et al.'s feed-forward neural network language model (as Tai and Xu 2014 train it).
 
 Each position reads the K words ending at it: their embeddings, concatenated,
 feed one tanh layer and a full softmax. :class:`FFNNLM` is a drop-in

@@ -1,17 +1,18 @@
 """The asynchronous mode's parameter server and its workers' side of the protocol.
 
-Seeds 003 (Hogwild!) and 004 (a parameter server with AdaGrad, re-sharding and
-recovery). The server holds the master parameters; each worker (one long-running
-Spark task per partition) trains ``train.push_every`` local steps (a **window**),
-pushes its change in the exchange blocks of :mod:`rnnlm.exchange.plan` (the same
-groups and codecs as the synchronous all-reduce) and continues from the
-parameters the reply carries (its pull). There is no barrier between workers.
+After Deyringer et al., "Parallelization of Neural Network Training for NLP with Hogwild!"
+(lock-free updates), and Tai and Xu (2014), "Distributed Training of Neural Network Language
+Models" (a parameter server with AdaGrad, re-sharding and recovery). The server holds the master
+parameters; each worker (one long-running Spark task per partition) trains ``train.push_every``
+local steps (a **window**), pushes its change in the exchange blocks of
+:mod:`rnnlm.exchange.plan` (the same groups and codecs as the synchronous all-reduce) and
+continues from the parameters the reply carries (its pull). There is no barrier between workers.
 
 Updates (``[server]``):
 
 ``update = "add"``      the change is added to the parameters
 ``update = "adagrad"``  per parameter, ``acc += change^2`` and the parameters move by
-                        ``lr * change / (sqrt(acc) + eps)`` (seed 004: plain SGD diverged
+                        ``lr * change / (sqrt(acc) + eps)`` (Tai and Xu 2014: plain SGD diverged
                         with several workers, AdaGrad's per-parameter rates did not)
 ``lock = false``        Hogwild!: pushes are applied concurrently, without a lock on the
                         parameters; a pull may see a push half applied
@@ -21,7 +22,7 @@ Updates (``[server]``):
 
 **Shards and at-most-once.** A partition's data is cut into windows (ranges of
 ``push_every`` steps); a window is the unit of work the server accounts for
-(seed 004's shard). The server records, per partition, the next window it will
+(Tai and Xu's shard). The server records, per partition, the next window it will
 apply; a push for any other window (a retried task repeating work its previous
 attempt already pushed) is refused, so no window's update is applied twice.
 Each task attempt announces itself (``hello``) and gets a **lease**; a newer
