@@ -13,7 +13,8 @@ from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
 from rnnlm.core.strategies import Source
 from rnnlm.spark import executor
-from rnnlm.spark.trainer import Trainer, TrainingError, load_corpus
+from rnnlm.spark.rundir import TrainingError
+from rnnlm.spark.trainer import Trainer, load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

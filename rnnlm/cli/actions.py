@@ -10,7 +10,9 @@ from ..spark import corpus
 from ..spark.hfs import HadoopFS, default_fs, resolve
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
-from ..spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from ..spark.rundir import TrainingError
+from ..spark.stop import Interrupted
+from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
 from ..core.vocab import VocabError
 from ..progress import Progress
 

@@ -15,7 +15,8 @@ from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.trainer import Trainer, check_config, check_resume
+from ..spark.rundir import check_resume
+from ..spark.trainer import Trainer, check_config
 
 DATA_KEYS = ("train", "valid", "test")
 

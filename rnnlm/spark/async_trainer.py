@@ -34,8 +34,9 @@ from ..exchange import wire
 from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
-from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, best_record, improves, \
-    load_corpus, total_rounds
+from .rundir import _RESUME_KEYS, TrainingError, best_record, improves
+from .stop import Interrupted, _StopRequest
+from .trainer import Trainer, load_corpus, total_rounds
 
 _ASYNC_KEYS = ("push_every",)
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")

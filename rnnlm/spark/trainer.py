@@ -13,8 +13,6 @@ import json
 import math
 import os
 import pickle
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,32 +28,11 @@ from ..exchange.round import SyncRound
 from .residuals import Residuals
 from . import runinfo
 from .hfs import HadoopFS
+from .rundir import BEST, TrainingError, best_record, check_resume, improves
+from .stop import Interrupted, _StopRequest
 from ..core.metrics import due, json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
-
-# a change in any of these makes a resumed run a different experiment
-_RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
-                "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
-                          "outer_lr", "outer_momentum", "optim_state")}
-
-
-BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
-
-
-class TrainingError(RuntimeError):
-    """Training stopped (non-finite loss, incompatible resume); the message is one line."""
-
-
-class Interrupted(TrainingError):
-    """Ctrl-C (SIGINT) or SIGTERM during training: the run stopped between or inside a round.
-
-    ``exit_code`` is the shell's code for a process ended by that signal (130, 143).
-    """
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
 
 
 @dataclass
@@ -138,19 +115,6 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
               if rdd is not None}
     return Corpus(vocab, enc, held_out[0], held_out[1], sum(n for _, n, _, _ in probe),
                   sum(r for _, _, r, _ in probe), counts)
-
-
-def check_resume(cfg: config.Config, saved: config.Config, where: str) -> None:
-    """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
-    experiment differs (:data:`_RESUME_KEYS`)."""
-    mine, theirs = cfg.to_dict(), saved.to_dict()
-    for sec, keys in _RESUME_KEYS.items():
-        for k in (keys or mine[sec].keys()):
-            if sec == "model" and k == "vocab_size":
-                continue
-            if mine[sec][k] != theirs[sec][k]:
-                raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
-                                    f"{theirs[sec][k]!r} in {where}")
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
@@ -446,54 +410,6 @@ class Trainer:
         self.ck_time = time.monotonic()
         if self.residuals is not None:
             self.residuals.truncate(st.residual)
-
-
-class _StopRequest:
-    """Ctrl-C or SIGTERM asks the run to stop after the current round (with a checkpoint); a
-    second one stops it at once (for Ctrl-C through PySpark's own handler, which cancels the
-    running jobs).
-
-    SIGTERM is how ``timeout``, ``kill``, schedulers and YARN's container preemption stop a
-    process: it gets the same grace as Ctrl-C. Interrupting a py4j call midway, as PySpark's
-    handler does, logs py4j errors and leaves a half-done round; letting the round finish costs
-    at most one round's time.
-    """
-
-    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(self, log):
-        self.requested, self.signum, self._log, self._previous = False, signal.SIGINT, log, {}
-        if threading.current_thread() is threading.main_thread():   # signals reach the main thread only
-            for sig in self.NAMES:
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            previous = self._previous.get(signum)
-            if callable(previous):
-                previous(signum, frame)
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        name = self.NAMES[signum]
-        self._log(f"{name}: stopping after this round with a checkpoint ({name} again to stop now)")
-
-    def release(self):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
-def best_record(saved) -> dict | None:
-    """A checkpoint's record of its run's best round, or None (none yet, or a checkpoint from before
-    ``best/``: the next evaluation then starts the record again)."""
-    if (isinstance(saved, dict) and type(saved.get("round")) is int
-            and isinstance(saved.get("valid_loss"), (int, float))):
-        return {"round": saved["round"], "valid_loss": float(saved["valid_loss"])}
-    return None
-
-
-def improves(best: dict | None, valid_loss: float) -> bool:
-    """Whether ``valid_loss`` beats the run's best so far (the first evaluation does)."""
-    return best is None or valid_loss < best["valid_loss"]
 
 
 def _quiet(cfg) -> tuple:
