@@ -34,8 +34,8 @@ from ..exchange import wire
 from ..exchange.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from . import runinfo
 from .async_task import worker_task
-from .rundir import _RESUME_KEYS, TrainingError, best_record, improves
-from .stop import Interrupted, _StopRequest
+from .rundir import RESUME_KEYS, TrainingError, best_record, improves
+from .stop import Interrupted, StopRequest
 from .trainer import Trainer, load_corpus, total_rounds
 
 _ASYNC_KEYS = ("push_every",)
@@ -110,7 +110,7 @@ class AsyncTrainer(Trainer):
         run = _Run(self, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
-        stop = _StopRequest(self.log)
+        stop = StopRequest(self.log)
         try:
             run.loop(job, stop)
         except KeyboardInterrupt:
@@ -131,7 +131,7 @@ class AsyncTrainer(Trainer):
     def _load_checkpoint(self):
         ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
         mine, theirs = self.cfg_in.to_dict(), ck.config.to_dict()
-        keys = dict(_RESUME_KEYS, train=_RESUME_KEYS["train"] + _ASYNC_KEYS, server=("update", "staleness"))
+        keys = dict(RESUME_KEYS, train=RESUME_KEYS["train"] + _ASYNC_KEYS, server=("update", "staleness"))
         for sec, names in keys.items():
             for k in (names or mine[sec].keys()):
                 if not (sec == "model" and k == "vocab_size") and mine[sec][k] != theirs[sec][k]:
@@ -200,7 +200,7 @@ class _Run:
         self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version
 
-    def loop(self, job: _Job, stop: _StopRequest):
+    def loop(self, job: _Job, stop: StopRequest):
         P, sv = self.cfg.data.partitions, self.cfg.server
         t0 = time.perf_counter()
         while True:

@@ -6,9 +6,9 @@ from .. import config
 
 
 # a change in any of these makes a resumed run a different experiment
-_RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
-                "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
-                          "outer_lr", "outer_momentum", "optim_state")}
+RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
+               "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
+                         "outer_lr", "outer_momentum", "optim_state")}
 
 
 BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
@@ -20,9 +20,9 @@ class TrainingError(RuntimeError):
 
 def check_resume(cfg: config.Config, saved: config.Config, where: str) -> None:
     """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
-    experiment differs (:data:`_RESUME_KEYS`)."""
+    experiment differs (:data:`RESUME_KEYS`)."""
     mine, theirs = cfg.to_dict(), saved.to_dict()
-    for sec, keys in _RESUME_KEYS.items():
+    for sec, keys in RESUME_KEYS.items():
         for k in (keys or mine[sec].keys()):
             if sec == "model" and k == "vocab_size":
                 continue

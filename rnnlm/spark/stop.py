@@ -18,7 +18,7 @@ class Interrupted(TrainingError):
         self.exit_code = 128 + int(signum)
 
 
-class _StopRequest:
+class StopRequest:
     """Ctrl-C or SIGTERM asks the run to stop after the current round (with a checkpoint); a
     second one stops it at once (for Ctrl-C through PySpark's own handler, which cancels the
     running jobs).

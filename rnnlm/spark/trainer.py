@@ -29,7 +29,7 @@ from .residuals import Residuals
 from . import runinfo
 from .hfs import HadoopFS
 from .rundir import BEST, TrainingError, best_record, check_resume, improves
-from .stop import Interrupted, _StopRequest
+from .stop import Interrupted, StopRequest
 from ..core.metrics import due, json_lines, log_line, loss_fields
 from ..core.model import build as build_model
 from ..core.schedule import Schedule
@@ -236,7 +236,7 @@ class Trainer:
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
         if resume:
             self.log(f"resumed from round {st.round}")
-        stop = _StopRequest(self.log)
+        stop = StopRequest(self.log)
         self.ck_time, self.round_end = time.monotonic(), None
         try:
             while st.round < rounds:
