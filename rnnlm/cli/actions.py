@@ -103,7 +103,7 @@ def train(a) -> int:
     loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
-          + f" | checkpoint {tr.ck_path}")
+          + f" | checkpoint {tr.dir.ck_path}")
     model = build_model(tr.cfg.model)
     for s in range(a.samples):
         print(f"--- sample {s + 1} ---")
