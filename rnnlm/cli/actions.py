@@ -59,7 +59,7 @@ def _session(app: str, master, verbose: bool = False, ui: bool = True):
             spark.stop()
 
 
-def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
+def make_trainer(spark, cfg, out: str, log=print, progress=None):
     """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
     if cfg.train.mode == "async":
         from ..spark.async_trainer import AsyncTrainer
