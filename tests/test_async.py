@@ -7,7 +7,7 @@ from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer
-from rnnlm.spark.trainer import TrainingError
+from rnnlm.spark.rundir import TrainingError
 from conftest import metrics
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",

@@ -11,7 +11,8 @@ from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import make_optimizer
 from rnnlm.core.strategies import Source
 from rnnlm.spark import executor
-from rnnlm.spark.trainer import Trainer, TrainingError, load_corpus
+from rnnlm.spark.rundir import TrainingError
+from rnnlm.spark.trainer import Trainer, load_corpus
 
 from conftest import ROOT, metrics
 

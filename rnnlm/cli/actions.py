@@ -10,7 +10,9 @@ from ..spark import corpus
 from ..spark.hfs import HadoopFS, default_fs, resolve
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
-from ..spark.trainer import Interrupted, Trainer, TrainingError, evaluate_rdd, load_held_out
+from ..spark.rundir import TrainingError
+from ..spark.stop import Interrupted
+from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
 from ..core.vocab import VocabError
 from ..progress import Progress
 
@@ -57,7 +59,7 @@ def _session(app: str, master, verbose: bool = False, ui: bool = True):
             spark.stop()
 
 
-def make_trainer(spark, cfg, out: str, log=print, progress=None) -> Trainer:
+def make_trainer(spark, cfg, out: str, log=print, progress=None):
     """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
     if cfg.train.mode == "async":
         from ..spark.async_trainer import AsyncTrainer
@@ -101,7 +103,7 @@ def train(a) -> int:
     loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
-          + f" | checkpoint {tr.ck_path}")
+          + f" | checkpoint {tr.dir.ck_path}")
     model = build_model(tr.cfg.model)
     for s in range(a.samples):
         print(f"--- sample {s + 1} ---")

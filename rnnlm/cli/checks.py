@@ -15,7 +15,8 @@ from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.trainer import Trainer, check_config, check_resume
+from ..spark.rundir import RunDir, check_resume
+from ..spark.trainer import check_config
 
 DATA_KEYS = ("train", "valid", "test")
 
@@ -83,10 +84,10 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     local_out = _local(out)
     if dry_run or local_out is None or overwrite:
         return cfg
-    tr = Trainer(None, cfg, out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
-    tr.prepare_out(resume)
+    run_dir = RunDir(out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
+    run_dir.prepare(resume)
     if resume:
-        check_resume(cfg, checkpoint.load(local_out).config, tr.ck_path)
+        check_resume(cfg, checkpoint.load(local_out).config, run_dir.ck_path)
     return cfg
 
 

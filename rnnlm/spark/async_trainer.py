@@ -1,7 +1,7 @@
 """Asynchronous training (``train.mode = "async"``): a parameter server on the driver.
 
-The driver starts :class:`rnnlm.exchange.paramserver.ParameterServer` behind an
-authenticated :class:`rnnlm.exchange.wire.FrameServer` bound to the address the
+The driver starts :class:`rnnlm.server.paramserver.ParameterServer` behind an
+authenticated :class:`rnnlm.server.wire.FrameServer` bound to the address the
 executors reach (``server.host``; by default loopback with a local master,
 ``spark.driver.host`` on a cluster: :func:`bind_host`), then runs one
 Spark job with one long-running task per partition
@@ -19,7 +19,6 @@ partition from its first window the checkpoint does not hold.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -27,17 +26,16 @@ import time
 from .. import config
 from ..core import checkpoint
 from ..core.local import held_out_nll
-from ..core.metrics import json_lines, log_line, loss_fields
+from ..core.metrics import log_line, loss_fields
 from ..core.models import build as build_model
 from ..core.schedule import Schedule
 from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
-from . import runinfo
 from .async_task import worker_task
-from .trainer import _RESUME_KEYS, Interrupted, Trainer, TrainingError, _StopRequest, best_record, improves, \
-    load_corpus, total_rounds
+from .rundir import ASYNC_RESUME_KEYS, RunDir, TrainingError, best_record, improves
+from .stop import Interrupted, StopRequest
+from .trainer import load_corpus, total_rounds
 
-_ASYNC_KEYS = ("push_every",)
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
 
 
@@ -53,11 +51,21 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     return driver_host or "127.0.0.1"
 
 
-class AsyncTrainer(Trainer):
-    """The driver of one asynchronous run (the same constructor and outputs as :class:`Trainer`)."""
+class AsyncTrainer:
+    """The driver of one asynchronous run (the same constructor and outputs as
+    :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` as well)."""
+
+    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
+        self.sc, self.log = spark and spark.sparkContext, log
+        self.dir = RunDir(out, self.sc, fs, log, progress)
+        self.cfg_in = cfg
+
+    @property
+    def metrics(self) -> list:
+        return self.dir.metrics
 
     def run(self, resume: bool = False, data=None, overwrite: bool = False) -> dict:
-        self.prepare_out(resume, overwrite)
+        self.dir.prepare(resume, overwrite)
         ck = self._load_checkpoint() if resume else None
         t = self.cfg_in.train
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
@@ -72,8 +80,9 @@ class AsyncTrainer(Trainer):
                 for rdd in (data.train, data.valid, data.test):
                     if rdd is not None:
                         rdd.unpersist()
-            return self.nothing_to_do(ck.position["round"], windows, ck.params, data.vocab)
-        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
+            self.params, self.vocab = ck.params, data.vocab
+            return self.dir.nothing_to_do(ck.position["round"], windows)
+        self.dir.write_info(self.sc, cfg, resume)
         state = None
         if ck is not None:
             pos = ck.position
@@ -106,17 +115,17 @@ class AsyncTrainer(Trainer):
                  f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
         if ck is not None:
             self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
-        run = _Run(self, cfg, data, server, frames, model, held_out, windows,
+        run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
-        stop = _StopRequest(self.log)
+        stop = StopRequest(self.log)
         try:
             run.loop(job, stop)
         except KeyboardInterrupt:
             job.cancel()
-            raise Interrupted(f"interrupted; {self._kept()}", stop.signum) from None
+            raise Interrupted(f"interrupted; {self.dir.kept()}", stop.signum) from None
         except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
-            raise TrainingError(f"{e}; stopped, {self._kept()}") from None
+            raise TrainingError(f"{e}; stopped, {self.dir.kept()}") from None
         finally:
             stop.release()
             job.cancel()
@@ -128,30 +137,13 @@ class AsyncTrainer(Trainer):
         return self.metrics[-1]
 
     def _load_checkpoint(self):
-        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
-        mine, theirs = self.cfg_in.to_dict(), ck.config.to_dict()
-        keys = dict(_RESUME_KEYS, train=_RESUME_KEYS["train"] + _ASYNC_KEYS, server=("update", "staleness"))
-        for sec, names in keys.items():
-            for k in (names or mine[sec].keys()):
-                if not (sec == "model" and k == "vocab_size") and mine[sec][k] != theirs[sec][k]:
-                    raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
-                                        f"{theirs[sec][k]!r} in {self.ck_path}")
-        old = self.fs.read(self.metrics_path)
-        self.metrics = [m for m in json_lines(old or b"") if m["syncs"] <= ck.position["version"]]
+        ck = self.dir.read_checkpoint(self.cfg_in, ASYNC_RESUME_KEYS)
+        lines = [m for m in self.dir.saved_lines() or [] if m["syncs"] <= ck.position["version"]]
         line = ck.position.get("line")
-        if line and (not self.metrics or self.metrics[-1]["syncs"] < line["syncs"]):
-            self.metrics.append(line)        # the driver died between the checkpoint and its line
-        self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+        if line and (not lines or lines[-1]["syncs"] < line["syncs"]):
+            lines.append(line)        # the driver died between the checkpoint and its line
+        self.dir.keep_lines(lines)
         return ck
-
-    def checkpoint_server(self, cfg, vocab, snap: dict, position: dict, best: bool = False) -> dict:
-        """Write a server snapshot (atomically, as every checkpoint; with ``best``, to ``best/`` as well);
-        return the position it holds."""
-        optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
-        pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
-        ck = checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
-        self.write_checkpoint(checkpoint.to_files(ck), best)
-        return pos
 
 
 class _Job:
@@ -186,8 +178,8 @@ class _Job:
 class _Run:
     """The driver's loop over one async run: metrics lines, evaluations, checkpoints."""
 
-    def __init__(self, tr: AsyncTrainer, cfg, data, server, frames, model, held_out, windows, position):
-        self.tr, self.cfg, self.data, self.server, self.frames = tr, cfg, data, server, frames
+    def __init__(self, rundir: RunDir, cfg, data, server, frames, model, held_out, windows, position):
+        self.dir, self.cfg, self.data, self.server, self.frames = rundir, cfg, data, server, frames
         self.model, self.held_out, self.windows = model, held_out, windows
         self.tokens = position.get("tokens", 0)
         self.eval_s = position.get("eval_s", 0.0)      # the driver's time scoring held-out text (inside wall_s)
@@ -199,7 +191,7 @@ class _Run:
         self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version
 
-    def loop(self, job: _Job, stop: _StopRequest):
+    def loop(self, job: _Job, stop: StopRequest):
         P, sv = self.cfg.data.partitions, self.cfg.server
         t0 = time.perf_counter()
         while True:
@@ -210,24 +202,24 @@ class _Run:
                 self._line(t0, checkpoint=self._checkpoint_due())
             if self.server.failures:
                 job.cancel()
-                raise TrainingError(f"{self.server.failures[0]}; stopped, {self.tr._kept()}")
+                raise TrainingError(f"{self.server.failures[0]}; stopped, {self.dir.kept()}")
             if job.error:
-                raise TrainingError(f"async training job failed: {job.error}; {self.tr._kept()}")
+                raise TrainingError(f"async training job failed: {job.error}; {self.dir.kept()}")
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
             if errors:
-                raise TrainingError(f"{errors[0]}; stopped, {self.tr._kept()}")
+                raise TrainingError(f"{errors[0]}; stopped, {self.dir.kept()}")
             if stop.requested:
                 job.cancel()
                 self._line(t0, checkpoint=True)
                 raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
-                                  f"{self.tr.ck_path} (--resume continues)", stop.signum)
+                                  f"{self.dir.ck_path} (--resume continues)", stop.signum)
             if done:
                 break
             if self._checkpoint_due():             # by time, between lines
                 self._line(t0, checkpoint=True)
         lost = self._line(t0, final=True, checkpoint=True)["windows_lost"]
         if lost:
-            raise TrainingError(f"the job ended with {lost} windows never applied (see {self.tr.metrics_path})")
+            raise TrainingError(f"the job ended with {lost} windows never applied (see {self.dir.metrics_path})")
 
     def _checkpoint_due(self) -> bool:
         sv = self.server.sv
@@ -255,7 +247,7 @@ class _Run:
         rnd = math.ceil(version / P)
         wall = self.wall + time.perf_counter() - t0
         first = {"wall_s": self.wall, "bytes_sent": self.sent0, "bytes_broadcast": self.bcast0}
-        prev = self.tr.metrics[-1] if self.tr.metrics else first
+        prev = self.dir.metrics[-1] if self.dir.metrics else first
         sent, bcast = self.sent0 + self.frames.bytes_received, self.bcast0 + self.frames.bytes_sent
         m = {"round": rnd, "epoch": round(self.tokens / self.data.tokens, 5), "tokens": self.tokens,
              "syncs": version, "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0),
@@ -276,7 +268,7 @@ class _Run:
             self.last_eval, self.eval_pending = rnd // every if every else 0, False
             e0 = time.perf_counter()
             for name, streams in self.held_out.items():
-                self.tr.say_evaluating(name, self.held_out_tokens[name])
+                self.dir.say_evaluating(name, self.held_out_tokens[name])
                 loss = _evaluate(self.model, snap["params"], streams)
                 m.update(loss_fields(loss, self.cfg.data.level, name))
                 if name == "valid":
@@ -289,12 +281,17 @@ class _Run:
         if snap:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
                         "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
-            self.tr.checkpoint_server(self.cfg, self.data.vocab, snap, position, best)
+            self.dir.write_checkpoint(_server_checkpoint(self.cfg, self.data.vocab, snap, position), best)
             self.ck_time, self.ck_version = time.monotonic(), snap["version"]
-        self.tr.metrics.append(m)
-        self.tr.fs.append(self.tr.metrics_path, (json.dumps(m) + "\n").encode(), self.tr._metrics_bytes)
-        self.tr.report(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
+        self.dir.add_line(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
         return m
+
+
+def _server_checkpoint(cfg, vocab, snap: dict, position: dict) -> checkpoint.Checkpoint:
+    """The checkpoint of a server snapshot at the line ``position`` describes."""
+    optim = {} if snap["acc"] is None else {"server.acc": snap["acc"]}
+    pos = dict(position, version=snap["version"], done=snap["done"], totals=snap["totals"])
+    return checkpoint.Checkpoint(params=snap["params"], config=cfg, vocab=vocab, optim=optim, position=pos)
 
 
 def _train_loss(drained: dict) -> dict:

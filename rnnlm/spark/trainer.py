@@ -9,12 +9,9 @@ the next round returns inside the aggregate and goes out with the next broadcast
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import pickle
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,34 +25,11 @@ from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import Residuals
-from . import runinfo
-from .hfs import HadoopFS
-from ..core.metrics import due, json_lines, log_line, loss_fields
+from .rundir import RunDir, TrainingError, best_record, improves
+from .stop import Interrupted, StopRequest
+from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
 from ..core.schedule import Schedule
-
-# a change in any of these makes a resumed run a different experiment
-_RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
-                "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
-                          "outer_lr", "outer_momentum", "optim_state")}
-
-
-BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
-
-
-class TrainingError(RuntimeError):
-    """Training stopped (non-finite loss, incompatible resume); the message is one line."""
-
-
-class Interrupted(TrainingError):
-    """Ctrl-C (SIGINT) or SIGTERM during training: the run stopped between or inside a round.
-
-    ``exit_code`` is the shell's code for a process ended by that signal (130, 143).
-    """
-
-    def __init__(self, message: str, signum: int = signal.SIGINT):
-        super().__init__(message)
-        self.exit_code = 128 + int(signum)
 
 
 @dataclass
@@ -140,19 +114,6 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
                   sum(r for _, _, r, _ in probe), counts)
 
 
-def check_resume(cfg: config.Config, saved: config.Config, where: str) -> None:
-    """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
-    experiment differs (:data:`_RESUME_KEYS`)."""
-    mine, theirs = cfg.to_dict(), saved.to_dict()
-    for sec, keys in _RESUME_KEYS.items():
-        for k in (keys or mine[sec].keys()):
-            if sec == "model" and k == "vocab_size":
-                continue
-            if mine[sec][k] != theirs[sec][k]:
-                raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
-                                    f"{theirs[sec][k]!r} in {where}")
-
-
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
     """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
     if cfg.train.rounds:
@@ -167,24 +128,20 @@ class Trainer:
     ----------
     spark : SparkSession
     cfg : Config
-    out : str
-        Output directory (any Hadoop path): ``run.json`` (written at the start),
-        ``metrics.jsonl``, ``checkpoint/`` (the last checkpoint) and ``best/`` (the checkpoint
-        of the lowest validation loss so far, when ``data.valid`` is set).
-    log : callable
-        Receives messages, and one line per round unless ``progress`` is given.
-    progress : rnnlm.progress.Progress, optional
-        Receives each round's metrics instead (a bar on a terminal).
+    out, log, progress, fs
+        The run's output directory and where its lines go (see :class:`rnnlm.spark.rundir.RunDir`).
+
+    After :meth:`run`: ``metrics`` (the run's lines), ``cfg`` (resolved), ``params``, ``vocab``.
     """
 
     def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
-        self.sc, self.out, self.log, self.progress = spark and spark.sparkContext, out.rstrip("/"), log, progress
-        # a LocalFS and no Spark let the command line check a local --out before the JVM starts
-        self.fs = fs or HadoopFS(self.sc, self.out)
-        self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
-        self.best_path = f"{self.out}/{BEST}"
+        self.sc, self.log = spark and spark.sparkContext, log
+        self.dir = RunDir(out, self.sc, fs, log, progress)
         self.cfg_in = cfg
-        self.metrics: list = []
+
+    @property
+    def metrics(self) -> list:
+        return self.dir.metrics
 
     # ------------------------------------------------------------- set-up
     def _fresh(self, cfg):
@@ -193,8 +150,7 @@ class Trainer:
         return RunState(params=params, schedule=Schedule(cfg.optim).state)
 
     def _resume(self):
-        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
-        check_resume(self.cfg_in, ck.config, self.ck_path)
+        ck = self.dir.read_checkpoint(self.cfg_in)
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"],
@@ -203,39 +159,18 @@ class Trainer:
             setattr(st, k, v)
         if ck.hidden is not None:
             if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
-                raise TrainingError(f"cannot resume: {self.ck_path} holds one stream's hidden state (a one-machine "
+                raise TrainingError(f"cannot resume: {self.dir.ck_path} holds one stream's hidden state (a one-machine "
                                     "run's), not one per partition")
             st.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
-        old = self.fs.read(self.metrics_path)
-        if old:
-            self.metrics = [m for m in json_lines(old) if m["round"] <= st.round]
-            # rounds after the checkpoint will run again: drop their lines once, atomically
-            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+        old = self.dir.saved_lines()
+        if old is not None:
+            self.dir.keep_lines([m for m in old if m["round"] <= st.round])
         return ck.vocab, st
-
-    def _metrics_bytes(self) -> bytes:
-        return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
 
     # ------------------------------------------------------------ running
     def prepare_out(self, resume: bool, overwrite: bool = False) -> None:
-        """Check ``--out`` against ``--resume`` before anything is read; ``overwrite`` deletes an
-        earlier run's metrics, ``run.json``, ``checkpoint/`` and ``best/`` so that the run starts
-        again there."""
-        if overwrite:
-            for p in (self.metrics_path, f"{self.out}/run.json", self.ck_path, self.best_path):
-                self.fs.delete(p)
-            return
-        for p in (self.ck_path, self.best_path):
-            self.fs.restore(p)            # a checkpoint write cut between its two renames
-        has_metrics = self.fs.exists(self.metrics_path)
-        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
-            if has_metrics:
-                raise TrainingError(f"--resume: {self.out} holds metrics but no checkpoint (the run stopped "
-                                    "before its first one): start it again with --overwrite")
-            raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
-        if not resume and has_metrics:
-            raise TrainingError(f"{self.out} already holds a run (use --resume to continue it, --overwrite to "
-                                "start it again, or another --out)")
+        """Check ``--out`` against ``--resume`` (see :meth:`rnnlm.spark.rundir.RunDir.prepare`)."""
+        self.dir.prepare(resume, overwrite)
 
     def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False) -> dict:
         """Train to the configured length; return the last metrics line.
@@ -243,7 +178,7 @@ class Trainer:
         ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one);
         ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`).
         """
-        self.prepare_out(resume, overwrite)
+        self.dir.prepare(resume, overwrite)
         vocab, st = self._resume() if resume else (None, None)
         if st is not None and self.cfg_in.train.rounds and st.round >= self.cfg_in.train.rounds:
             # known before any data is read
@@ -258,7 +193,7 @@ class Trainer:
         self.layout = build_model(cfg.model).layout
         self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
         st = st or self._fresh(cfg)
-        runinfo.write(self.fs, self.out, self.sc, cfg, resume)
+        self.dir.write_info(self.sc, cfg, resume)
         self.residuals = Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         retire = self.residuals.keep if self.residuals else None
@@ -272,7 +207,7 @@ class Trainer:
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
         if resume:
             self.log(f"resumed from round {st.round}")
-        stop = _StopRequest(self.log)
+        stop = StopRequest(self.log)
         self.ck_time, self.round_end = time.monotonic(), None
         try:
             while st.round < rounds:
@@ -280,11 +215,11 @@ class Trainer:
                 if save or stop.requested:
                     self._checkpoint(cfg, data.vocab, st, best)
                 if stop.requested and st.round < rounds:
-                    raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.ck_path} "
+                    raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.dir.ck_path} "
                                       "(--resume continues)", stop.signum)
         except KeyboardInterrupt:
             # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
-            raise Interrupted(f"interrupted in round {st.round + 1}; {self._kept()}", stop.signum) from None
+            raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
             stop.release()
             self.params_bc.close()
@@ -297,11 +232,9 @@ class Trainer:
 
     def nothing_to_do(self, at: int, rounds: int, params, vocab) -> dict:
         """A resumed run already at its length: no training, the checkpoint's model; the last line."""
-        self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
-                 "train.epochs to train on)")
         self.cfg = config.resolve(self.cfg_in, len(vocab))
         self.params, self.vocab = params, vocab
-        return self.metrics[-1] if self.metrics else {"round": at}
+        return self.dir.nothing_to_do(at, rounds)
 
     def _checkpoint_due(self, cfg, r: int, rounds: int, evaluated: bool, stop) -> bool:
         """Whether round ``r`` ends with a checkpoint: every ``train.checkpoint_every`` rounds, at the
@@ -354,9 +287,7 @@ class Trainer:
         if evaluated:
             best = self._evaluate_round(cfg, data, st, sched, m)
         self.sc.setJobDescription(None)
-        self.metrics.append(m)
-        self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
-        self.report(m, rounds, log_line(m, skip=_quiet(cfg)))
+        self.dir.add_line(m, rounds, log_line(m, skip=_quiet(cfg)))
         return save, best
 
     def _aggregate(self, cfg, data, task, bcs: list, bc_bytes: int) -> tuple:
@@ -394,38 +325,12 @@ class Trainer:
         return best
 
     def _evaluate_held_out(self, cfg, params, data: Corpus, name: str) -> float:
-        self.say_evaluating(name, data.held_out_tokens.get(name))
+        self.dir.say_evaluating(name, data.held_out_tokens.get(name))
         self.sc.setJobDescription(f"rnnlm: evaluating {name}")
         return self.evaluate(cfg, params, data.valid if name == "valid" else data.test)
 
-    def say_evaluating(self, name: str, tokens: int | None) -> None:
-        """A pass over held-out text can take longer than a round: say what the silence is."""
-        self.log(f"evaluating {name}" + (f" ({tokens:,} tokens)..." if tokens is not None else "..."))
-
-    def write_checkpoint(self, files: dict, best: bool) -> None:
-        """Replace ``checkpoint/`` (and, with ``best``, ``best/``) with ``files``, each atomically.
-
-        ``best/`` first: a crash between the two leaves ``best/`` ahead of ``checkpoint/``, and the
-        resumed run, training the same rounds again, writes the same ``best/`` again.
-        """
-        if best:
-            self.fs.write_dir_atomic(self.best_path, files)
-        self.fs.write_dir_atomic(self.ck_path, files)
-
-    def report(self, m: dict, total: int, line: str) -> None:
-        """A metrics line written: to the progress bar, or as a log line."""
-        if self.progress is not None:
-            self.progress.update(m, total, line)
-        else:
-            self.log(line)
-
-    def _kept(self) -> str:
-        if self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
-            return f"the last good checkpoint is kept in {self.ck_path}"
-        return "no checkpoint was written yet"
-
     def _stop(self, r: int, why: str):
-        raise TrainingError(f"round {r}: {why}; stopped, {self._kept()}")
+        raise TrainingError(f"round {r}: {why}; stopped, {self.dir.kept()}")
 
     def evaluate(self, cfg, params, rdd) -> float:
         return evaluate_rdd(self.sc, cfg, params, rdd)
@@ -442,58 +347,10 @@ class Trainer:
             position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                       "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s, "eval_s": st.eval_s,
                       "best": st.best})
-        self.write_checkpoint(checkpoint.to_files(ck), best)
+        self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
         if self.residuals is not None:
             self.residuals.truncate(st.residual)
-
-
-class _StopRequest:
-    """Ctrl-C or SIGTERM asks the run to stop after the current round (with a checkpoint); a
-    second one stops it at once (for Ctrl-C through PySpark's own handler, which cancels the
-    running jobs).
-
-    SIGTERM is how ``timeout``, ``kill``, schedulers and YARN's container preemption stop a
-    process: it gets the same grace as Ctrl-C. Interrupting a py4j call midway, as PySpark's
-    handler does, logs py4j errors and leaves a half-done round; letting the round finish costs
-    at most one round's time.
-    """
-
-    NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-    def __init__(self, log):
-        self.requested, self.signum, self._log, self._previous = False, signal.SIGINT, log, {}
-        if threading.current_thread() is threading.main_thread():   # signals reach the main thread only
-            for sig in self.NAMES:
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            previous = self._previous.get(signum)
-            if callable(previous):
-                previous(signum, frame)
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        name = self.NAMES[signum]
-        self._log(f"{name}: stopping after this round with a checkpoint ({name} again to stop now)")
-
-    def release(self):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
-def best_record(saved) -> dict | None:
-    """A checkpoint's record of its run's best round, or None (none yet, or a checkpoint from before
-    ``best/``: the next evaluation then starts the record again)."""
-    if (isinstance(saved, dict) and type(saved.get("round")) is int
-            and isinstance(saved.get("valid_loss"), (int, float))):
-        return {"round": saved["round"], "valid_loss": float(saved["valid_loss"])}
-    return None
-
-
-def improves(best: dict | None, valid_loss: float) -> bool:
-    """Whether ``valid_loss`` beats the run's best so far (the first evaluation does)."""
-    return best is None or valid_loss < best["valid_loss"]
 
 
 def _quiet(cfg) -> tuple:
