@@ -80,3 +80,20 @@ def test_a_task_reads_only_its_own_partitions_broadcast():
     init = make_optimizer(cfg.optim).init_state(params)
     np.testing.assert_allclose(fresh, stepped_from(cfg, params, tokens, init), rtol=1e-6, atol=1e-8)
     assert np.abs(mine - fresh).max() > 1e-3       # the two states lead apart: the comparisons tell them apart
+
+
+def test_a_python_worker_keeps_its_memo_across_rounds(spark, tiny_cfg, tmp_path):
+    """The model is built once per Python worker, not once per task: tasks reach the worker's own memo (a
+    closure that named it would be pickled with an empty copy of it, and every round would start cold)."""
+    from rnnlm.spark.trainer import Trainer
+    tr = Trainer(spark, config.replace(tiny_cfg, "train", rounds=3), str(tmp_path / "run"), log=lambda s: None)
+    tr.run()
+    key = ("model", tr.cfg.model, "numpy")
+
+    def has_model(it):
+        list(it)                      # a worker is reused only when its task reads all its input
+        from rnnlm.spark import memo as worker_memo
+        yield key in worker_memo.MEMO.entries
+
+    # local[2]: every task runs in one of the (reused) workers that ran the rounds
+    assert spark.sparkContext.parallelize(range(4), 4).mapPartitions(has_model).collect() == [True] * 4

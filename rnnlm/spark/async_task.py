@@ -22,7 +22,8 @@ from ..core.models import build as build_model
 from ..core.optim import make_optimizer
 from ..server.paramserver import WorkerClient
 from .executor import make_source, task_xp, train_and_encode
-from .memo import MEMO, digest
+from . import memo
+from .memo import digest
 
 
 def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
@@ -33,14 +34,14 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
     def run(it):
         t = cfg.train
         xp = task_xp(t.device)
-        model = MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
+        model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
             client = WorkerClient(address, secret, pid, cfg.server, model.layout)
             trained, error = 0, None
             try:
                 first, windows, version, host = client.hello()
-                src = MEMO.get(("source", cfg, pid, digest(tokens, starts)),
-                               lambda: make_source(cfg, pid, tokens, starts))
+                src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
+                                    lambda: make_source(cfg, pid, tokens, starts))
                 opt = make_optimizer(cfg.optim)
                 params = xp.array(host)
                 opt_state = opt.init_state(params)

@@ -25,7 +25,8 @@ from ..core.local import held_out_nll, train_steps
 from ..core.models import build as build_model
 from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
-from .memo import MEMO, digest
+from . import memo
+from .memo import digest
 
 
 def task_xp(device: str):
@@ -96,10 +97,10 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                     yield pid, residual
             return
         msg = bc.value
-        model = MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
+        model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         protocol = SyncRound(model.layout, t, cfg.data.partitions)
         v0 = time.perf_counter()
-        host = view(model.layout, bc_base, msg, deltas, MEMO)      # the parameters the driver sent
+        host = view(model.layout, bc_base, msg, deltas, memo.MEMO)      # the parameters the driver sent
         view_s = time.perf_counter() - v0
         for (pid, tokens, starts), residual in items:
             t0 = time.perf_counter()
@@ -107,8 +108,8 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
             params = xp.array(host)
             carry = bc_carry[pid].value if pid in bc_carry else Carry()
             opt_state = protocol.start(msg, carry, opt, params, xp.array)
-            src = MEMO.get(("source", cfg, pid, digest(tokens, starts)),
-                           lambda: make_source(cfg, pid, tokens, starts))
+            src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
+                                lambda: make_source(cfg, pid, tokens, starts))
             state = carry.state if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             try:
@@ -149,8 +150,8 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     drop = backend.rng_for(xp, t.seed, rnd, pid, 0xD0) if cfg.model.dropout else None
     sets = (plan.SoftmaxSampler(model.V, cfg.exchange, t.seed, rnd, pid, cfg.data.partitions,
                                 # a partition's, once per executor process (the key holds its source)
-                                presence=MEMO.get(("presence", src, t.bptt, model.V),
-                                                  lambda: sampled.presence(src.tokens, t.bptt, model.V)))
+                                presence=memo.MEMO.get(("presence", src, t.bptt, model.V),
+                                                       lambda: sampled.presence(src.tokens, t.bptt, model.V)))
             if cfg.exchange.sampled_softmax else None)
     t0 = time.perf_counter()
     res = train_steps(model, opt, params, opt_state, batches, state, lr=lr, clip_norm=cfg.optim.clip_norm,

@@ -34,7 +34,9 @@ class Memo:
         self.entries.clear()
 
 
-MEMO = Memo()      # the worker process's
+# The worker process's. Task closures must reach it as ``memo.MEMO`` (a module attribute): a
+# closure that names it directly is pickled with a copy of it, so every task would start empty.
+MEMO = Memo()
 
 
 def digest(*arrays) -> str:
