@@ -32,7 +32,7 @@ from ..core.schedule import Schedule
 from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from .async_task import worker_task
-from .rundir import ASYNC_RESUME_KEYS, RunDir, TrainingError, best_record, improves
+from .rundir import ASYNC_RESUME_KEYS, Driver, RunDir, TrainingError, best_record, improves
 from .stop import Interrupted, StopRequest
 from .trainer import load_corpus, total_rounds
 
@@ -51,18 +51,9 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     return driver_host or "127.0.0.1"
 
 
-class AsyncTrainer:
+class AsyncTrainer(Driver):
     """The driver of one asynchronous run (the same constructor and outputs as
     :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` as well)."""
-
-    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
-        self.sc, self.log = spark and spark.sparkContext, log
-        self.dir = RunDir(out, self.sc, fs, log, progress)
-        self.cfg_in = cfg
-
-    @property
-    def metrics(self) -> list:
-        return self.dir.metrics
 
     def run(self, resume: bool = False, data=None, overwrite: bool = False) -> dict:
         self.dir.prepare(resume, overwrite)

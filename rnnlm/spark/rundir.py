@@ -162,3 +162,18 @@ class RunDir:
         self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
                  "train.epochs to train on)")
         return self.metrics[-1] if self.metrics else {"round": at}
+
+
+class Driver:
+    """What both drivers (:class:`rnnlm.spark.trainer.Trainer`, the async one) hold: the Spark
+    context, the log, the run's directory and the configuration as given (resolved by ``run``)."""
+
+    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
+        self.sc, self.log = spark and spark.sparkContext, log
+        self.dir = RunDir(out, self.sc, fs, log, progress)
+        self.cfg_in = cfg
+
+    @property
+    def metrics(self) -> list:
+        """The run's metrics lines so far."""
+        return self.dir.metrics

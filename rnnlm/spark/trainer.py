@@ -25,7 +25,7 @@ from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import Residuals
-from .rundir import RunDir, TrainingError, best_record, improves
+from .rundir import Driver, TrainingError, best_record, improves
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -121,7 +121,7 @@ def total_rounds(cfg: config.Config, data: Corpus) -> int:
     return max(1, math.ceil(cfg.train.epochs * data.tokens / data.round_tokens))
 
 
-class Trainer:
+class Trainer(Driver):
     """The driver of one training run.
 
     Parameters
@@ -133,15 +133,6 @@ class Trainer:
 
     After :meth:`run`: ``metrics`` (the run's lines), ``cfg`` (resolved), ``params``, ``vocab``.
     """
-
-    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
-        self.sc, self.log = spark and spark.sparkContext, log
-        self.dir = RunDir(out, self.sc, fs, log, progress)
-        self.cfg_in = cfg
-
-    @property
-    def metrics(self) -> list:
-        return self.dir.metrics
 
     # ------------------------------------------------------------- set-up
     def _fresh(self, cfg):
