@@ -2,6 +2,7 @@
 
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
                                     [--exchange dense,sparse] [--bytes-at 2,4,8] [--profile]
+                                    [--batch 20] [--masters "local[2];local-cluster[2,1,2048]"]
 
 Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
@@ -40,7 +41,7 @@ PHASES = ("phase.prepare_s", "phase.launch_s", "phase.view_s", "phase.steps_s", 
 EXCHANGES = {"dense": "conf/ptb_word_small.toml", "sparse": "conf/ptb_word_small_sparse.toml"}   # their [exchange]
 
 
-def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense"):
+def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense", batch=20):
     """Run in a child process: train a few rounds per K on one corpus load."""
     from rnnlm import config
     from rnnlm.spark import session
@@ -49,7 +50,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
     spark.sparkContext.setLogLevel("ERROR")
     base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
-                        "train.batch=20",   # the ptb-small shape of benchmarks/kernels.py (T=20, B=20)
+                        f"train.batch={batch}",   # 20: the ptb-small shape of benchmarks/kernels.py
                         "train.eval_every=0", "train.checkpoint_every=0"])
     preset = config.load(os.path.join(ROOT, EXCHANGES[exchange]))
     base = config.replace(base, "exchange", **preset.exchange.__dict__)
@@ -78,12 +79,12 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
         json.dump(rows, f)
 
 
-def child(master, partitions, steps, rounds, data_path, exchange="dense"):
+def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=20):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     subprocess.run([sys.executable, __file__, "--child", master, str(partitions), ",".join(map(str, steps)),
-                    str(rounds), data_path, path, exchange], check=True, env=env, cwd=ROOT)
+                    str(rounds), data_path, path, exchange, str(batch)], check=True, env=env, cwd=ROOT)
     with open(path) as f:
         rows = json.load(f)
     os.remove(path)
@@ -92,8 +93,9 @@ def child(master, partitions, steps, rounds, data_path, exchange="dense"):
 
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, master, parts, steps, rounds, data_path, out, exchange = sys.argv
-        return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out, exchange)
+        _, _, master, parts, steps, rounds, data_path, out, exchange, batch = sys.argv
+        return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out, exchange,
+                     int(batch))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", default="1,5,20,50")
@@ -103,6 +105,9 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="part 1 also splits each round into its phases")
     ap.add_argument("--bytes-at", default="", help="only part 3: bytes per round at these partition counts "
                     "(e.g. 2,4,8; K=20, local[2]: bytes are measured at pickling, whatever the master)")
+    ap.add_argument("--batch", type=int, default=20, help="streams per partition (the presets' is 10)")
+    ap.add_argument("--masters", default="local[2];local-cluster[2,1,2048]",
+                    help="part 1's masters, separated by ';'")
     a = ap.parse_args(argv)
     if a.bytes_at:
         print(f"{'P':>3s} {'exchange':8s} {'MB sent':>8s} {'MB bcast':>8s} {'unique words':>12s}")
@@ -119,9 +124,9 @@ def main(argv=None):
     names = [k[len("phase."):-2] for k in PHASES] if a.profile else []
     print(f"{'master':26s} {'exchange':8s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} "
           f"{'MB sent':>8s} {'MB bcast':>8s}" + "".join(f" {n:>8s}" for n in names))
-    for master in ("local[2]", "local-cluster[2,1,2048]"):
+    for master in a.masters.split(";"):
         for ex in exchanges:
-            for r in child(master, 2, steps, a.rounds, a.data, ex):
+            for r in child(master, 2, steps, a.rounds, a.data, ex, a.batch):
                 phases = "".join(f" {r.get(k, float('nan')):8.3f}" for k in PHASES[:len(names)])
                 print(f"{master:26s} {ex:8s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
                       f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
