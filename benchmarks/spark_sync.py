@@ -4,7 +4,7 @@
                                     [--exchange dense,sparse] [--bytes-at 2,4,8] [--profile]
                                     [--batch 20] [--masters "local[2];local-cluster[2,1,2048]"]
 
-Part 1, per master (``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
+Part 1, per master (``--masters``: ``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
 (compute_s: the slowest task's training time; round_s: the driver's wall time for
 broadcast + tasks + treeAggregate + update), median over rounds after the first.
@@ -113,7 +113,7 @@ def main(argv=None):
         print(f"{'P':>3s} {'exchange':8s} {'MB sent':>8s} {'MB bcast':>8s} {'unique words':>12s}")
         for p in (int(x) for x in a.bytes_at.split(",")):
             for ex in a.exchange.split(","):
-                r, = child("local[2]", p, [20], a.rounds, a.data, ex)
+                r, = child("local[2]", p, [20], a.rounds, a.data, ex, a.batch)
                 print(f"{p:3d} {ex:8s} {r['bytes_per_round'] / 1e6:8.2f} {r['broadcast_per_round'] / 1e6:8.2f} "
                       f"{r['unique_words']:12.0f}", flush=True)
         return
@@ -134,8 +134,8 @@ def main(argv=None):
     if a.no_scaling:
         return
     for ex in exchanges:
-        two = child("local[2]", 2, [20], a.rounds + 1, a.data, ex)
-        one = child("local[1]", 1, [20], a.rounds + 1, a.data, ex)
+        two = child("local[2]", 2, [20], a.rounds + 1, a.data, ex, a.batch)
+        one = child("local[1]", 1, [20], a.rounds + 1, a.data, ex, a.batch)
         r2, r1 = two[0]["tokens_per_s"], one[0]["tokens_per_s"]
         print(f"# scaling at K=20, {ex}: local[1] x 1 partition {r1:.0f} tok/s, "
               f"local[2] x 2 partitions {r2:.0f} tok/s, ratio {r2 / r1:.3f}", flush=True)
