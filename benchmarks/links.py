@@ -3,6 +3,7 @@ whose executors each have a host of their own (rnnlm.netcluster), links shaped t
 
     python benchmarks/links.py [--partitions 2,4] [--bandwidths 10gbit,1gbit,100mbit]
                                [--exchanges dense10,dense20,sparse,async] [--rounds 4]
+                               (also dense20+ov, sparse+ov: with train.overlap = 1)
                                [--converge 4] [--target-ppl 400] [--bytes-at 8] [--out runs/links.json]
     python benchmarks/links.py --plot runs/links.json      # table and figure from a saved run
 
@@ -44,6 +45,9 @@ EXCHANGES = {
     "dense10": (SMALL, []),
     "dense20": (SMALL, ["train.local_steps=20"]),
     "sparse": (SPARSE, []),
+    # train.overlap = 1: the next round computes while this one's result travels and is applied
+    "dense20+ov": (SMALL, ["train.local_steps=20", "train.overlap=1"]),
+    "sparse+ov": (SPARSE, ["train.overlap=1"]),
     "async": (SPARSE, ["train.mode=async", "exchange.broadcast=rows", "train.push_every=20",
                        "server.staleness=divide"]),
 }

@@ -77,7 +77,7 @@ class TrainConfig:
     local_steps: int = 0           # optimizer steps per partition between all-reduces; 0 = one pass
     rounds: int = 0
     epochs: float = 1.0            # used when rounds == 0
-    tree_depth: int = 2            # treeAggregate depth
+    tree_depth: int = 2            # treeAggregate depth (rounds with feedback or overlap merge on the driver)
     outer: str = "average"         # average | momentum | nesterov: how the driver applies the mean
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
@@ -88,6 +88,7 @@ class TrainConfig:
     device: str = "cpu"            # cpu | gpu | auto
     rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
     rebase_fraction: float = 0.5   # ... or when what was sent since the base reaches this fraction of the model
+    overlap: int = 0               # 1: round r+1 runs while round r's mean change is applied (arrives a round late)
     mode: str = "sync"             # sync: all-reduce rounds | async: a parameter server on the driver
     push_every: int = 20           # async: local steps between a worker's pushes (a push window)
 
@@ -360,6 +361,10 @@ def validate(cfg: Config) -> None:
         (t.eval_every >= 0 and t.checkpoint_every >= 0, "train.eval_every and checkpoint_every must be >= 0"),
         (0 <= t.checkpoint_s < math.inf, "train.checkpoint_s must be >= 0 (0 = by rounds only)"),
         (t.push_every > 0, "train.push_every must be > 0"),
+        (t.overlap in (0, 1), "train.overlap must be 0 or 1 (rounds a mean change arrives late)"),
+        (not t.overlap or t.optim_state != "average" or o.name == "sgd",
+         "train.overlap = 1 starts a round before the averaged optimizer state it would read exists: "
+         "use train.optim_state = 'local' or 'reset' (or optim.name = 'sgd', which keeps none)"),
         (t.mode == "sync" or (d.strategy not in SAMPLED and x.broadcast == "rows" and t.outer == "average"),
          "train.mode = 'async' needs a streams, paragraphs or windows strategy, exchange.broadcast = 'rows' "
          "and train.outer = 'average' (the server applies each push)"),

@@ -43,6 +43,8 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["exchange.random=1.5"], "exchange.random must be in"),
     ("", ["exchange.mu=-0.1"], "exchange.mu must be in"),
     ("", ["exchange.broadcast=delta+onebit"], "exchange.broadcast"),
+    ("", ["train.overlap=2"], "train.overlap must be 0 or 1"),
+    ("", ["train.overlap=1", "optim.name=adam", "train.optim_state=average"], "use train.optim_state = 'local'"),
     ("[model\n", [], "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):

@@ -28,6 +28,15 @@ def run(spark, cfg, out, resume=False):
     return tr
 
 
+def partitions(spark, cfg) -> list:
+    """The run's training partitions as the trainer reads them, ``(pid, tokens, starts)`` by pid."""
+    data = load_corpus(spark.sparkContext, cfg)
+    try:
+        return sorted(data.train.collect(), key=lambda r: r[0])
+    finally:
+        data.train.unpersist()
+
+
 @pytest.mark.parametrize("strategy,sets", [
     ("streams", []), ("paragraphs", []), ("windows", ["data.window_stride=4"]),
     ("sampled_windows", ["data.window_stride=4", "data.sample_fraction=0.03", "train.local_steps=0"]),
@@ -69,9 +78,7 @@ def test_two_partitions_three_rounds_equal_an_independent_computation(spark, tin
         f"data.strategy={strategy}", "train.rounds=3", "train.optim_state=average", "optim.name=adam",
         "data.window_stride=2", "data.sample_fraction=0.01", f"train.local_steps={0 if sampled else 4}"]))
     tr = run(spark, cfg, tmp_path)
-    data = load_corpus(spark.sparkContext, cfg)
-    parts = sorted(data.train.collect(), key=lambda r: r[0])
-    data.train.unpersist()
+    parts = partitions(spark, cfg)
     t = cfg.train
     model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
     params = model.init_params(t.seed)
@@ -112,9 +119,7 @@ def test_outer_momentum_applies_the_mean_change_with_velocity(spark, tiny_cfg, t
         "data.partitions=1", "train.rounds=3", "train.outer=momentum", "train.outer_lr=0.7",
         "train.outer_momentum=0.5", "train.optim_state=reset", "optim.name=sgd", "optim.lr=0.5"]))
     tr = run(spark, cfg, tmp_path)
-    data = load_corpus(spark.sparkContext, cfg)
-    (pid, tokens, starts), = data.train.collect()
-    data.train.unpersist()
+    (pid, tokens, starts), = partitions(spark, cfg)
     t = cfg.train
     model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
     p = model.init_params(t.seed).astype(np.float64)
@@ -137,9 +142,7 @@ def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_
     cfg = config.replace(tiny_cfg, "train", rounds=1, local_steps=2, bptt=300)
     cfg = config.replace(cfg, "data", strategy="paragraphs")
     tr = run(spark, cfg, tmp_path)
-    data = load_corpus(spark.sparkContext, cfg)
-    parts = data.train.collect()
-    data.train.unpersist()
+    parts = partitions(spark, cfg)
     model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
     results, weights = [], []
     for pid, tokens, starts in parts:
@@ -378,3 +381,110 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert {p: (out / p).read_bytes() for p in before} == before
     Trainer(spark, cfg, str(out)).prepare_out(resume=False, overwrite=True)     # --overwrite: all of it goes
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, tmp_path):
+    """``train.overlap = 1``: round r trains from P_{r-2} (P_{-1} = P_0) and its mean change is applied to
+    P_{r-1}; hidden state and each partition's own Adam state pass from round to round inside Spark."""
+    from threadpoolctl import threadpool_limits
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "train.rounds=3", "train.overlap=1", "train.optim_state=local", "optim.name=adam",
+        "train.local_steps=4"]))
+    tr = run(spark, cfg, tmp_path)
+    parts = partitions(spark, cfg)
+    t = cfg.train
+    model, opt = RNNLM(tr.cfg.model), make_optimizer(cfg.optim)
+    history = [model.init_params(t.seed)]                 # P_0, P_1, ...
+    states = {pid: model.zero_state(t.batch) for pid, _, _ in parts}
+    slots = {pid: opt.init_state(history[0]) for pid, _, _ in parts}
+    with threadpool_limits(1):
+        for rnd in (1, 2, 3):
+            start = history[max(0, rnd - 2)]
+            outs = []
+            for pid, tokens, starts in parts:
+                src = Source("streams", tokens, starts, t.batch, t.bptt, seed=t.seed, partition=pid)
+                res = train_steps(model, opt, start.copy(), {k: (v.copy() if k != "t" else v)
+                                                             for k, v in slots[pid].items()},
+                                  src.round_batches(rnd, t.local_steps), states[pid],
+                                  lr=cfg.optim.lr, clip_norm=cfg.optim.clip_norm, grad_norm="token")
+                states[pid], slots[pid] = res.state, res.opt_state
+                outs.append(res)
+            change = weighted_mean([r.params - start for r in outs], [r.tokens for r in outs])
+            history.append(history[-1] + change)
+    assert np.array_equal(tr.params, history[3])
+    assert not np.array_equal(history[3], history[2])
+    ck = checkpoint.load(str(tmp_path / "checkpoint"))
+    # the checkpoint holds the job after the last: round 4 would train from P_2
+    assert np.array_equal(ck.optim["outer.view"], history[2])
+    assert ck.position["pending_lr"] == cfg.optim.lr
+    assert np.array_equal(ck.hidden, np.stack([states[pid] for pid, _, _ in parts]))
+    assert np.array_equal(ck.optim["p1/m"], slots[1]["m"]) and ck.optim_t == slots[0]["t"] == 12
+
+
+def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
+        spark, tiny_cfg, tmp_path, monkeypatch):
+    """A checkpoint by time under overlap is written with the next round's job running: it holds that
+    job's parameters and rate, and the last finished round's residuals; resuming reproduces the
+    uninterrupted run bit for bit, and so does a run that waits at every round (checkpoint_every=1)."""
+    from rnnlm.spark.residuals import Residuals
+    base = config.apply_overrides(tiny_cfg.to_dict(), [
+        "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+        "exchange.random=0.2", "exchange.feedback=true", "exchange.broadcast=delta+int8", "optim.name=sgd",
+        "optim.lr=0.5", "train.overlap=1", "train.rounds=4", "train.checkpoint_every=0"])
+    whole = run(spark, config.from_dict(base), tmp_path / "whole")
+    drained = run(spark, config.from_dict(config.apply_overrides(base, ["train.checkpoint_every=1"])),
+                  tmp_path / "drained")
+    assert np.array_equal(drained.params, whole.params)
+    cuts = []
+    real = Residuals.truncate
+
+    def truncate(self, saved, carries=None):
+        cuts.append(real(self, saved, carries))
+        return cuts[-1]
+    monkeypatch.setattr(Residuals, "truncate", truncate)
+    cfg = config.from_dict(config.apply_overrides(base, ["train.checkpoint_s=1e-9"]))
+    out = tmp_path / "time"
+    assert crashed_at(spark, cfg, out, 3) == 2
+    assert cuts == [False, False]     # rounds 2 and 3 ran while rounds 1 and 2's checkpoints were written
+    tr = Trainer(spark, cfg, str(out), log=lambda s: None)
+    tr.run(resume=True)
+    assert np.array_equal(tr.params, whole.params)
+    assert [x["train_loss"] for x in metrics(out)] == [x["train_loss"] for x in metrics(tmp_path / "whole")]
+
+
+def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothing(
+        spark, tiny_cfg, tmp_path, monkeypatch):
+    """Rounds that keep their carries in Spark take the partitions' contributions from an accumulator.
+    Dropped on arrival (as when another job computed the partition first), a contribution is
+    recomputed from the round's inputs; delivered twice (a partition computed twice), it counts once."""
+    import copy
+    from rnnlm.spark.residuals import Contributions
+    base = config.apply_overrides(tiny_cfg.to_dict(), [
+        "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+        "exchange.feedback=true", "train.rounds=3", "train.overlap=1", "train.optim_state=local"])
+    cfg = config.from_dict(base)
+    plain = run(spark, cfg, tmp_path / "plain")
+    real = Contributions.addInPlace
+    seen = []
+
+    def drop_one(self, a, b):
+        if a is not None and b is not None and 1 in b.local and 1 not in a.local and len(seen) < 2:
+            seen.append("dropped")
+            return a
+        return real(self, a, b)
+    monkeypatch.setattr(Contributions, "addInPlace", drop_one)
+    dropped = run(spark, cfg, tmp_path / "dropped")
+    assert seen == ["dropped", "dropped"]       # rounds 1 and 2 lost partition 1's contribution
+    assert np.array_equal(dropped.params, plain.params)
+
+    def twice(self, a, b):
+        if a is not None and b is not None and 0 in b.local:
+            seen.append("twice")
+            a = real(self, a, copy.deepcopy(b))
+        return real(self, a, b)
+    monkeypatch.setattr(Contributions, "addInPlace", twice)
+    doubled = run(spark, cfg, tmp_path / "doubled")
+    assert seen.count("twice") == 3
+    assert np.array_equal(doubled.params, plain.params)
+    losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("doubled", "plain")]
+    assert losses[0] == losses[1]

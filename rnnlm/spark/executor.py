@@ -19,7 +19,6 @@ import numpy as np
 from ..core import backend, sampled
 from .. import config
 from ..exchange import plan
-from ..exchange.aggregate import Aggregate
 from ..exchange.round import Carry, SyncRound, view
 from ..core.local import held_out_nll, train_steps
 from ..core.models import build as build_model
@@ -70,7 +69,13 @@ def probe_task(cfg: config.Config):
     return run
 
 
-def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=()):
+def chained(cfg: config.Config) -> bool:
+    """Whether a round's tasks read and emit :class:`rnnlm.spark.residuals.Residuals`' elements:
+    error feedback's residuals, and with ``train.overlap`` the carries as well."""
+    return cfg.exchange.feedback or cfg.train.overlap > 0
+
+
+def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None):
     """One round on one partition from the broadcast state (:mod:`rnnlm.exchange.round`).
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the
@@ -79,22 +84,30 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
-    With ``exchange.feedback`` the task reads ``((pid, tokens, starts), (pid, residual))``
-    (the data zipped with :class:`rnnlm.spark.residuals.Residuals`' RDD) and yields,
-    after its contribution, ``(pid, new residual)``, which stays in Spark as the next
-    round's input (see :func:`fold`).
+    When :func:`chained`, the task reads :class:`rnnlm.spark.residuals.Residuals`' elements
+    ``(pid, tokens, starts, residual, carry)`` and yields the next round's, which stay in
+    Spark; its contribution goes to the accumulator ``sink`` (with None it is yielded before
+    the element). The residual is None without error feedback, the carry None without
+    ``train.overlap`` (it comes from ``bc_carry`` then). Otherwise the task reads
+    ``(pid, tokens, starts)`` and yields its contribution.
     """
     def run(it):
         started = time.time()       # wall clock: the driver sets it against the job's submission
-        t, feedback = cfg.train, cfg.exchange.feedback
-        items = (_unzip(x) if feedback else (x, None) for x in it)
+        t, chain, overlap = cfg.train, chained(cfg), cfg.train.overlap > 0
+        items = (x if chain else (*x, None, None) for x in it)
+
+        def emit(contribution, pid, tokens, starts, residual, carry):
+            if sink is not None:
+                sink.add(contribution)
+            else:
+                yield contribution
+            if chain:
+                yield pid, tokens, starts, residual, carry
         try:
             xp = task_xp(t.device)
         except RuntimeError as e:
-            for (pid, _, _), residual in items:
-                yield SyncRound.failed(pid, str(e))
-                if feedback:
-                    yield pid, residual
+            for pid, tokens, starts, residual, carry in items:
+                yield from emit(SyncRound.failed(pid, str(e)), pid, tokens, starts, residual, carry)
             return
         msg = bc.value
         model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
@@ -102,11 +115,11 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
         v0 = time.perf_counter()
         host = view(model.layout, bc_base, msg, deltas, memo.MEMO)      # the parameters the driver sent
         view_s = time.perf_counter() - v0
-        for (pid, tokens, starts), residual in items:
+        for pid, tokens, starts, residual, carried in items:
             t0 = time.perf_counter()
             opt = make_optimizer(cfg.optim)
             params = xp.array(host)
-            carry = bc_carry[pid].value if pid in bc_carry else Carry()
+            carry = carried if carried is not None else bc_carry[pid].value if pid in bc_carry else Carry()
             opt_state = protocol.start(msg, carry, opt, params, xp.array)
             src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
                                 lambda: make_source(cfg, pid, tokens, starts))
@@ -116,15 +129,12 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                 res, blocks, block_stats, left, words = train_and_encode(
                     cfg, model, src, opt, params, opt_state, state, host, rnd, pid, lr, t.local_steps, residual)
             except FloatingPointError as e:
-                yield protocol.failed(pid, str(e))
-                if feedback:
-                    yield pid, residual
+                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, residual, carried)
                 continue
             block_stats.update(task_start=started, task_end=time.time(), view_s=view_s)
-            yield protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
+            agg = protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
                                         time.perf_counter() - t0, backend.to_numpy)
-            if feedback:
-                yield pid, left
+            yield from emit(agg, pid, tokens, starts, left, agg.local[pid] if overlap else None)
     return run
 
 
@@ -165,26 +175,6 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     if sets is not None:
         stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
     return res, blocks, stats, left, words
-
-
-def _unzip(item):
-    (pid, tokens, starts), (rpid, residual) = item
-    if rpid != pid:         # RDD.zip pairs partitions by position: a mismatch is a bug, not bad input
-        raise AssertionError(f"partition {pid} zipped with the residual of partition {rpid}")
-    return (pid, tokens, starts), residual
-
-
-def fold(acc: Aggregate, x) -> Aggregate:
-    """``treeAggregate``'s seqOp: contributions merge, residuals ``(pid, array)`` are skipped.
-
-    A contribution read back from Spark's cache (feedback mode persists the round's
-    output) was pickled to the executor's own block manager, not sent anywhere: that
-    hop is not counted.
-    """
-    if not isinstance(x, Aggregate):
-        return acc
-    x.wire_bytes = 0
-    return acc.merge(x)
 
 
 def eval_task(cfg: config.Config, bc):

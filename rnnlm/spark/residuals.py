@@ -1,131 +1,205 @@
-"""Where error feedback's residuals live: in Spark, as an RDD beside the corpus.
+"""Where what a partition carries to its next round lives when it cannot pass through the
+driver: in Spark, as an RDD beside the corpus.
 
-A residual (what a partition has not sent yet, see :mod:`rnnlm.exchange.plan`)
-is as large as the model, per partition. Shipping it through the driver every
-round would cost more than the exchange saves, and an executor's memory alone
-would lose it with the executor. So it is an RDD with one ``(pid, array)`` per
-partition, zipped with the corpus' partitions:
+Two things travel this way, one ``(pid, tokens, starts, residual, carry)`` element per
+partition (the corpus partition rides along, so a round reads one cached element and no zip):
 
-* round r's tasks read ``residual[r-1]`` and emit ``residual[r]`` next to their
-  contribution; the round's output is persisted (memory, spilling to disk), the
-  contributions go into ``treeAggregate`` and the residuals stay on their executor
-  for round r+1, which usually runs there too (the cached partitions are its
-  preferred location);
-* a lost executor costs nothing but time: Spark recomputes the lost partitions
-  from their lineage (the earlier rounds' tasks, pure functions of their
-  broadcasts, which this class keeps alive), bit for bit;
-* every checkpoint truncates the lineage: the residuals are collected (one
-  partition at a time), written into the checkpoint (``optim.npz``, under
-  :class:`rnnlm.exchange.round.StateKeys`' names), broadcast back one per partition, and the broadcasts and
-  cached rounds before are released. A resumed run starts from the same
-  broadcasts, so resume reproduces the uninterrupted run's numbers. A cut moves
-  values, never changes them: whatever writes a checkpoint (``train.checkpoint_every``,
-  ``train.checkpoint_s``, an evaluation, a signal) and at whichever round, the numbers are
-  the uninterrupted run's; only the bytes counted move with the cuts.
+* error feedback's **residual** (what a partition has not sent yet, see
+  :mod:`rnnlm.exchange.plan`), as large as the model per partition: shipping it through the
+  driver every round would cost more than the exchange saves, and an executor's memory alone
+  would lose it with the executor;
+* with ``train.overlap = 1``, the partition's :class:`~rnnlm.exchange.round.Carry` (hidden
+  state, its own optimizer state) as well: round r+1's job is submitted before round r's has
+  finished, so its tasks cannot read round r's carries from a broadcast. (Without overlap the
+  carry is None here and travels through the driver.)
 
+How:
+
+* round r's tasks read element r-1 and emit element r, persisted (memory, spilling to disk) on
+  their executor for round r+1, which usually runs there too (the cached partitions are its
+  preferred location). Their contributions do not pass through the cache: each task adds its
+  own to the round's accumulator (:class:`Contributions`), which Spark returns with the task's
+  result, once per partition however often a task is retried. The job's action runs in the JVM
+  alone (a count of the cached output), so no second Python process reads the model-sized
+  residuals back. Under overlap, round r+1's job is defined on round r's output while that is
+  still being computed: Spark's block locks make its task wait for round r's task of the same
+  partition. Should another job compute a round's partition first (a task that lost its
+  locality or was retried late), that contribution reaches the round's accumulator late or
+  never: the round then recomputes it from the same inputs, the same numbers;
+* a lost executor costs nothing but time: Spark recomputes the lost partitions from their
+  lineage (the earlier rounds' tasks, pure functions of their broadcasts, which this class
+  keeps alive), bit for bit;
+* a checkpoint truncates the lineage: the residuals are collected (one partition at a time),
+  written into the checkpoint (``optim.npz``, under :class:`rnnlm.exchange.round.StateKeys`'
+  names), broadcast back one per partition, and the broadcasts and cached rounds before are
+  released. A resumed run starts from the same broadcasts, so resume reproduces the
+  uninterrupted run's numbers. A cut moves values, never changes them: whatever writes a
+  checkpoint and at whichever round, the numbers are the uninterrupted run's; only the bytes
+  counted move with the cuts. A cut needs no job defined on an output not yet collected: under
+  overlap, a checkpoint written while the next round runs (``train.checkpoint_s``, a signal)
+  collects the last finished round and leaves the lineage as it is;
 * a lineage also ends after :data:`MAX_LINEAGE` rounds without a checkpoint
   (:meth:`Residuals.trim`), the same way: Spark serialises a task's whole RDD chain
-  recursively, and PTB small's 232 rounds between checkpoints overflowed the
-  driver's stack (``StackOverflowError`` at round 135).
+  recursively, and PTB small's 232 rounds between checkpoints overflowed the driver's stack
+  (``StackOverflowError`` at round 135).
 
-What it costs: lineage (and kept broadcasts) of at most ``MAX_LINEAGE`` rounds; per
-truncation, the residuals once to the driver (counted in that round's bytes sent,
-except at a checkpoint, which any trainer pays) and once back (counted in the next
-round's broadcast bytes).
+What it costs: lineage (and kept broadcasts) of at most ``MAX_LINEAGE`` rounds (a few more
+under overlap); per truncation, the residuals once to the driver (counted in that round's
+bytes sent, except at a checkpoint, which any trainer pays) and once back (counted in the
+next round's broadcast bytes).
 """
 from __future__ import annotations
 
+import threading
+
 from pyspark import StorageLevel
+from pyspark.accumulators import AccumulatorParam
 
-from .executor import fold
+from ..exchange.aggregate import Aggregate
 
-MAX_LINEAGE = 48           # rounds; three RDDs each (zip, mapPartitions, filter)
+MAX_LINEAGE = 48           # rounds; one cached RDD each
+
+_LOCK = threading.Lock()   # the driver's accumulator server thread merges while a round may be read
 
 
-def _is_residual(x) -> bool:
-    return isinstance(x, tuple)
+class Contributions(AccumulatorParam):
+    """A round's accumulator: the partitions' contributions merged, each partition's once (a
+    duplicate, from a partition computed twice, is the same numbers and is dropped); closed
+    (None) once the round has read it, so that late duplicates are dropped too."""
+
+    def zero(self, value):
+        return Aggregate()
+
+    def addInPlace(self, a, b):
+        with _LOCK:
+            if a is None or b is None or set(a.local) & set(b.local):
+                return a
+            return a.merge(b)
+
+    @staticmethod
+    def take(acc) -> Aggregate:
+        """The merged contributions, the accumulator closed."""
+        with _LOCK:
+            agg = acc.value
+            acc.value = None
+        return agg
+
+
+def _is_contribution(x) -> bool:
+    return isinstance(x, Aggregate)
 
 
 def _from_broadcasts(bcs: dict):
     def read(item):
-        pid = item[0]
-        return pid, (bcs[pid].value if pid in bcs else None)
+        pid, tokens, starts = item
+        residual, carry = bcs[pid].value if pid in bcs else (None, None)
+        return pid, tokens, starts, residual, carry
     return read
 
 
 class Residuals:
-    """Owns the residual RDD, its lineage and the broadcasts that lineage reads.
+    """Owns the carried RDD, its lineage, the broadcasts that lineage reads and each round's accumulator.
 
     Parameters
     ----------
     sc : SparkContext
     data : RDD of (pid, tokens, starts), one element per partition (persisted)
     saved : dict of int -> array, optional
-        Residuals from a checkpoint (None: all zero).
+        Residuals from a checkpoint (None: all zero, or no error feedback).
+    carries : dict of int -> Carry, optional
+        What each partition carries into the next round (``train.overlap``; None: carries
+        travel through the driver).
     """
 
-    def __init__(self, sc, data, saved: dict | None = None):
+    def __init__(self, sc, data, saved: dict | None = None, carries: dict | None = None):
         self.sc, self.data = sc, data
-        self._kept, self._out = [], None
+        self.partitions = data.getNumPartitions()
+        self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self.pending_broadcast = []         # per-partition broadcasts the next round measures
-        self._seed(saved or {})
+        self.in_flight = 0                  # jobs submitted and not finished
+        self._seed(saved or {}, carries or {})
 
-    def _seed(self, saved: dict):
-        bcs = {pid: self.sc.broadcast(a) for pid, a in saved.items()}
+    def _seed(self, saved: dict, carries: dict):
+        pids = set(saved) | set(carries)
+        bcs = {pid: self.sc.broadcast((saved.get(pid), carries.get(pid))) for pid in sorted(pids)}
         self._kept += bcs.values()
         self.pending_broadcast = list(bcs.values())
-        self.rdd = self.data.map(_from_broadcasts(bcs), preservesPartitioning=True)
+        self.rdd = self.done = self.data.map(_from_broadcasts(bcs), preservesPartitioning=True)
         self.depth = 0
-
-    def inputs(self):
-        """The corpus zipped with the residuals: what a feedback round's tasks read."""
-        return self.data.zip(self.rdd)
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
         self._kept += list(broadcasts)
 
-    def run_round(self, task, depth: int, zero, merge):
-        """Run one round's ``task`` over :meth:`inputs`; return the aggregate, keep the residuals."""
-        out = self.inputs().mapPartitions(task).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            agg = out.treeAggregate(zero, fold, merge, depth=depth)
-        except BaseException:
-            out.unpersist()
-            raise
-        prev, self._out = self._out, out
-        self.rdd = out.filter(_is_residual)
+    def submit(self, make_task, run):
+        """Define one round's output, persisted, and start its job through ``run`` (a callable
+        taking a thunk, returning a future of the round's merged :class:`Aggregate`).
+        ``make_task(sink)`` is the round's task adding its contribution to the accumulator ``sink``
+        (with None: yielding it). The next round can be defined on the output at once.
+        Returns ``(output, future)``."""
+        acc = self.sc.accumulator(Aggregate(), Contributions())
+        src = self.rdd
+        out = src.mapPartitions(make_task(acc)).persist(StorageLevel.MEMORY_AND_DISK)
+        self._outs.append(out)
+        self.rdd = out
         self.depth += 1
-        if prev is not None:
-            prev.unpersist()     # round r's cached output holds all round r+1 needs
-        return agg
+        self.in_flight += 1
+        partitions = self.partitions
+
+        def go():
+            out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it
+            agg = Contributions.take(acc)
+            missing = set(range(partitions)) - set(agg.local)
+            if missing:                # computed inside another job: recomputed here, the same numbers
+                for a in src.mapPartitions(make_task(None)).filter(_is_contribution).collect():
+                    if set(a.local) <= missing:
+                        agg.merge(a)
+            return agg
+        return out, run(go)
+
+    def finished(self, out, ok: bool) -> None:
+        """Round ``out`` ended (``ok``: its aggregate arrived): the outputs before it are no longer
+        read by any job (the next round's reads ``out``) and are released."""
+        self.in_flight -= 1
+        if not ok:
+            return
+        self.done = out
+        i = self._outs.index(out)
+        for old in self._outs[:i]:
+            old.unpersist()
+        del self._outs[:i]
 
     def collect(self) -> dict:
-        """pid -> residual, one partition at a time (for a checkpoint)."""
-        return {pid: a for pid, a in self.rdd.toLocalIterator() if a is not None}
+        """pid -> residual of the last finished round, one partition at a time (for a checkpoint)."""
+        return {pid: a for pid, _, _, a, _ in self.done.toLocalIterator() if a is not None}
 
-    def truncate(self, saved: dict) -> None:
-        """Restart the lineage from ``saved`` (what :meth:`collect` returned and a checkpoint holds)."""
-        old, out = self._kept, self._out
-        self._kept, self._out = [], None
-        self._seed(saved)
-        _release(old, out)
+    def truncate(self, saved: dict, carries: dict | None = None) -> bool:
+        """Restart the lineage from ``saved`` (what :meth:`collect` returned and a checkpoint holds)
+        and ``carries``; only when no job is in flight (returns whether it did)."""
+        if self.in_flight:
+            return False
+        old, outs = self._kept, self._outs
+        self._kept, self._outs = [], []
+        self._seed(saved, carries or {})
+        _release(old, outs)
+        return True
 
-    def trim(self) -> int:
-        """Truncate the lineage once it is :data:`MAX_LINEAGE` rounds deep; return the bytes collected."""
-        if self.depth < MAX_LINEAGE:
+    def trim(self, carries: dict | None = None) -> int:
+        """Truncate the lineage once it is :data:`MAX_LINEAGE` rounds deep and no job is in flight;
+        return the bytes collected."""
+        if self.depth < MAX_LINEAGE or self.in_flight:
             return 0
         saved = self.collect()
-        self.truncate(saved)
+        self.truncate(saved, carries)
         return sum(a.nbytes for a in saved.values())
 
     def close(self) -> None:
-        _release(self._kept, self._out)
-        self._kept, self._out = [], None
+        _release(self._kept, self._outs)
+        self._kept, self._outs = [], []
 
 
-def _release(broadcasts, out) -> None:
-    if out is not None:
+def _release(broadcasts, outs) -> None:
+    for out in outs:
         out.unpersist()
     for b in broadcasts:
         b.unpersist()

@@ -5,7 +5,18 @@ Per round the driver broadcasts the flat parameters (with optimizer state and
 carried hidden states where they travel), every partition runs
 ``train.local_steps`` optimizer steps, and the token-weighted average comes back
 through ``treeAggregate``. Tasks are stateless: whatever a partition carries to
-the next round returns inside the aggregate and goes out with the next broadcast.
+the next round returns inside the aggregate and goes out with the next broadcast
+(or stays in Spark, :mod:`rnnlm.spark.residuals`).
+
+``train.overlap = 1`` hides the round's synchronisation behind the next round's
+computation (as Streaming DiLoCo, Douillard et al. 2025, overlaps its outer
+synchronisation with inner steps): round r+1's job is submitted before round r's
+result has arrived, so it starts from the parameters with every mean change up to
+round r-1 applied, and round r's change reaches the partitions a round late (each
+change is still applied exactly once). Which round waits for the one before
+(evaluations, checkpoints due by count, the last round, lineage cuts) changes
+when work runs, never the numbers: a job's parameters and learning rate are fixed
+when it is defined, one round ahead.
 """
 from __future__ import annotations
 
@@ -13,6 +24,7 @@ import math
 import os
 import pickle
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +36,7 @@ from ..exchange import plan
 from ..exchange.aggregate import Aggregate, merge
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
-from .residuals import Residuals
+from .residuals import MAX_LINEAGE, Residuals
 from .rundir import Driver, TrainingError, best_record, improves
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -42,7 +54,9 @@ class RunState:
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
     residual: dict = field(default_factory=dict)       # pid -> error feedback residual (from a checkpoint)
-    view: np.ndarray | None = None                     # exchange.broadcast = delta: the executors' parameters
+    view: np.ndarray | None = None                     # the executors' parameters (exchange.broadcast = delta)
+    #                                                    or, with train.overlap, those the next round trains from
+    pending_lr: float | None = None                    # train.overlap: the next round's learning rate
     schedule: dict = field(default_factory=dict)
     round: int = 0
     tokens: int = 0
@@ -51,6 +65,23 @@ class RunState:
     wall_s: float = 0.0
     eval_s: float = 0.0                                # time scoring held-out text (not in wall_s)
     best: dict | None = None                           # {"round", "valid_loss"}: what best/ holds
+
+
+@dataclass
+class Job:
+    """One round's job: what it trains from, fixed when it is defined, and once submitted its future."""
+
+    round: int
+    lr: float
+    params: np.ndarray          # the driver's parameters its broadcast was made from
+    task: object                # sink -> the executors' function (:func:`rnnlm.spark.executor.round_task`)
+    bcs: list                   # its own broadcasts (message, carries)
+    bc_bytes: int
+    rebased: bool
+    prepare_s: float
+    submitted: float | None = None     # wall clock
+    future: object = None
+    out: object = None                 # its output RDD when carries stay in Spark
 
 
 @dataclass
@@ -148,6 +179,12 @@ class Trainer(Driver):
                       eval_s=pos.get("eval_s", 0.0), best=best_record(pos.get("best")))
         for k, v in SyncRound.from_optim(ck.optim, ck.optim_t).items():
             setattr(st, k, v)
+        if self.cfg_in.train.overlap:
+            st.pending_lr = pos.get("pending_lr")
+            if (type(st.pending_lr) is not float or not math.isfinite(st.pending_lr) or st.pending_lr < 0
+                    or st.view is None or st.view.shape != st.params.shape):
+                raise TrainingError(f"cannot resume: {self.dir.ck_path} lacks the next round's parameters or "
+                                    "learning rate that train.overlap = 1 needs")
         if ck.hidden is not None:
             if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
                 raise TrainingError(f"cannot resume: {self.dir.ck_path} holds one stream's hidden state (a one-machine "
@@ -185,7 +222,9 @@ class Trainer(Driver):
         self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
         st = st or self._fresh(cfg)
         self.dir.write_info(self.sc, cfg, resume)
-        self.residuals = Residuals(self.sc, data.train, st.residual) if cfg.exchange.feedback else None
+        self.residuals = None
+        if executor.chained(cfg):
+            self.residuals = Residuals(self.sc, data.train, st.residual, self._carries(cfg, st))
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         retire = self.residuals.keep if self.residuals else None
         if cfg.exchange.broadcast == "rows":
@@ -199,7 +238,9 @@ class Trainer(Driver):
         if resume:
             self.log(f"resumed from round {st.round}")
         stop = StopRequest(self.log)
-        self.ck_time, self.round_end = time.monotonic(), None
+        self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
+        self.next, self.flight = None, []        # the next round's job (train.overlap); jobs submitted, not waited for
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
         try:
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
@@ -212,6 +253,7 @@ class Trainer(Driver):
             # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
             raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
+            self._cancel()
             stop.release()
             self.params_bc.close()
             if self.residuals is not None:
@@ -240,16 +282,19 @@ class Trainer(Driver):
         r, t0 = st.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, st.schedule)
         lr = sched.lr(st.tokens / data.tokens)
-        # what every partition reads (the base, the rows that differ from it) and what each alone carries
-        base, rows, deltas, new = self.params_bc.round(st.params)
-        msg, carries = self.protocol.messages(st, self.params_bc.token, rows)
-        bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
-        bc_bytes = sum(_broadcast_bytes(b) for b in bcs + new)
-        prepared, submitted = time.perf_counter(), time.time()
-        # local steps on every partition; their changes merged by treeAggregate
-        self.sc.setJobDescription(f"rnnlm round {r}/{rounds}: {steps_label(cfg.train)} + treeAggregate")
-        task = executor.round_task(cfg, base, bcs[0], dict(zip(carries, bcs[1:])), r, lr, deltas)
-        agg, bc_bytes = self._aggregate(cfg, data, task, bcs, bc_bytes)
+        # this round's job, defined a round ahead under overlap (a resumed run's from its checkpoint)
+        if self.next is None:
+            resumed = cfg.train.overlap and st.pending_lr is not None
+            self.next = self._define(cfg, st, r, st.view if resumed else st.params, st.pending_lr if resumed else lr)
+        job, self.next = self.next, None
+        if job.future is None:
+            self._submit(cfg, data, job, rounds)
+        if cfg.train.overlap:
+            # the next round's job from the parameters before this round's change, submitted before waiting
+            self.next = self._define(cfg, st, r + 1, st.params, lr)
+            if not self._drains(cfg, data, r, rounds):
+                self._submit(cfg, data, self.next, rounds)
+        agg = self._wait(job)
         arrived, t_agg = time.time(), time.perf_counter()
         # the mean change applied, unless a partition failed or a value is not finite
         errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
@@ -262,15 +307,18 @@ class Trainer(Driver):
         evaluated = due(r, cfg.train.eval_every, rounds) and (data.valid is not None or data.test is not None)
         save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
         if self.residuals is not None and not save:
-            agg.wire_bytes += self.residuals.trim()      # residuals collected to cut their lineage
+            agg.wire_bytes += self.residuals.trim(self._carries(cfg, st))   # collected to cut their lineage
         st.round, st.tokens = r, st.tokens + agg.stats["tokens"]
         st.bytes_sent += agg.wire_bytes
-        st.bytes_broadcast += bc_bytes
+        st.bytes_broadcast += job.bc_bytes
         st.wall_s += time.perf_counter() - t0
-        m = round_metrics(cfg, self.layout, st, data.tokens, agg, bc_bytes, any(b is base for b in new), lr,
+        m = round_metrics(cfg, self.layout, st, data.tokens, agg, job.bc_bytes, job.rebased, job.lr,
                           time.perf_counter() - t0)
-        # where the round's time went (benchmarks/round_cost.py): the driver's phases and the slowest task's
-        m.update(round_phases(agg.stats, prepare=prepared - t0, submitted=submitted, arrived=arrived,
+        # where the round's time went (benchmarks/spark_sync.py --profile): the driver's phases and the slowest
+        # task's; under overlap a job may wait for the one before it, so its launch counts from that one's end
+        started = max(job.submitted, self.last_task_end or 0.0)
+        self.last_task_end = agg.stats.get("task_end")
+        m.update(round_phases(agg.stats, prepare=job.prepare_s, submitted=started, arrived=arrived,
                               apply=applied - t_agg, between=t0 - self.round_end if self.round_end else None))
         self.round_end = time.perf_counter()
         # held-out text, between rounds (its time is not the round's)
@@ -281,21 +329,80 @@ class Trainer(Driver):
         self.dir.add_line(m, rounds, log_line(m, skip=_quiet(cfg)))
         return save, best
 
-    def _aggregate(self, cfg, data, task, bcs: list, bc_bytes: int) -> tuple:
-        """Run the round's job; return its aggregate and the round's broadcast bytes."""
+    def _define(self, cfg, st: RunState, r: int, params, lr: float) -> Job:
+        """Round ``r``'s job training from ``params`` at ``lr``: its broadcasts and task."""
+        p0 = time.perf_counter()
+        # what every partition reads (the base, the rows that differ from it) and what each alone carries
+        base, rows, deltas, new = self.params_bc.round(params)
+        msg, carries = self.protocol.messages(st, self.params_bc.token, rows)
+        if cfg.train.overlap:
+            carries = {}                # they stay in Spark: the round before has not returned them yet
+        bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
+        carry_bcs = dict(zip(carries, bcs[1:]))
+
+        def task(sink=None):
+            return executor.round_task(cfg, base, bcs[0], carry_bcs, r, lr, deltas, sink)
+        return Job(r, lr, params, task, bcs, sum(_broadcast_bytes(b) for b in bcs + new),
+                   any(b is base for b in new), time.perf_counter() - p0)
+
+    def _drains(self, cfg, data, r: int, rounds: int) -> bool:
+        """Whether round r+1's job waits for round r (overlap): after the last round, before an
+        evaluation or a checkpoint due by count, and before a lineage cut."""
+        t = cfg.train
+        return (r >= rounds or due(r, t.checkpoint_every, rounds)
+                or (due(r, t.eval_every, rounds) and (data.valid is not None or data.test is not None))
+                or self.residuals.depth >= MAX_LINEAGE)
+
+    def _submit(self, cfg, data, job: Job, rounds: int) -> None:
+        """Start ``job``: local steps on every partition, their changes merged by treeAggregate."""
+        desc = f"rnnlm round {job.round}/{rounds}: {steps_label(cfg.train)} + treeAggregate"
+
+        def run(thunk):
+            def go():
+                self.sc.setJobDescription(desc)         # a thread's own job properties
+                return thunk()
+            return self.pool.submit(go)
+        job.submitted = time.time()
         if self.residuals is None:
+            job.future = run(lambda: data.train.mapPartitions(job.task()).treeAggregate(
+                Aggregate(), merge, merge, depth=cfg.train.tree_depth))
+        else:
+            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
+            job.bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
+            self.residuals.pending_broadcast = []
+            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
+            job.out, job.future = self.residuals.submit(job.task, run)
+        self.flight.append(job)
+
+    def _wait(self, job: Job) -> Aggregate:
+        """``job``'s aggregate (its own broadcasts released, unless the residuals' lineage reads them)."""
+        ok = False
+        try:
+            agg, ok = job.future.result(), True
+            return agg
+        finally:
+            self.flight.remove(job)
+            if self.residuals is not None:
+                self.residuals.finished(job.out, ok)
+            else:
+                _destroy(job.bcs)
+
+    def _cancel(self) -> None:
+        """Stop the jobs still running (a run stopping early, by error or signal) and wait for their threads."""
+        if self.flight:
+            self.sc.cancelAllJobs()
+        for job in list(self.flight):
             try:
-                return data.train.mapPartitions(task).treeAggregate(
-                    Aggregate(), executor.fold, merge, depth=cfg.train.tree_depth), bc_bytes
-            finally:
-                for b in bcs:
-                    b.unpersist()
-                    b.destroy()
-        # residuals re-seeded from a checkpoint travel now, one broadcast per partition
-        bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
-        self.residuals.pending_broadcast = []
-        self.residuals.keep(bcs)          # the residuals' lineage reads them until the next checkpoint
-        return self.residuals.run_round(task, cfg.train.tree_depth, Aggregate(), merge), bc_bytes
+                self._wait(job)
+            except Exception:       # cancelled: what it would have computed is not needed
+                pass
+        self.pool.shutdown(wait=True)
+        if self.next is not None and self.next.future is None:
+            _destroy(self.next.bcs)         # the round after the last, defined for the checkpoint only
+
+    def _carries(self, cfg, st: RunState) -> dict | None:
+        """What each partition carries into the next round, for a lineage seeded from the driver."""
+        return self.protocol.messages(st, "", {})[1] if cfg.train.overlap else None
 
     def _evaluate_round(self, cfg, data, st: RunState, sched, m: dict) -> bool:
         """Score held-out text into ``m``; step a plateau schedule; return whether this round is the best."""
@@ -329,19 +436,23 @@ class Trainer(Driver):
     def _checkpoint(self, cfg, vocab, st: RunState, best: bool = False):
         """Write the checkpoint of round ``st.round`` (and, with ``best``, the same files to ``best/``)."""
         if self.residuals is not None:
-            st.residual = self.residuals.collect()
-        optim, opt_t = SyncRound.to_optim(st, self.params_bc.view, st.residual if self.residuals else None)
+            st.residual = self.residuals.collect()       # the last finished round's, even with the next running
+        position = {"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
+                    "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s, "eval_s": st.eval_s, "best": st.best}
+        view = self.params_bc.view
+        if cfg.train.overlap:
+            # the next round's job, defined already: what it trains from (its broadcast's parameters) and its rate
+            view = self.params_bc.view if isinstance(self.params_bc, DeltaBroadcast) else self.next.params
+            position["pending_lr"] = float(self.next.lr)
+        optim, opt_t = SyncRound.to_optim(st, view, st.residual if self.residuals else None)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
         ck = checkpoint.Checkpoint(
             params=st.params, config=cfg, vocab=vocab, optim=optim, optim_t=opt_t, hidden=hidden,
-            schedule=st.schedule,
-            position={"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
-                      "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s, "eval_s": st.eval_s,
-                      "best": st.best})
+            schedule=st.schedule, position=position)
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
         if self.residuals is not None:
-            self.residuals.truncate(st.residual)
+            self.residuals.truncate(st.residual, self._carries(cfg, st))    # not while a round runs
 
 
 def _quiet(cfg) -> tuple:
@@ -353,6 +464,12 @@ def _quiet(cfg) -> tuple:
     if x.embed == x.softmax == x.hidden == "dense":
         skip.append("compression")      # dense float32 blocks: 1 every round
     return tuple(skip)
+
+
+def _destroy(broadcasts) -> None:
+    for b in broadcasts:
+        b.unpersist()
+        b.destroy()
 
 
 def _unpersist(data: Corpus) -> None:
