@@ -21,10 +21,7 @@ when it is defined, one round ahead.
 from __future__ import annotations
 
 import math
-import os
-import pickle
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,10 +30,11 @@ from ..core import checkpoint
 from .. import config
 from . import corpus, executor
 from ..exchange import plan
-from ..exchange.aggregate import Aggregate, merge
+from ..exchange.aggregate import Aggregate
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
+from .rounds import Job, Jobs, broadcast_bytes
 from .rundir import Driver, TrainingError, best_record, improves
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -65,23 +63,6 @@ class RunState:
     wall_s: float = 0.0
     eval_s: float = 0.0                                # time scoring held-out text (not in wall_s)
     best: dict | None = None                           # {"round", "valid_loss"}: what best/ holds
-
-
-@dataclass
-class Job:
-    """One round's job: what it trains from, fixed when it is defined, and once submitted its future."""
-
-    round: int
-    lr: float
-    params: np.ndarray          # the driver's parameters its broadcast was made from
-    task: object                # sink -> the executors' function (:func:`rnnlm.spark.executor.round_task`)
-    bcs: list                   # its own broadcasts (message, carries)
-    bc_bytes: int
-    rebased: bool
-    prepare_s: float
-    submitted: float | None = None     # wall clock
-    future: object = None
-    out: object = None                 # its output RDD when carries stay in Spark
 
 
 @dataclass
@@ -239,8 +220,8 @@ class Trainer(Driver):
             self.log(f"resumed from round {st.round}")
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
-        self.next, self.flight = None, []        # the next round's job (train.overlap); jobs submitted, not waited for
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
+        self.next = None                  # the next round's job, defined a round ahead (train.overlap)
+        self.jobs = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth)
         try:
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
@@ -253,7 +234,7 @@ class Trainer(Driver):
             # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
             raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
-            self._cancel()
+            self.jobs.close(pending=self.next)
             stop.release()
             self.params_bc.close()
             if self.residuals is not None:
@@ -288,13 +269,13 @@ class Trainer(Driver):
             self.next = self._define(cfg, st, r, st.view if resumed else st.params, st.pending_lr if resumed else lr)
         job, self.next = self.next, None
         if job.future is None:
-            self._submit(cfg, data, job, rounds)
+            self.jobs.submit(job, _description(cfg, job.round, rounds))
         if cfg.train.overlap:
             # the next round's job from the parameters before this round's change, submitted before waiting
             self.next = self._define(cfg, st, r + 1, st.params, lr)
             if not self._drains(cfg, data, r, rounds):
-                self._submit(cfg, data, self.next, rounds)
-        agg = self._wait(job)
+                self.jobs.submit(self.next, _description(cfg, r + 1, rounds))
+        agg = self.jobs.wait(job)
         arrived, t_agg = time.time(), time.perf_counter()
         # the mean change applied, unless a partition failed or a value is not finite
         errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
@@ -342,7 +323,7 @@ class Trainer(Driver):
 
         def task(sink=None):
             return executor.round_task(cfg, base, bcs[0], carry_bcs, r, lr, deltas, sink)
-        return Job(r, lr, params, task, bcs, sum(_broadcast_bytes(b) for b in bcs + new),
+        return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
     def _drains(self, cfg, data, r: int, rounds: int) -> bool:
@@ -352,53 +333,6 @@ class Trainer(Driver):
         return (r >= rounds or due(r, t.checkpoint_every, rounds)
                 or (due(r, t.eval_every, rounds) and (data.valid is not None or data.test is not None))
                 or self.residuals.depth >= MAX_LINEAGE)
-
-    def _submit(self, cfg, data, job: Job, rounds: int) -> None:
-        """Start ``job``: local steps on every partition, their changes merged by treeAggregate."""
-        desc = f"rnnlm round {job.round}/{rounds}: {steps_label(cfg.train)} + treeAggregate"
-
-        def run(thunk):
-            def go():
-                self.sc.setJobDescription(desc)         # a thread's own job properties
-                return thunk()
-            return self.pool.submit(go)
-        job.submitted = time.time()
-        if self.residuals is None:
-            job.future = run(lambda: data.train.mapPartitions(job.task()).treeAggregate(
-                Aggregate(), merge, merge, depth=cfg.train.tree_depth))
-        else:
-            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
-            job.bc_bytes += sum(_broadcast_bytes(b) for b in self.residuals.pending_broadcast)
-            self.residuals.pending_broadcast = []
-            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
-            job.out, job.future = self.residuals.submit(job.task, run)
-        self.flight.append(job)
-
-    def _wait(self, job: Job) -> Aggregate:
-        """``job``'s aggregate (its own broadcasts released, unless the residuals' lineage reads them)."""
-        ok = False
-        try:
-            agg, ok = job.future.result(), True
-            return agg
-        finally:
-            self.flight.remove(job)
-            if self.residuals is not None:
-                self.residuals.finished(job.out, ok)
-            else:
-                _destroy(job.bcs)
-
-    def _cancel(self) -> None:
-        """Stop the jobs still running (a run stopping early, by error or signal) and wait for their threads."""
-        if self.flight:
-            self.sc.cancelAllJobs()
-        for job in list(self.flight):
-            try:
-                self._wait(job)
-            except Exception:       # cancelled: what it would have computed is not needed
-                pass
-        self.pool.shutdown(wait=True)
-        if self.next is not None and self.next.future is None:
-            _destroy(self.next.bcs)         # the round after the last, defined for the checkpoint only
 
     def _carries(self, cfg, st: RunState) -> dict | None:
         """What each partition carries into the next round, for a lineage seeded from the driver."""
@@ -466,16 +400,15 @@ def _quiet(cfg) -> tuple:
     return tuple(skip)
 
 
-def _destroy(broadcasts) -> None:
-    for b in broadcasts:
-        b.unpersist()
-        b.destroy()
-
-
 def _unpersist(data: Corpus) -> None:
     for rdd in (data.train, data.valid, data.test):
         if rdd is not None:
             rdd.unpersist()
+
+
+def _description(cfg, r: int, rounds: int) -> str:
+    """Spark UI's name of round ``r``'s job."""
+    return f"rnnlm round {r}/{rounds}: {steps_label(cfg.train)} + treeAggregate"
 
 
 def steps_label(t) -> str:
@@ -520,14 +453,6 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
         for k in ("softmax_v_all", "softmax_v_f"):
             m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
     return m
-
-
-def _broadcast_bytes(bc) -> int:
-    # PySpark writes the pickled value to a file the executors read; its size is what travels
-    path = getattr(bc, "_path", None)
-    if path and os.path.exists(path):
-        return os.path.getsize(path)
-    return len(pickle.dumps(bc.value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def evaluate_rdd(sc, cfg, params, rdd) -> float:

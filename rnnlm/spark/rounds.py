@@ -1,0 +1,107 @@
+"""A round's job on Spark: defined once, submitted (a round ahead under ``train.overlap``),
+waited for, or cancelled when the run stops early.
+
+A :class:`Job` holds everything a round's tasks read, fixed when it is defined, so when it
+runs changes nothing in its numbers. :class:`Jobs` submits each from a thread of its own
+(PySpark keeps a thread's job properties apart), so a second round can run while the driver
+waits for the first.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..exchange.aggregate import Aggregate, merge
+
+
+@dataclass
+class Job:
+    """One round's job: what it trains from, fixed when it is defined, and once submitted its future."""
+
+    round: int
+    lr: float
+    params: np.ndarray          # the driver's parameters its broadcast was made from
+    task: object                # sink -> the executors' function (:func:`rnnlm.spark.executor.round_task`)
+    bcs: list                   # its own broadcasts (message, carries)
+    bc_bytes: int
+    rebased: bool
+    prepare_s: float
+    submitted: float | None = None     # wall clock
+    future: object = None
+    out: object = None                 # its output RDD when carries stay in Spark
+
+
+class Jobs:
+    """Submits rounds' jobs over ``data`` (the corpus RDD), through ``residuals``
+    (:class:`rnnlm.spark.residuals.Residuals`, or None: ``treeAggregate`` of depth ``tree_depth``),
+    and keeps those still running."""
+
+    def __init__(self, sc, data, residuals, tree_depth: int):
+        self.sc, self.data, self.residuals, self.tree_depth = sc, data, residuals, tree_depth
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
+        self.flight = []            # submitted, not waited for
+
+    def submit(self, job: Job, description: str) -> None:
+        """Start ``job``: local steps on every partition, their changes merged."""
+        def run(thunk):
+            def go():
+                self.sc.setJobDescription(description)         # a thread's own job properties
+                return thunk()
+            return self.pool.submit(go)
+        job.submitted = time.time()
+        if self.residuals is None:
+            job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
+                Aggregate(), merge, merge, depth=self.tree_depth))
+        else:
+            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
+            job.bc_bytes += sum(broadcast_bytes(b) for b in self.residuals.pending_broadcast)
+            self.residuals.pending_broadcast = []
+            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
+            job.out, job.future = self.residuals.submit(job.task, run)
+        self.flight.append(job)
+
+    def wait(self, job: Job) -> Aggregate:
+        """``job``'s aggregate (its own broadcasts released, unless the residuals' lineage reads them)."""
+        ok = False
+        try:
+            agg, ok = job.future.result(), True
+            return agg
+        finally:
+            self.flight.remove(job)
+            if self.residuals is not None:
+                self.residuals.finished(job.out, ok)
+            else:
+                destroy(job.bcs)
+
+    def close(self, pending: Job | None = None) -> None:
+        """Cancel the jobs still running (a run stopping early, by error or signal), wait for their
+        threads, and release ``pending``, a job defined and never submitted."""
+        if self.flight:
+            self.sc.cancelAllJobs()
+        for job in list(self.flight):
+            try:
+                self.wait(job)
+            except Exception:       # cancelled: what it would have computed is not needed
+                pass
+        self.pool.shutdown(wait=True)
+        if pending is not None and pending.future is None:
+            destroy(pending.bcs)
+
+
+def destroy(broadcasts) -> None:
+    for b in broadcasts:
+        b.unpersist()
+        b.destroy()
+
+
+def broadcast_bytes(bc) -> int:
+    """What a broadcast moves: PySpark writes the pickled value to a file the executors read."""
+    path = getattr(bc, "_path", None)
+    if path and os.path.exists(path):
+        return os.path.getsize(path)
+    return len(pickle.dumps(bc.value, protocol=pickle.HIGHEST_PROTOCOL))
