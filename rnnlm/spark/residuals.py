@@ -64,24 +64,29 @@ _LOCK = threading.Lock()   # the driver's accumulator server thread merges while
 
 class Contributions(AccumulatorParam):
     """A round's accumulator: the partitions' contributions merged, each partition's once (a
-    duplicate, from a partition computed twice, is the same numbers and is dropped); closed
-    (None) once the round has read it, so that late duplicates are dropped too."""
+    duplicate, from a partition computed twice, is the same numbers and is dropped); closed once
+    the round has read it, so that what arrives later changes nothing."""
+
+    def __init__(self):
+        self.closed = False
 
     def zero(self, value):
         return Aggregate()
 
     def addInPlace(self, a, b):
         with _LOCK:
-            if a is None or b is None or set(a.local) & set(b.local):
+            if self.closed or set(a.local) & set(b.local):
                 return a
             return a.merge(b)
 
     @staticmethod
     def take(acc) -> Aggregate:
-        """The merged contributions, the accumulator closed."""
+        """The merged contributions; the accumulator closed and emptied (PySpark keeps every
+        accumulator for the life of the context, so it must not keep the round's blocks)."""
         with _LOCK:
+            acc.accum_param.closed = True
             agg = acc.value
-            acc.value = None
+            acc.value = Aggregate()
         return agg
 
 
