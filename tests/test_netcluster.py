@@ -55,7 +55,11 @@ def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
         before = c.link_bytes()
         submit = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", url,
                   "--conf", "spark.executor.cores=1", "--conf", "spark.cores.max=2",
-                  "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false"]
+                  "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
+                  # both executors registered before the first job, and no task waiting for the executor that
+                  # caches its partition's carried state: otherwise a run can start on one executor and stay
+                  # there, and the per-worker byte check below would measure where the tasks happened to run
+                  "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0", "--conf", "spark.locality.wait=0"]
         r = subprocess.run(c.command(0, [*submit, *train, "--out", str(tmp_path / "hosts")]), cwd=ROOT,
                            env=dict(env, SPARK_LOCAL_IP=c.address(0)), capture_output=True, text=True, timeout=300)
         after = c.link_bytes()
