@@ -240,6 +240,39 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
     assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0]
 
 
+def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
+        spark, tiny_cfg, tmp_path, monkeypatch):
+    """Error feedback keeps each partition's residual in a file on its executor. A round (or the final
+    checkpoint) that finds no file, as on another executor or after losing one, recomputes the residual
+    from the rounds since the lineage began: the same parameters, losses and checkpointed residuals."""
+    import os
+    import shutil
+    from rnnlm.spark import filestore
+    from rnnlm.spark.residuals import Residuals
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=rows+onebit",
+        "exchange.random=0.2", "exchange.feedback=true", "train.rounds=4", "train.checkpoint_every=0"]))
+    kept = run(spark, cfg, tmp_path / "kept")
+    real, listed = Residuals.finished, []
+
+    def finished(self, out, ok):
+        real(self, out, ok)
+        directory = filestore.root(self.key)
+        listed.append(sorted(os.listdir(directory)))
+        shutil.rmtree(directory)
+    monkeypatch.setattr(Residuals, "finished", finished)
+    lost = run(spark, cfg, tmp_path / "lost")
+    # each round wrote both partitions' files, and each was deleted before the next round read it
+    assert listed == [[f"0.{r}.npy", f"1.{r}.npy"] for r in range(1, 5)]
+    assert np.array_equal(lost.params, kept.params)
+    losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("lost", "kept")]
+    assert losses[0] == losses[1]
+    saved = [np.load(tmp_path / name / "checkpoint" / "optim.npz") for name in ("kept", "lost")]
+    assert sorted(saved[0].files) == sorted(saved[1].files) and len(saved[0].files) >= 2
+    for name in saved[0].files:
+        assert np.array_equal(saved[0][name], saved[1][name]), name
+
+
 def test_resume_with_incompatible_config_is_refused(spark, tiny_cfg, tmp_path):
     run(spark, tiny_cfg, tmp_path)
     before = open(tmp_path / "metrics.jsonl").read()

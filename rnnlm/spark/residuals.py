@@ -26,6 +26,12 @@ How:
   partition. Should another job compute a round's partition first (a task that lost its
   locality or was retried late), that contribution reaches the round's accumulator late or
   never: the round then recomputes it from the same inputs, the same numbers;
+* the residual itself stays out of the cache: the element holds a
+  :class:`~rnnlm.spark.filestore.Stored` reference to a file the task wrote on its executor's
+  disk (:mod:`rnnlm.spark.filestore`), so it never crosses the Python/JVM boundary. A task that
+  finds no file (it ran on another executor, a lost one, or the file was pruned) reruns the
+  partition's rounds since the lineage's seed, whose tasks it carries, from the seed's
+  broadcast: the same numbers, the work Spark would redo for a lost cached block;
 * a lost executor costs nothing but time: Spark recomputes the lost partitions from their
   lineage (the earlier rounds' tasks, pure functions of their broadcasts, which this class
   keeps alive), bit for bit;
@@ -44,18 +50,22 @@ How:
   (``StackOverflowError`` at round 135).
 
 What it costs: lineage (and kept broadcasts) of at most ``MAX_LINEAGE`` rounds (a few more
-under overlap); per truncation, the residuals once to the driver (counted in that round's
+under overlap); :data:`~rnnlm.spark.filestore.KEEP` residual files per partition on its
+executor's disk; per truncation, the residuals once to the driver (counted in that round's
 bytes sent, except at a checkpoint, which any trainer pays) and once back (counted in the
 next round's broadcast bytes).
 """
 from __future__ import annotations
 
 import threading
+import uuid
 
 from pyspark import StorageLevel
 from pyspark.accumulators import AccumulatorParam
 
 from ..exchange.aggregate import Aggregate
+from . import filestore
+from .filestore import Stored
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each
 
@@ -102,6 +112,45 @@ def _from_broadcasts(bcs: dict):
     return read
 
 
+def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
+    """The residual ``ref`` names, recomputed: the partition's rounds since the lineage's seed
+    (``chain``: their tasks, yielding their contributions) run again in this process, the same
+    numbers (each round is a pure function of its broadcasts and its input element)."""
+    pid, tokens, starts = item
+    element = seed((pid, tokens, starts))
+    for task in chain[:ref.seq - base]:
+        element = [x for x in task(iter([element])) if not _is_contribution(x)][-1]
+    return element[3]
+
+
+def _resolve(it, seed, base: int, chain: tuple):
+    """Elements with their residuals read back from this host's files, or replayed."""
+    for pid, tokens, starts, residual, carry in it:
+        if isinstance(residual, Stored):
+            found = filestore.load(residual, pid)
+            residual = found if found is not None else _replayed((pid, tokens, starts), residual, seed, base, chain)
+        yield pid, tokens, starts, residual, carry
+
+
+def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
+    """Round ``seq``'s ``task`` with its residuals kept in files: read before, written after."""
+    def go(it):
+        for x in task(_resolve(it, seed, base, chain)):
+            if not _is_contribution(x) and x[3] is not None:
+                pid, tokens, starts, residual, carry = x
+                x = pid, tokens, starts, filestore.save(run, seq, pid, residual), carry
+            yield x
+    return go
+
+
+def _residuals(seed, base: int, chain: tuple):
+    def go(it):
+        for pid, _, _, residual, _ in _resolve(it, seed, base, chain):
+            if residual is not None:
+                yield pid, residual
+    return go
+
+
 class Residuals:
     """Owns the carried RDD, its lineage, the broadcasts that lineage reads and each round's accumulator.
 
@@ -122,6 +171,8 @@ class Residuals:
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self.pending_broadcast = []         # per-partition broadcasts the next round measures
         self.in_flight = 0                  # jobs submitted and not finished
+        self.key = uuid.uuid4().hex         # names this run's residual files (filestore)
+        self.seq = 0                        # rounds defined, over every lineage
         self._seed(saved or {}, carries or {})
 
     def _seed(self, saved: dict, carries: dict):
@@ -129,8 +180,9 @@ class Residuals:
         bcs = {pid: self.sc.broadcast((saved.get(pid), carries.get(pid))) for pid in sorted(pids)}
         self._kept += bcs.values()
         self.pending_broadcast = list(bcs.values())
-        self.rdd = self.done = self.data.map(_from_broadcasts(bcs), preservesPartitioning=True)
-        self.depth = 0
+        self._from = _from_broadcasts(bcs)
+        self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
+        self.depth, self._base, self._chain = 0, self.seq, ()     # the lineage's rounds, replayable
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
@@ -144,8 +196,14 @@ class Residuals:
         Returns ``(output, future)``."""
         acc = self.sc.accumulator(Aggregate(), Contributions())
         src = self.rdd
-        out = src.mapPartitions(make_task(acc)).persist(StorageLevel.MEMORY_AND_DISK)
+        self.seq += 1
+        key, seq, seed, base, chain = self.key, self.seq, self._from, self._base, self._chain
+
+        def task(sink):
+            return _through_files(make_task(sink), key, seq, seed, base, chain)
+        out = src.mapPartitions(task(acc)).persist(StorageLevel.MEMORY_AND_DISK)
         self._outs.append(out)
+        self._chain += (make_task(None),)
         self.rdd = out
         self.depth += 1
         self.in_flight += 1
@@ -156,7 +214,7 @@ class Residuals:
             agg = Contributions.take(acc)
             missing = set(range(partitions)) - set(agg.local)
             if missing:                # computed inside another job: recomputed here, the same numbers
-                for a in src.mapPartitions(make_task(None)).filter(_is_contribution).collect():
+                for a in src.mapPartitions(task(None)).filter(_is_contribution).collect():
                     if set(a.local) <= missing:
                         agg.merge(a)
             return agg
@@ -176,7 +234,8 @@ class Residuals:
 
     def collect(self) -> dict:
         """pid -> residual of the last finished round, one partition at a time (for a checkpoint)."""
-        return {pid: a for pid, _, _, a, _ in self.done.toLocalIterator() if a is not None}
+        read = _residuals(self._from, self._base, self._chain)
+        return dict(self.done.mapPartitions(read).toLocalIterator())
 
     def truncate(self, saved: dict, carries: dict | None = None) -> bool:
         """Restart the lineage from ``saved`` (what :meth:`collect` returned and a checkpoint holds)
@@ -201,6 +260,7 @@ class Residuals:
     def close(self) -> None:
         _release(self._kept, self._outs)
         self._kept, self._outs = [], []
+        filestore.remove(self.key)
 
 
 def _release(broadcasts, outs) -> None:
