@@ -89,6 +89,7 @@ class TrainConfig:
     rebase_every: int = 0          # broadcast a new base at least every N rounds (0: by size only)
     rebase_fraction: float = 0.5   # ... or when what was sent since the base reaches this fraction of the model
     overlap: int = 0               # 1: round r+1 runs while round r's mean change is applied (arrives a round late)
+    eager: bool = False            # with overlap: a partition starts from its own share of the late mean (Kale et al.)
     mode: str = "sync"             # sync: all-reduce rounds | async: a parameter server on the driver
     push_every: int = 20           # async: local steps between a worker's pushes (a push window)
 
@@ -362,6 +363,9 @@ def validate(cfg: Config) -> None:
         (0 <= t.checkpoint_s < math.inf, "train.checkpoint_s must be >= 0 (0 = by rounds only)"),
         (t.push_every > 0, "train.push_every must be > 0"),
         (t.overlap in (0, 1), "train.overlap must be 0 or 1 (rounds a mean change arrives late)"),
+        (not t.eager or (t.overlap == 1 and t.outer == "average"),
+         "train.eager = true needs train.overlap = 1 and train.outer = 'average' (it stands in for a late mean "
+         "change the driver adds as it is)"),
         (not t.overlap or t.optim_state != "average" or o.name == "sgd",
          "train.overlap = 1 starts a round before the averaged optimizer state it would read exists: "
          "use train.optim_state = 'local' or 'reset' (or optim.name = 'sgd', which keeps none)"),

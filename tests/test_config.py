@@ -45,6 +45,8 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["exchange.broadcast=delta+onebit"], "exchange.broadcast"),
     ("", ["train.overlap=2"], "train.overlap must be 0 or 1"),
     ("", ["train.overlap=1", "optim.name=adam", "train.optim_state=average"], "use train.optim_state = 'local'"),
+    ("", ["train.eager=true"], "train.eager = true needs train.overlap = 1"),
+    ("", ["train.eager=true", "train.overlap=1", "train.outer=momentum"], "and train.outer = 'average'"),
     ("[model\n", [], "not valid TOML"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):

@@ -57,9 +57,9 @@ def stepped_from(cfg, params, tokens, opt_state):
     (no broadcast, no aggregate)."""
     model = RNNLM(cfg.model)
     src = executor.make_source(cfg, 0, tokens, np.array([0]))
-    res, _, _, _, _ = executor.train_and_encode(cfg, model, src, make_optimizer(cfg.optim), params.copy(), opt_state,
-                                                model.zero_state(cfg.train.batch), params, 1, 0, 0.01,
-                                                cfg.train.local_steps, None)
+    res, *_ = executor.train_and_encode(cfg, model, src, make_optimizer(cfg.optim), params.copy(), opt_state,
+                                        model.zero_state(cfg.train.batch), params, 1, 0, 0.01,
+                                        cfg.train.local_steps, None)
     return res.params
 
 

@@ -263,7 +263,7 @@ def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
     monkeypatch.setattr(Residuals, "finished", finished)
     lost = run(spark, cfg, tmp_path / "lost")
     # each round wrote both partitions' files, and each was deleted before the next round read it
-    assert listed == [[f"0.{r}.npy", f"1.{r}.npy"] for r in range(1, 5)]
+    assert listed == [[f"0.{r}.feedback.npy", f"1.{r}.feedback.npy"] for r in range(1, 5)]
     assert np.array_equal(lost.params, kept.params)
     losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("lost", "kept")]
     assert losses[0] == losses[1]
@@ -416,13 +416,16 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert sorted(p.name for p in out.iterdir()) == []
 
 
-def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, tmp_path):
+@pytest.mark.parametrize("eager", [False, True])
+def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, tmp_path, eager):
     """``train.overlap = 1``: round r trains from P_{r-2} (P_{-1} = P_0) and its mean change is applied to
-    P_{r-1}; hidden state and each partition's own Adam state pass from round to round inside Spark."""
+    P_{r-1}; hidden state and each partition's own Adam state pass from round to round inside Spark.
+    With ``train.eager`` a partition starts from P_{r-2} plus its own change of round r-1 over the
+    partition count, and sends its change from there."""
     from threadpoolctl import threadpool_limits
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "train.rounds=3", "train.overlap=1", "train.optim_state=local", "optim.name=adam",
-        "train.local_steps=4"]))
+        "train.local_steps=4", f"train.eager={str(eager).lower()}"]))
     tr = run(spark, cfg, tmp_path)
     parts = partitions(spark, cfg)
     t = cfg.train
@@ -430,19 +433,24 @@ def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, 
     history = [model.init_params(t.seed)]                 # P_0, P_1, ...
     states = {pid: model.zero_state(t.batch) for pid, _, _ in parts}
     slots = {pid: opt.init_state(history[0]) for pid, _, _ in parts}
+    own = {}                                              # each partition's last change
     with threadpool_limits(1):
         for rnd in (1, 2, 3):
-            start = history[max(0, rnd - 2)]
-            outs = []
+            outs, changes = [], []
             for pid, tokens, starts in parts:
+                start = history[max(0, rnd - 2)]
+                if eager and pid in own:
+                    start = start + own[pid] / 2
                 src = Source("streams", tokens, starts, t.batch, t.bptt, seed=t.seed, partition=pid)
                 res = train_steps(model, opt, start.copy(), {k: (v.copy() if k != "t" else v)
                                                              for k, v in slots[pid].items()},
                                   src.round_batches(rnd, t.local_steps), states[pid],
                                   lr=cfg.optim.lr, clip_norm=cfg.optim.clip_norm, grad_norm="token")
                 states[pid], slots[pid] = res.state, res.opt_state
+                own[pid] = res.params - start
                 outs.append(res)
-            change = weighted_mean([r.params - start for r in outs], [r.tokens for r in outs])
+                changes.append(own[pid])
+            change = weighted_mean(changes, [r.tokens for r in outs])
             history.append(history[-1] + change)
     assert np.array_equal(tr.params, history[3])
     assert not np.array_equal(history[3], history[2])
@@ -452,18 +460,25 @@ def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, 
     assert ck.position["pending_lr"] == cfg.optim.lr
     assert np.array_equal(ck.hidden, np.stack([states[pid] for pid, _, _ in parts]))
     assert np.array_equal(ck.optim["p1/m"], slots[1]["m"]) and ck.optim_t == slots[0]["t"] == 12
+    # with eager, each partition's last change, the start of its next round
+    assert sorted(k for k in ck.optim if k.startswith("eager.")) == (["eager.p0", "eager.p1"] if eager else [])
+    if eager:
+        assert np.array_equal(ck.optim["eager.p1"], own[1])
 
 
+@pytest.mark.parametrize("eager", [False, True])
 def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
-        spark, tiny_cfg, tmp_path, monkeypatch):
+        spark, tiny_cfg, tmp_path, monkeypatch, eager):
     """A checkpoint by time under overlap is written with the next round's job running: it holds that
-    job's parameters and rate, and the last finished round's residuals; resuming reproduces the
-    uninterrupted run bit for bit, and so does a run that waits at every round (checkpoint_every=1)."""
+    job's parameters and rate, and the last finished round's residuals (and with ``train.eager`` the
+    partitions' last changes); resuming reproduces the uninterrupted run bit for bit, and so does a run
+    that waits at every round (checkpoint_every=1)."""
     from rnnlm.spark.residuals import Residuals
     base = config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
         "exchange.random=0.2", "exchange.feedback=true", "exchange.broadcast=delta+int8", "optim.name=sgd",
-        "optim.lr=0.5", "train.overlap=1", "train.rounds=4", "train.checkpoint_every=0"])
+        "optim.lr=0.5", "train.overlap=1", "train.rounds=4", "train.checkpoint_every=0",
+        f"train.eager={str(eager).lower()}"])
     whole = run(spark, config.from_dict(base), tmp_path / "whole")
     drained = run(spark, config.from_dict(config.apply_overrides(base, ["train.checkpoint_every=1"])),
                   tmp_path / "drained")

@@ -57,11 +57,19 @@ class StateKeys:
     LOCAL = "p{pid}/{slot}"     # a partition's own optimizer state
     VELOCITY = "outer.velocity"
     VIEW = "outer.view"         # the executors' parameters (``exchange.broadcast = "delta+..."``)
-    RESIDUAL = "feedback.p"     # + pid: error feedback's residual
+    # what a partition keeps between rounds on its executor (:mod:`rnnlm.spark.residuals`), "<name>.p<pid>":
+    HELD = ("feedback",         # error feedback's residual
+            "eager")            # its last round's change (``train.eager``)
 
     @classmethod
     def is_slot(cls, key: str) -> bool:
-        return "/" not in key and not key.startswith(("outer.", "feedback."))
+        return "/" not in key and not key.startswith(("outer.",) + tuple(f"{n}." for n in cls.HELD))
+
+    @classmethod
+    def held(cls, key: str) -> tuple | None:
+        """``(name, pid)`` of a key naming what a partition holds, else None."""
+        name, _, rest = key.partition(".p")
+        return (name, int(rest)) if name in cls.HELD and rest.isdigit() else None
 
 
 class SyncRound:
@@ -131,8 +139,9 @@ class SyncRound:
 
     # -------------------------------------------------------- checkpoint
     @staticmethod
-    def to_optim(st, view, residual: dict | None) -> tuple:
-        """``(optim.npz entries, optimizer step count)`` for a checkpoint of ``st``."""
+    def to_optim(st, view, held: dict | None) -> tuple:
+        """``(optim.npz entries, optimizer step count)`` for a checkpoint of ``st``; ``held``: pid ->
+        what the partition holds between rounds, by :attr:`StateKeys.HELD` name."""
         optim = {}
         if st.opt:
             optim.update({k: v for k, v in st.opt.items() if k != "t"})
@@ -142,25 +151,28 @@ class SyncRound:
             optim[StateKeys.VELOCITY] = st.velocity
         if view is not None:
             optim[StateKeys.VIEW] = view
-        for pid, a in (residual or {}).items():
-            optim[f"{StateKeys.RESIDUAL}{pid}"] = np.asarray(a)
+        for pid, arrays in (held or {}).items():
+            optim.update({f"{name}.p{pid}": np.asarray(a) for name, a in arrays.items()})
         t = (st.opt or next(iter(st.opt_local.values()), {})).get("t", 0)
         return optim, t
 
     @staticmethod
     def from_optim(optim: dict, t: int) -> dict:
         """The RunState fields a checkpoint's ``optim.npz`` (:meth:`to_optim`) restores:
-        ``opt``, ``opt_local``, ``velocity``, ``view``, ``residual``."""
+        ``opt``, ``opt_local``, ``velocity``, ``view``, ``held``."""
         slots = {k: v for k, v in optim.items() if StateKeys.is_slot(k)}
         opt_local: dict = {}
         for k, v in optim.items():
             if "/" in k:
                 pid, slot = k[1:].split("/", 1)
                 opt_local.setdefault(int(pid), {"t": t})[slot] = v
-        residual = {int(k[len(StateKeys.RESIDUAL):]): v for k, v in optim.items()
-                    if k.startswith(StateKeys.RESIDUAL)}
+        held: dict = {}
+        for k, v in optim.items():
+            if StateKeys.held(k):
+                name, pid = StateKeys.held(k)
+                held.setdefault(pid, {})[name] = v
         return {"opt": dict(slots, t=t) if slots else None, "opt_local": opt_local,
-                "velocity": optim.get(StateKeys.VELOCITY), "view": optim.get(StateKeys.VIEW), "residual": residual}
+                "velocity": optim.get(StateKeys.VELOCITY), "view": optim.get(StateKeys.VIEW), "held": held}
 
 
 def view(layout, base, msg: RoundMessage, deltas, cache) -> np.ndarray:

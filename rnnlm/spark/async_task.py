@@ -50,7 +50,7 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
                 for w in range(first, windows):
                     client.training(w)
                     t0 = time.perf_counter()
-                    res, blocks, _, residual, _ = train_and_encode(
+                    res, blocks, _, residual, _, _ = train_and_encode(
                         cfg, model, src, opt, params, opt_state, state, host, w + 1, pid, lrs[w], t.push_every,
                         residual)
                     state = res.state if src.carries_state else model.zero_state(t.batch)

@@ -85,29 +85,37 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
     When :func:`chained`, the task reads :class:`rnnlm.spark.residuals.Residuals`' elements
-    ``(pid, tokens, starts, residual, carry)`` and yields the next round's, which stay in
-    Spark; its contribution goes to the accumulator ``sink`` (with None it is yielded before
-    the element). The residual is None without error feedback, the carry None without
-    ``train.overlap`` (it comes from ``bc_carry`` then). Otherwise the task reads
-    ``(pid, tokens, starts)`` and yields its contribution.
+    ``(pid, tokens, starts, held, carry)`` and yields the next round's, which stay in Spark;
+    its contribution goes to the accumulator ``sink`` (with None it is yielded before the
+    element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD` names to what the
+    partition keeps between rounds: error feedback's residual (``"feedback"``) and with
+    ``train.eager`` its last change (``"eager"``); the carry is None without ``train.overlap``
+    (it comes from ``bc_carry`` then). Otherwise the task reads ``(pid, tokens, starts)`` and
+    yields its contribution.
+
+    ``train.eager`` (Kale et al. 2025, "Eager Updates for Overlapped Communication and
+    Computation in DiLoCo"): under overlap a round trains from parameters that lack the round
+    before's mean change; the partition starts from them plus its own share of that mean, its
+    own last change over the partition count. Its contribution is its change from that start,
+    so each change still counts once.
     """
     def run(it):
         started = time.time()       # wall clock: the driver sets it against the job's submission
         t, chain, overlap = cfg.train, chained(cfg), cfg.train.overlap > 0
         items = (x if chain else (*x, None, None) for x in it)
 
-        def emit(contribution, pid, tokens, starts, residual, carry):
+        def emit(contribution, pid, tokens, starts, held, carry):
             if sink is not None:
                 sink.add(contribution)
             else:
                 yield contribution
             if chain:
-                yield pid, tokens, starts, residual, carry
+                yield pid, tokens, starts, held, carry
         try:
             xp = task_xp(t.device)
         except RuntimeError as e:
-            for pid, tokens, starts, residual, carry in items:
-                yield from emit(SyncRound.failed(pid, str(e)), pid, tokens, starts, residual, carry)
+            for pid, tokens, starts, held, carry in items:
+                yield from emit(SyncRound.failed(pid, str(e)), pid, tokens, starts, held, carry)
             return
         msg = bc.value
         model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
@@ -115,10 +123,12 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
         v0 = time.perf_counter()
         host = view(model.layout, bc_base, msg, deltas, memo.MEMO)      # the parameters the driver sent
         view_s = time.perf_counter() - v0
-        for pid, tokens, starts, residual, carried in items:
+        for pid, tokens, starts, held, carried in items:
             t0 = time.perf_counter()
+            held = held or {}
             opt = make_optimizer(cfg.optim)
-            params = xp.array(host)
+            start = host + held["eager"] / cfg.data.partitions if t.eager and "eager" in held else host    # (P,)
+            params = xp.array(start)
             carry = carried if carried is not None else bc_carry[pid].value if pid in bc_carry else Carry()
             opt_state = protocol.start(msg, carry, opt, params, xp.array)
             src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
@@ -126,15 +136,18 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
             state = carry.state if src.carries_state else None
             state = model.zero_state(t.batch) if state is None else xp.asarray(state)
             try:
-                res, blocks, block_stats, left, words = train_and_encode(
-                    cfg, model, src, opt, params, opt_state, state, host, rnd, pid, lr, t.local_steps, residual)
+                res, blocks, block_stats, left, words, change = train_and_encode(
+                    cfg, model, src, opt, params, opt_state, state, start, rnd, pid, lr, t.local_steps,
+                    held.get("feedback"))
             except FloatingPointError as e:
-                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, residual, carried)
+                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, carried)
                 continue
             block_stats.update(task_start=started, task_end=time.time(), view_s=view_s)
             agg = protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
                                         time.perf_counter() - t0, backend.to_numpy)
-            yield from emit(agg, pid, tokens, starts, left, agg.local[pid] if overlap else None)
+            keep = {"feedback": left, "eager": change if t.eager else None}
+            yield from emit(agg, pid, tokens, starts, {k: v for k, v in keep.items() if v is not None},
+                            agg.local[pid] if overlap else None)
     return run
 
 
@@ -148,7 +161,8 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
 
     Returns
     -------
-    result : LocalResult, blocks : dict, stats : dict, residual : array or None, words : int array
+    result : LocalResult, blocks : dict, stats : dict, residual : array or None, words : int array,
+    change : array (P,), the parameters' change from ``host``
 
     Raises
     ------
@@ -174,7 +188,7 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     stats.update(steps_s=t1 - t0, encode_s=time.perf_counter() - t1)
     if sets is not None:
         stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
-    return res, blocks, stats, left, words
+    return res, blocks, stats, left, words, change
 
 
 def eval_task(cfg: config.Config, bc):

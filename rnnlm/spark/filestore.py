@@ -1,9 +1,11 @@
-"""Error feedback's residuals on the executor's local disk, between one partition's rounds.
+"""What a partition holds between its rounds (error feedback's residual, ``train.eager``'s last
+change), on the executor's local disk.
 
-A residual is as large as the model (18.6 MB for PTB small) and each round of a partition reads
-its own and writes the next. Held in Spark's cache, it crossed the Python/JVM boundary both ways
-every round: 0.10 s a round for two partitions on ``local[2]``, against 0.02 s for a file the
-task's own process writes and the next round's reads (docs/results.md, "The round's budget").
+Each is as large as the model (18.6 MB for PTB small) and each round of a partition reads its
+own and writes the next. Held in Spark's cache, it crossed the Python/JVM boundary both ways
+every round: with tasks that sleep, 2 x 18.6 MB cost a round 0.133 s beyond the sleep on
+``local[2]``, against 0.053 s in files the tasks' own processes write and read, and 0.056 s
+carrying nothing (``benchmarks/carry_cost.py``).
 The cached element keeps a :class:`Stored` reference instead; where the file is not (the task
 ran on another executor, the executor was lost, the file was pruned), the caller rebuilds the
 residual from its lineage (:mod:`rnnlm.spark.residuals`).
@@ -25,10 +27,11 @@ KEEP = 3        # files kept per partition: the newest rounds, which a retried o
 
 
 class Stored(NamedTuple):
-    """Where a partition's residual after round ``seq`` of run ``run`` was written."""
+    """Where a partition's arrays after round ``seq`` of run ``run`` were written, by name."""
 
     run: str
     seq: int
+    names: tuple
 
 
 def root(run: str) -> str:
@@ -36,27 +39,28 @@ def root(run: str) -> str:
     return os.path.join(SparkFiles.getRootDirectory(), "rnnlm-residuals", run)
 
 
-def _path(ref: Stored, pid: int) -> str:
-    return os.path.join(root(ref.run), f"{pid}.{ref.seq}.npy")
+def _path(run: str, seq: int, pid: int, name: str) -> str:
+    return os.path.join(root(run), f"{pid}.{seq}.{name}.npy")
 
 
-def save(run: str, seq: int, pid: int, residual: np.ndarray) -> Stored:
-    """Write ``residual`` and prune this partition's files older than the :data:`KEEP` newest."""
-    ref = Stored(run, seq)
-    path = _path(ref, pid)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, residual, allow_pickle=False)
-    os.replace(tmp, path)
+def save(run: str, seq: int, pid: int, arrays: dict) -> Stored:
+    """Write ``arrays`` (name -> array; names are file name parts) and prune this partition's
+    files older than the :data:`KEEP` newest rounds."""
+    for name, a in arrays.items():
+        path = _path(run, seq, pid, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, a, allow_pickle=False)
+        os.replace(tmp, path)
     _prune(root(run), pid, seq - KEEP)
-    return ref
+    return Stored(run, seq, tuple(arrays))
 
 
-def load(ref: Stored, pid: int) -> np.ndarray | None:
-    """The residual ``ref`` names, or None where this host has no whole copy of it."""
+def load(ref: Stored, pid: int) -> dict | None:
+    """The arrays ``ref`` names, or None where this host has no whole copy of one of them."""
     try:
-        return np.load(_path(ref, pid), allow_pickle=False)
+        return {name: np.load(_path(ref.run, ref.seq, pid, name), allow_pickle=False) for name in ref.names}
     except (OSError, ValueError):       # absent, pruned, or unreadable: rebuilt by the caller
         return None
 
@@ -64,7 +68,7 @@ def load(ref: Stored, pid: int) -> np.ndarray | None:
 def _prune(directory: str, pid: int, upto: int) -> None:
     for name in os.listdir(directory):
         parts = name.split(".")
-        if len(parts) == 3 and parts[0] == str(pid) and parts[2] == "npy" and int(parts[1]) <= upto:
+        if len(parts) == 4 and parts[0] == str(pid) and parts[3] == "npy" and int(parts[1]) <= upto:
             try:
                 os.unlink(os.path.join(directory, name))
             except FileNotFoundError:       # another task of the same partition pruned it first

@@ -113,41 +113,41 @@ def _from_broadcasts(bcs: dict):
 
 
 def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
-    """The residual ``ref`` names, recomputed: the partition's rounds since the lineage's seed
-    (``chain``: their tasks, yielding their contributions) run again in this process, the same
+    """The arrays ``ref`` names, recomputed: the partition's rounds since the lineage's seed
+    (``chain``: their task factories, called with no sink) run again in this process, the same
     numbers (each round is a pure function of its broadcasts and its input element)."""
     pid, tokens, starts = item
     element = seed((pid, tokens, starts))
-    for task in chain[:ref.seq - base]:
-        element = [x for x in task(iter([element])) if not _is_contribution(x)][-1]
+    for make_task in chain[:ref.seq - base]:
+        element = [x for x in make_task(None)(iter([element])) if not _is_contribution(x)][-1]
     return element[3]
 
 
 def _resolve(it, seed, base: int, chain: tuple):
-    """Elements with their residuals read back from this host's files, or replayed."""
-    for pid, tokens, starts, residual, carry in it:
-        if isinstance(residual, Stored):
-            found = filestore.load(residual, pid)
-            residual = found if found is not None else _replayed((pid, tokens, starts), residual, seed, base, chain)
-        yield pid, tokens, starts, residual, carry
+    """Elements with what they hold read back from this host's files, or replayed."""
+    for pid, tokens, starts, held, carry in it:
+        if isinstance(held, Stored):
+            found = filestore.load(held, pid)
+            held = found if found is not None else _replayed((pid, tokens, starts), held, seed, base, chain)
+        yield pid, tokens, starts, held, carry
 
 
 def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
-    """Round ``seq``'s ``task`` with its residuals kept in files: read before, written after."""
+    """Round ``seq``'s ``task`` with what partitions hold kept in files: read before, written after."""
     def go(it):
         for x in task(_resolve(it, seed, base, chain)):
-            if not _is_contribution(x) and x[3] is not None:
-                pid, tokens, starts, residual, carry = x
-                x = pid, tokens, starts, filestore.save(run, seq, pid, residual), carry
+            if not _is_contribution(x) and x[3]:
+                pid, tokens, starts, held, carry = x
+                x = pid, tokens, starts, filestore.save(run, seq, pid, held), carry
             yield x
     return go
 
 
 def _residuals(seed, base: int, chain: tuple):
     def go(it):
-        for pid, _, _, residual, _ in _resolve(it, seed, base, chain):
-            if residual is not None:
-                yield pid, residual
+        for pid, _, _, held, _ in _resolve(it, seed, base, chain):
+            if held:
+                yield pid, held
     return go
 
 
@@ -158,8 +158,8 @@ class Residuals:
     ----------
     sc : SparkContext
     data : RDD of (pid, tokens, starts), one element per partition (persisted)
-    saved : dict of int -> array, optional
-        Residuals from a checkpoint (None: all zero, or no error feedback).
+    saved : dict of int -> dict of str -> array, optional
+        What each partition holds, from a checkpoint (None: nothing yet).
     carries : dict of int -> Carry, optional
         What each partition carries into the next round (``train.overlap``; None: carries
         travel through the driver).
@@ -192,8 +192,9 @@ class Residuals:
         """Define one round's output, persisted, and start its job through ``run`` (a callable
         taking a thunk, returning a future of the round's merged :class:`Aggregate`).
         ``make_task(sink)`` is the round's task adding its contribution to the accumulator ``sink``
-        (with None: yielding it). The next round can be defined on the output at once.
-        Returns ``(output, future)``."""
+        (with None: yielding it); every later round of the lineage carries ``make_task`` to
+        replay this one, so it should pickle small (a :func:`functools.partial`). The next round
+        can be defined on the output at once. Returns ``(output, future)``."""
         acc = self.sc.accumulator(Aggregate(), Contributions())
         src = self.rdd
         self.seq += 1
@@ -203,7 +204,7 @@ class Residuals:
             return _through_files(make_task(sink), key, seq, seed, base, chain)
         out = src.mapPartitions(task(acc)).persist(StorageLevel.MEMORY_AND_DISK)
         self._outs.append(out)
-        self._chain += (make_task(None),)
+        self._chain += (make_task,)
         self.rdd = out
         self.depth += 1
         self.in_flight += 1
@@ -233,7 +234,8 @@ class Residuals:
         del self._outs[:i]
 
     def collect(self) -> dict:
-        """pid -> residual of the last finished round, one partition at a time (for a checkpoint)."""
+        """pid -> what it holds ({name: array}) after the last finished round, one partition at a time
+        (for a checkpoint)."""
         read = _residuals(self._from, self._base, self._chain)
         return dict(self.done.mapPartitions(read).toLocalIterator())
 
@@ -255,7 +257,7 @@ class Residuals:
             return 0
         saved = self.collect()
         self.truncate(saved, carries)
-        return sum(a.nbytes for a in saved.values())
+        return sum(a.nbytes for held in saved.values() for a in held.values())
 
     def close(self) -> None:
         _release(self._kept, self._outs)

@@ -15,7 +15,7 @@ from .hfs import HadoopFS
 # a change in any of these makes a resumed run a different experiment
 RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
                "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
-                         "outer_lr", "outer_momentum", "optim_state", "overlap")}
+                         "outer_lr", "outer_momentum", "optim_state", "overlap", "eager")}
 # an async run's: its pushes' size and how the server applies them as well
 ASYNC_RESUME_KEYS = dict(RESUME_KEYS, train=RESUME_KEYS["train"] + ("push_every",), server=("update", "staleness"))
 

@@ -20,6 +20,7 @@ when it is defined, one round ahead.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class RunState:
     opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
-    residual: dict = field(default_factory=dict)       # pid -> error feedback residual (from a checkpoint)
+    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds (residuals)
     view: np.ndarray | None = None                     # the executors' parameters (exchange.broadcast = delta)
     #                                                    or, with train.overlap, those the next round trains from
     pending_lr: float | None = None                    # train.overlap: the next round's learning rate
@@ -205,7 +206,7 @@ class Trainer(Driver):
         self.dir.write_info(self.sc, cfg, resume)
         self.residuals = None
         if executor.chained(cfg):
-            self.residuals = Residuals(self.sc, data.train, st.residual, self._carries(cfg, st))
+            self.residuals = Residuals(self.sc, data.train, st.held, self._carries(cfg, st))
         bc_args = (self.sc, self.layout, cfg.train.rebase_every, cfg.train.rebase_fraction)
         retire = self.residuals.keep if self.residuals else None
         if cfg.exchange.broadcast == "rows":
@@ -320,9 +321,8 @@ class Trainer(Driver):
             carries = {}                # they stay in Spark: the round before has not returned them yet
         bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
         carry_bcs = dict(zip(carries, bcs[1:]))
-
-        def task(sink=None):
-            return executor.round_task(cfg, base, bcs[0], carry_bcs, r, lr, deltas, sink)
+        # sink -> the tasks' function; a partial pickles small, and rounds that replay a lineage carry one per round
+        task = functools.partial(executor.round_task, cfg, base, bcs[0], carry_bcs, r, lr, deltas)
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
@@ -370,7 +370,7 @@ class Trainer(Driver):
     def _checkpoint(self, cfg, vocab, st: RunState, best: bool = False):
         """Write the checkpoint of round ``st.round`` (and, with ``best``, the same files to ``best/``)."""
         if self.residuals is not None:
-            st.residual = self.residuals.collect()       # the last finished round's, even with the next running
+            st.held = self.residuals.collect()       # the last finished round's, even with the next running
         position = {"round": st.round, "tokens": st.tokens, "bytes_sent": st.bytes_sent,
                     "bytes_broadcast": st.bytes_broadcast, "wall_s": st.wall_s, "eval_s": st.eval_s, "best": st.best}
         view = self.params_bc.view
@@ -378,7 +378,7 @@ class Trainer(Driver):
             # the next round's job, defined already: what it trains from (its broadcast's parameters) and its rate
             view = self.params_bc.view if isinstance(self.params_bc, DeltaBroadcast) else self.next.params
             position["pending_lr"] = float(self.next.lr)
-        optim, opt_t = SyncRound.to_optim(st, view, st.residual if self.residuals else None)
+        optim, opt_t = SyncRound.to_optim(st, view, st.held if self.residuals else None)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
         ck = checkpoint.Checkpoint(
             params=st.params, config=cfg, vocab=vocab, optim=optim, optim_t=opt_t, hidden=hidden,
@@ -386,7 +386,7 @@ class Trainer(Driver):
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
         if self.residuals is not None:
-            self.residuals.truncate(st.residual, self._carries(cfg, st))    # not while a round runs
+            self.residuals.truncate(st.held, self._carries(cfg, st))    # not while a round runs
 
 
 def _quiet(cfg) -> tuple:
