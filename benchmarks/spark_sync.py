@@ -2,7 +2,7 @@
 
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
                                     [--exchange dense,sparse] [--bytes-at 2,4,8] [--profile]
-                                    [--batch 20] [--masters "local[2];local-cluster[2,1,2048]"] [--overlap 0,1]
+                                    [--batch 20] [--masters "local[2];local-cluster[2,1,2048]"] [--overlap 0,1,e]
 
 Part 1, per master (``--masters``: ``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
@@ -20,7 +20,7 @@ Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition 
 
 ``--overlap`` lists the ``train.overlap`` settings part 1 compares (default 0): with 1, round
 r+1 computes while round r's result travels and is applied, and ``round_s`` is the time
-from one round's result to the next's.
+from one round's result to the next's; ``e`` is 1 with ``train.eager = true``.
 
 ``--exchange`` names the settings compared (``EXCHANGES``: ``dense`` ships every
 change as float32, ``sparse`` is conf/ptb_word_small_sparse.toml's exchange and
@@ -45,7 +45,7 @@ PHASES = ("phase.prepare_s", "phase.launch_s", "phase.view_s", "phase.steps_s", 
 EXCHANGES = {"dense": "conf/ptb_word_small.toml", "sparse": "conf/ptb_word_small_sparse.toml"}   # their [exchange]
 
 
-def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense", batch=20, overlap=0):
+def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense", batch=20, overlap="0"):
     """Run in a child process: train a few rounds per K on one corpus load."""
     from rnnlm import config
     from rnnlm.spark import session
@@ -55,7 +55,8 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
     base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
                         f"train.batch={batch}",   # 20: the ptb-small shape of benchmarks/kernels.py
-                        "train.eval_every=0", "train.checkpoint_every=0", f"train.overlap={overlap}"])
+                        "train.eval_every=0", "train.checkpoint_every=0", f"train.overlap={int(overlap != '0')}",
+                        f"train.eager={str(overlap == 'e').lower()}"])
     preset = config.load(os.path.join(ROOT, EXCHANGES[exchange]))
     base = config.replace(base, "exchange", **preset.exchange.__dict__)
     base = config.replace(base, "train", rebase_every=preset.train.rebase_every,
@@ -84,7 +85,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
         json.dump(rows, f)
 
 
-def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=20, overlap=0):
+def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=20, overlap="0"):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
@@ -100,7 +101,7 @@ def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         _, _, master, parts, steps, rounds, data_path, out, exchange, batch, overlap = sys.argv
         return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out, exchange,
-                     int(batch), int(overlap))
+                     int(batch), overlap)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", default="1,5,20,50")
@@ -113,7 +114,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=20, help="streams per partition (the presets' is 10)")
     ap.add_argument("--masters", default="local[2];local-cluster[2,1,2048]",
                     help="part 1's masters, separated by ';'")
-    ap.add_argument("--overlap", default="0", help="part 1's train.overlap settings (e.g. 0,1)")
+    ap.add_argument("--overlap", default="0", help="part 1's train.overlap settings (e.g. 0,1; e: 1 and eager)")
     a = ap.parse_args(argv)
     if a.bytes_at:
         print(f"{'P':>3s} {'exchange':8s} {'MB sent':>8s} {'MB bcast':>8s} {'unique words':>12s}")
@@ -131,10 +132,10 @@ def main(argv=None):
     print(f"{'master':26s} {'exchange':8s} {'ov':>2s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} "
           f"{'MB sent':>8s} {'MB bcast':>8s}" + "".join(f" {n:>8s}" for n in names))
     for master in a.masters.split(";"):
-        for ex, ov in ((ex, int(ov)) for ex in exchanges for ov in a.overlap.split(",")):
+        for ex, ov in ((ex, ov) for ex in exchanges for ov in a.overlap.split(",")):
             for r in child(master, 2, steps, a.rounds, a.data, ex, a.batch, ov):
                 phases = "".join(f" {r.get(k, float('nan')):8.3f}" for k in PHASES[:len(names)])
-                print(f"{master:26s} {ex:8s} {ov:2d} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
+                print(f"{master:26s} {ex:8s} {ov:>2s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
                       f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
                       f"{r['broadcast_per_round'] / 1e6:8.2f}{phases}", flush=True)
     if a.no_scaling:
