@@ -168,9 +168,8 @@ class SyncRound:
                 opt_local.setdefault(int(pid), {"t": t})[slot] = v
         held: dict = {}
         for k, v in optim.items():
-            if StateKeys.held(k):
-                name, pid = StateKeys.held(k)
-                held.setdefault(pid, {})[name] = v
+            if (named := StateKeys.held(k)) is not None:
+                held.setdefault(named[1], {})[named[0]] = v
         return {"opt": dict(slots, t=t) if slots else None, "opt_local": opt_local,
                 "velocity": optim.get(StateKeys.VELOCITY), "view": optim.get(StateKeys.VIEW), "held": held}
 
