@@ -3,7 +3,7 @@ whose executors each have a host of their own (rnnlm.netcluster), links shaped t
 
     python benchmarks/links.py [--partitions 2,4] [--bandwidths 10gbit,1gbit,100mbit]
                                [--exchanges dense10,dense20,sparse,async] [--rounds 4]
-                               (also dense20+ov, sparse+ov: with train.overlap = 1)
+                               (also dense20+ov, sparse+ov: with train.overlap = 1; sparse+eager)
                                [--converge 4] [--target-ppl 400] [--bytes-at 8] [--out runs/links.json]
     python benchmarks/links.py --plot runs/links.json      # table and figure from a saved run
 
@@ -48,6 +48,7 @@ EXCHANGES = {
     # train.overlap = 1: the next round computes while this one's result travels and is applied
     "dense20+ov": (SMALL, ["train.local_steps=20", "train.overlap=1"]),
     "sparse+ov": (SPARSE, ["train.overlap=1"]),
+    "sparse+eager": (SPARSE, ["train.overlap=1", "train.eager=true"]),     # Kale et al.'s eager updates
     "async": (SPARSE, ["train.mode=async", "exchange.broadcast=rows", "train.push_every=20",
                        "server.staleness=divide"]),
 }
