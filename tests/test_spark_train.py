@@ -252,12 +252,23 @@ def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=rows+onebit",
         "exchange.random=0.2", "exchange.feedback=true", "train.rounds=4", "train.checkpoint_every=0"]))
+    local_dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first()
+    real_close, closed = Residuals.close, []
+
+    def close(self):
+        directory = filestore.root(self.key, local_dirs)
+        files = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
+        real_close(self)
+        closed.append((files, os.path.exists(directory)))
+    monkeypatch.setattr(Residuals, "close", close)
     kept = run(spark, cfg, tmp_path / "kept")
+    # the 3 newest rounds' files are kept per partition, and removed when the run closes
+    assert closed == [([f"{pid}.{r}.feedback.npy" for pid in (0, 1) for r in (2, 3, 4)], False)]
     real, listed = Residuals.finished, []
 
     def finished(self, out, ok):
         real(self, out, ok)
-        directory = filestore.root(self.key)
+        directory = filestore.root(self.key, local_dirs)
         listed.append(sorted(os.listdir(directory)))
         shutil.rmtree(directory)
     monkeypatch.setattr(Residuals, "finished", finished)

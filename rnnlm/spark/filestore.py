@@ -10,10 +10,14 @@ The cached element keeps a :class:`Stored` reference instead; where the file is 
 ran on another executor, the executor was lost, the file was pruned), the caller rebuilds the
 residual from its lineage (:mod:`rnnlm.spark.residuals`).
 
-Files live in the directory Spark gives the application's files on each executor
-(``SparkFiles.getRootDirectory()``), which Spark deletes when the executor stops. They are
-written under a temporary name and renamed, so a reader sees a whole file or none; only numbers
-are stored (``allow_pickle=False``).
+Files live in the executor's block manager directory (``SPARK_LOCAL_DIRS``, which Spark sets
+for its Python workers), which Spark deletes when the context stops, a standalone worker when
+the application ends, YARN with the container. (An earlier version used
+``SparkFiles.getRootDirectory()``, an executor's working directory, which standalone workers
+keep after the application: 1.1 GB of residuals stayed behind after a day of benchmarks.) The
+run's last files are removed when it closes, by a job over the corpus partitions, which run
+where the rounds ran. Files are written under a temporary name and renamed, so a reader sees a
+whole file or none; only numbers are stored (``allow_pickle=False``).
 """
 from __future__ import annotations
 
@@ -34,9 +38,17 @@ class Stored(NamedTuple):
     names: tuple
 
 
-def root(run: str) -> str:
-    from pyspark import SparkFiles
-    return os.path.join(SparkFiles.getRootDirectory(), "rnnlm-residuals", run)
+def root(run: str, local_dirs: str | None = None) -> str:
+    """The run's directory on this host (``local_dirs``: the executors' ``SPARK_LOCAL_DIRS``, by
+    default this process's; a process that has none, such as the driver, uses Spark's files
+    directory)."""
+    local_dirs = local_dirs or os.environ.get("SPARK_LOCAL_DIRS")
+    if local_dirs:
+        base = local_dirs.split(",")[0]
+    else:
+        from pyspark import SparkFiles
+        base = SparkFiles.getRootDirectory()
+    return os.path.join(base, "rnnlm-residuals", run)
 
 
 def _path(run: str, seq: int, pid: int, name: str) -> str:
@@ -76,6 +88,12 @@ def _prune(directory: str, pid: int, upto: int) -> None:
 
 
 def remove(run: str) -> None:
-    """Delete the run's files where this process can see them (the driver, in local mode; an
-    executor's are deleted with it)."""
+    """Delete the run's files on this host."""
     shutil.rmtree(root(run), ignore_errors=True)
+
+
+def remover(run: str):
+    """A task removing the run's files where it runs (for ``RDD.foreachPartition``)."""
+    def go(_):
+        remove(run)
+    return go

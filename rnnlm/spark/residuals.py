@@ -119,7 +119,11 @@ def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
     pid, tokens, starts = item
     element = seed((pid, tokens, starts))
     for make_task in chain[:ref.seq - base]:
-        element = [x for x in make_task(None)(iter([element])) if not _is_contribution(x)][-1]
+        out = list(make_task(None)(iter([element])))
+        errors = [e for x in out if _is_contribution(x) for e in x.errors()]
+        if errors:      # a round that cannot be redone here (no usable device): never a stale residual
+            raise RuntimeError(f"recomputing a lost residual: {errors[0]}")
+        element = out[-1]
     return element[3]
 
 
@@ -262,7 +266,10 @@ class Residuals:
     def close(self) -> None:
         _release(self._kept, self._outs)
         self._kept, self._outs = [], []
-        filestore.remove(self.key)
+        try:        # on the executors that hold the corpus partitions, where the rounds ran
+            self.data.foreachPartition(filestore.remover(self.key))
+        except Exception:       # a stopped context: its directories go with it
+            pass
 
 
 def _release(broadcasts, outs) -> None:
