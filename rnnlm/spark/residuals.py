@@ -186,7 +186,12 @@ class Residuals:
         self.pending_broadcast = list(bcs.values())
         self._from = _from_broadcasts(bcs)
         self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
-        self.depth, self._base, self._chain = 0, self.seq, ()     # the lineage's rounds, replayable
+        self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
+
+    @property
+    def depth(self) -> int:
+        """Rounds in the current lineage."""
+        return len(self._chain)
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
@@ -210,7 +215,6 @@ class Residuals:
         self._outs.append(out)
         self._chain += (make_task,)
         self.rdd = out
-        self.depth += 1
         self.in_flight += 1
         partitions = self.partitions
 
