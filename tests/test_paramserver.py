@@ -460,7 +460,7 @@ def crafted(**ex):
 @pytest.mark.parametrize("breakage, reason", [
     ("fp16 scale 10**400", "W1: the fp16 scale must be a finite positive number"),
     ("fp16 scale 0", "W1: the fp16 scale must be a finite positive number"),
-    ("fp16 scale array", "W1: push carries an array W1.scale the fp16 codec does not have"),
+    ("fp16 scale array", "W1: carries an array W1.scale the fp16 codec does not have"),
     ("onebit scalar scale", "embed: onebit scale must be a float32[6, 2] array"),
     ("onebit zero groups", "embed: onebit scale must be a float32[6, 2] array"),
     ("onebit one-row scale", "embed: onebit scale must be a float32[6, 2] array"),

@@ -38,24 +38,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..exchange.blocks import CODECS, Block, wire_shapes
-
-# the dtype each codec's payload must arrive in (anything else is refused)
-_DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": np.int8, "onebit": np.uint8}
-_STAT_MAX = 2 ** 53                 # a push's counts and sums: exact in float64, far above any real window's
-
+from ..exchange.blocks import Block
+from ..exchange.frames import STAT_MAX, Malformed, block_from_wire, block_to_wire, real
 
 _NO_LOCK = contextlib.nullcontext()
 
 
-class Refused(ValueError):
+class Refused(Malformed):
     """A request the protocol refuses (bad pid, malformed blocks); the message is one line."""
 
 
@@ -69,25 +64,14 @@ def _is_int(v) -> bool:
 
 def _count(fields: dict, key: str) -> int:
     v = fields.get(key, 0)
-    if not (_is_int(v) and 0 <= v <= _STAT_MAX):
+    if not (_is_int(v) and 0 <= v <= STAT_MAX):
         raise Refused(f"{key} must be an integer in [0, 2**53]")
     return v
 
 
-def _real(v) -> float | None:
-    """A JSON number as a finite float, or None (a string, a bool, NaN, infinity, a 400-digit integer)."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return None
-    try:
-        x = float(v)            # OverflowError for an integer beyond float's range
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
-
-
 def _amount(fields: dict, key: str) -> float:
-    x = _real(fields.get(key, 0.0))
-    if x is None or not 0 <= x <= _STAT_MAX:
+    x = real(fields.get(key, 0.0))
+    if x is None or not 0 <= x <= STAT_MAX:
         raise Refused(f"{key} must be a finite number in [0, 2**53]")
     return x
 
@@ -112,13 +96,8 @@ def blocks_to_wire(blocks: dict) -> tuple:
     meta, arrays = {}, {}
     for name, b in blocks.items():
         slot = name.split(".", 1)[1]
-        scalar = not isinstance(b.scale, np.ndarray)
-        meta[slot] = {"codec": b.codec, "scale": float(b.scale) if scalar else None}
-        arrays[f"{slot}.data"] = b.data
-        if b.ids is not None:
-            arrays[f"{slot}.ids"] = b.ids
-        if not scalar:
-            arrays[f"{slot}.scale"] = b.scale
+        meta[slot], more = block_to_wire(slot, b)
+        arrays.update(more)
     return {"blocks": meta}, arrays
 
 
@@ -127,8 +106,9 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
 
     Raises :class:`Refused` for anything that does not describe exactly this
     model's slots in a known codec, with row ids sorted, unique and in range, every
-    array in the shape its codec gives those rows, and finite values. Shapes are
-    checked before anything is decoded, so decoding allocates at most the slot's size.
+    array in the shape its codec gives those rows, and finite values
+    (:func:`rnnlm.exchange.frames.block_from_wire`). Shapes are checked before anything is
+    decoded, so decoding allocates at most the slot's size.
     """
     meta = fields.get("blocks")
     if not isinstance(meta, dict) or set(meta) != set(layout.slots):
@@ -136,55 +116,11 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
     expected = {f"{s}.{k}" for s, m in meta.items() for k in ("data", "ids", "scale")}
     if not set(arrays) <= expected:
         raise Refused(f"push carries unknown arrays: {sorted(set(arrays) - expected)[:3]}")
-    blocks = [(slot, _block(slot, meta[slot.name], arrays)) for slot in layout]
+    try:
+        blocks = [(slot, block_from_wire(slot.name, slot.shape, meta[slot.name], arrays)) for slot in layout]
+    except Malformed as e:
+        raise Refused(str(e)) from None
     return [(slot, b.ids, _decoded(slot, b)) for slot, b in blocks]
-
-
-def _block(slot, m, arrays: dict) -> Block:
-    """The block pushed for ``slot``, every shape checked against the layout; nothing decoded yet."""
-    name = slot.name
-    if not isinstance(m, dict) or m.get("codec") not in CODECS:
-        raise Refused(f"{name}: unknown codec")
-    codec = m["codec"]
-    R, C = slot.shape[0], slot.size // slot.shape[0]
-    ids = _row_ids(name, arrays.get(f"{name}.ids"), R)
-    data_shape, scale_shape = wire_shapes(codec, R if ids is None else len(ids), C)
-    data, dtype = arrays.get(f"{name}.data"), np.dtype(_DATA_DTYPE[codec])
-    if data is None or data.dtype != dtype or data.shape != data_shape:
-        raise Refused(f"{name}: {codec} data must be a {dtype.name}{list(data_shape)} array")
-    if scale_shape is None:
-        scale = _scalar_scale(name, codec, m.get("scale"), arrays)
-    else:
-        scale = _scale_rows(name, codec, arrays.get(f"{name}.scale"), scale_shape)
-    b = Block.__new__(Block)
-    b.__setstate__((slot.shape, ids, codec, data, scale))
-    return b
-
-
-def _row_ids(name: str, ids, R: int):
-    if ids is None:
-        return None
-    ordered = ids.ndim == 1 and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0)))
-    if ids.dtype != np.int32 or not ordered:
-        raise Refused(f"{name}: row ids must be sorted unique int32 in [0, {R})")
-    return ids
-
-
-def _scalar_scale(name: str, codec: str, scale, arrays: dict) -> float:
-    if f"{name}.scale" in arrays:
-        raise Refused(f"{name}: push carries an array {name}.scale the {codec} codec does not have")
-    x = _real(scale)
-    if x is None or x <= 0:
-        raise Refused(f"{name}: the {codec} scale must be a finite positive number")
-    return x
-
-
-def _scale_rows(name: str, codec: str, scale, shape: tuple):
-    if not isinstance(scale, np.ndarray) or scale.dtype != np.float32 or scale.shape != shape:
-        raise Refused(f"{name}: {codec} scale must be a float32{list(shape)} array")
-    if not np.isfinite(scale).all():
-        raise Refused(f"{name}: {codec} scale must hold finite values")
-    return scale
 
 
 def _decoded(slot, b: Block):
