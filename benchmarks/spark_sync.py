@@ -3,6 +3,7 @@
     python benchmarks/spark_sync.py [--rounds 4] [--steps 1,5,20,50] [--data data/ptb.train.txt]
                                     [--exchange dense,sparse] [--bytes-at 2,4,8] [--profile]
                                     [--batch 20] [--masters "local[2];local-cluster[2,1,2048]"] [--overlap 0,1,e]
+                                    [--results spark,direct]
 
 Part 1, per master (``--masters``: ``local[2]`` and ``local-cluster[2,1,2048]``) and local_steps K:
 the fraction of a round spent outside local computation, ``1 - compute_s / round_s``
@@ -20,7 +21,9 @@ Part 2: training tokens/s with 2 partitions on ``local[2]`` against 1 partition 
 
 ``--overlap`` lists the ``train.overlap`` settings part 1 compares (default 0): with 1, round
 r+1 computes while round r's result travels and is applied, and ``round_s`` is the time
-from one round's result to the next's; ``e`` is 1 with ``train.eager = true``.
+from one round's result to the next's; ``e`` is 1 with ``train.eager = true``. ``--results``
+lists the ``train.results`` settings it compares (default spark): ``direct`` sends the
+contributions to the driver as frames (:mod:`rnnlm.spark.channel`).
 
 ``--exchange`` names the settings compared (``EXCHANGES``: ``dense`` ships every
 change as float32, ``sparse`` is conf/ptb_word_small_sparse.toml's exchange and
@@ -45,7 +48,8 @@ PHASES = ("phase.prepare_s", "phase.launch_s", "phase.view_s", "phase.steps_s", 
 EXCHANGES = {"dense": "conf/ptb_word_small.toml", "sparse": "conf/ptb_word_small_sparse.toml"}   # their [exchange]
 
 
-def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense", batch=20, overlap="0"):
+def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dense", batch=20, overlap="0",
+          results="spark"):
     """Run in a child process: train a few rounds per K on one corpus load."""
     from rnnlm import config
     from rnnlm.spark import session
@@ -56,7 +60,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
                        [f"data.train={data_path}", "data.valid=", "data.test=", f"data.partitions={partitions}",
                         f"train.batch={batch}",   # 20: the ptb-small shape of benchmarks/kernels.py
                         "train.eval_every=0", "train.checkpoint_every=0", f"train.overlap={int(overlap != '0')}",
-                        f"train.eager={str(overlap == 'e').lower()}"])
+                        f"train.eager={str(overlap == 'e').lower()}", f"train.results={results}"])
     preset = config.load(os.path.join(ROOT, EXCHANGES[exchange]))
     base = config.replace(base, "exchange", **preset.exchange.__dict__)
     base = config.replace(base, "train", rebase_every=preset.train.rebase_every,
@@ -72,7 +76,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
             frac = statistics.median(1 - m["compute_s"] / m["round_s"] for m in ms)
             tok_s = sum(m["tokens"] - p["tokens"] for p, m in zip(tr.metrics, ms)) / sum(m["round_s"] for m in ms)
             rows.append({"master": master, "partitions": partitions, "local_steps": k, "exchange": exchange,
-                         "overlap": overlap,
+                         "overlap": overlap, "results": results,
                          "round_s": statistics.median(m["round_s"] for m in ms),
                          "compute_s": statistics.median(m["compute_s"] for m in ms),
                          "sync_fraction": frac, "tokens_per_s": tok_s,
@@ -85,12 +89,13 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
         json.dump(rows, f)
 
 
-def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=20, overlap="0"):
+def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=20, overlap="0", results="spark"):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         path = f.name
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     subprocess.run([sys.executable, __file__, "--child", master, str(partitions), ",".join(map(str, steps)),
-                    str(rounds), data_path, path, exchange, str(batch), str(overlap)], check=True, env=env, cwd=ROOT)
+                    str(rounds), data_path, path, exchange, str(batch), str(overlap), results],
+                   check=True, env=env, cwd=ROOT)
     with open(path) as f:
         rows = json.load(f)
     os.remove(path)
@@ -99,9 +104,9 @@ def child(master, partitions, steps, rounds, data_path, exchange="dense", batch=
 
 def main(argv=None):
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        _, _, master, parts, steps, rounds, data_path, out, exchange, batch, overlap = sys.argv
+        _, _, master, parts, steps, rounds, data_path, out, exchange, batch, overlap, results = sys.argv
         return sweep(master, int(parts), [int(s) for s in steps.split(",")], int(rounds), data_path, out, exchange,
-                     int(batch), overlap)
+                     int(batch), overlap, results)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", default="1,5,20,50")
@@ -115,6 +120,7 @@ def main(argv=None):
     ap.add_argument("--masters", default="local[2];local-cluster[2,1,2048]",
                     help="part 1's masters, separated by ';'")
     ap.add_argument("--overlap", default="0", help="part 1's train.overlap settings (e.g. 0,1; e: 1 and eager)")
+    ap.add_argument("--results", default="spark", help="part 1's train.results settings (e.g. spark,direct)")
     a = ap.parse_args(argv)
     if a.bytes_at:
         print(f"{'P':>3s} {'exchange':8s} {'MB sent':>8s} {'MB bcast':>8s} {'unique words':>12s}")
@@ -129,14 +135,15 @@ def main(argv=None):
     print("# sync fraction = 1 - compute_s / round_s (median over rounds 2..N); MB sent by workers and "
           "broadcast per round")
     names = [k[len("phase."):-2] for k in PHASES] if a.profile else []
-    print(f"{'master':26s} {'exchange':8s} {'ov':>2s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} {'sync':>6s} "
-          f"{'MB sent':>8s} {'MB bcast':>8s}" + "".join(f" {n:>8s}" for n in names))
+    print(f"{'master':26s} {'exchange':8s} {'ov':>2s} {'results':>7s} {'K':>3s} {'round_s':>8s} {'compute_s':>9s} "
+          f"{'sync':>6s} {'MB sent':>8s} {'MB bcast':>8s}" + "".join(f" {n:>8s}" for n in names))
     for master in a.masters.split(";"):
-        for ex, ov in ((ex, ov) for ex in exchanges for ov in a.overlap.split(",")):
-            for r in child(master, 2, steps, a.rounds, a.data, ex, a.batch, ov):
+        for ex, ov, res in ((ex, ov, res) for ex in exchanges for ov in a.overlap.split(",")
+                            for res in a.results.split(",")):
+            for r in child(master, 2, steps, a.rounds, a.data, ex, a.batch, ov, res):
                 phases = "".join(f" {r.get(k, float('nan')):8.3f}" for k in PHASES[:len(names)])
-                print(f"{master:26s} {ex:8s} {ov:>2s} {r['local_steps']:3d} {r['round_s']:8.3f} {r['compute_s']:9.3f} "
-                      f"{100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
+                print(f"{master:26s} {ex:8s} {ov:>2s} {res:>7s} {r['local_steps']:3d} {r['round_s']:8.3f} "
+                      f"{r['compute_s']:9.3f} {100 * r['sync_fraction']:5.1f}% {r['bytes_per_round'] / 1e6:8.2f} "
                       f"{r['broadcast_per_round'] / 1e6:8.2f}{phases}", flush=True)
     if a.no_scaling:
         return

@@ -78,6 +78,7 @@ class TrainConfig:
     rounds: int = 0
     epochs: float = 1.0            # used when rounds == 0
     tree_depth: int = 2            # treeAggregate depth (rounds with feedback or overlap merge on the driver)
+    results: str = "spark"         # spark: through Spark's results | direct: frames to the driver (rnnlm.spark.channel)
     outer: str = "average"         # average | momentum | nesterov: how the driver applies the mean
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
@@ -158,6 +159,7 @@ _CHOICES = {
     ("train", "outer"): ("average", "momentum", "nesterov"),
     ("train", "optim_state"): ("average", "reset", "local"),
     ("train", "mode"): ("sync", "async"),
+    ("train", "results"): ("spark", "direct"),
     ("server", "update"): ("add", "adagrad"),
     ("server", "staleness"): ("ignore", "divide"),
     ("exchange", "seed_groups"): ("one", "partition", "log2", "pow064"),

@@ -161,7 +161,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     ("localhost:7077", "10.1.2.3"),
 ])
 def test_the_server_listens_on_loopback_when_every_executor_is_local(master, host):
-    from rnnlm.spark.async_trainer import bind_host
+    from rnnlm.spark.session import bind_host
     assert bind_host("", master, "10.1.2.3") == host
     assert bind_host("192.168.7.7", master, "10.1.2.3") == "192.168.7.7"     # server.host wins
 

@@ -35,6 +35,7 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["optim.min_lr=2", "optim.lr=1"], "optim.min_lr must be in"),
     ("", ["optim.decay_after=-1"], "optim.decay_after must be >= 0"),
     ("", ["train.local_steps=-1"], "train.local_steps must be >= 0"),
+    ("", ["train.results=tcp"], "train.results = 'tcp': expected one of spark, direct"),
     ("", ["train.outer_momentum=1"], "train.outer_momentum must be in"),
     ("", ["train.epochs=nan"], "train.rounds and train.epochs must be >= 0"),
     ("", ["model.init_scale=0"], "model.init_scale must be > 0"),

@@ -547,3 +547,51 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
     assert np.array_equal(doubled.params, plain.params)
     losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("doubled", "plain")]
     assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize("settings", [
+    # dense, through treeAggregate: Adam's slots averaged, hidden state carried through the driver
+    ["train.local_steps=4", "train.optim_state=average"],
+    # carries in Spark (error feedback's residuals, overlap's carries), Adam's slots kept per partition
+    ["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+     "exchange.feedback=true", "train.overlap=1", "train.optim_state=local"],
+], ids=["tree", "carried"])
+def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cfg, tmp_path, monkeypatch, settings):
+    """``train.results = "direct"``: the tasks send their contributions to the driver's frame server, which
+    merges them in partition order; the numbers are Spark's to the bit. When the executors cannot reach the
+    driver (nothing listens), the first round recomputes through Spark, says so once, and the rest of the
+    run sends through Spark: the same numbers again."""
+    from rnnlm.spark.channel import Channel
+    base = config.apply_overrides(tiny_cfg.to_dict(), ["train.rounds=3", "train.checkpoint_every=0", *settings])
+    through_spark = run(spark, config.from_dict(base), tmp_path / "spark")
+    direct_cfg = config.from_dict(config.apply_overrides(base, ["train.results=direct"]))
+    served, real_close = [], Channel.close
+
+    def close(self):
+        served.append((self.server.connections, self.broken))
+        real_close(self)
+    monkeypatch.setattr(Channel, "close", close)
+    direct = run(spark, direct_cfg, tmp_path / "direct")
+    assert served == [(3 * 2, None)]            # every round's 2 contributions came through the channel
+    real_channel = Trainer._channel
+
+    def unreachable(self, cfg):
+        ch = real_channel(self, cfg)
+        ch.server.close()                       # as behind a firewall that refuses the port
+        return ch
+    monkeypatch.setattr(Trainer, "_channel", unreachable)
+    lines = []
+    fell_back = Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append)
+    fell_back.run()
+    assert [x for x in lines if "direct result channel" in x] == [
+        "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
+        "through Spark, and the run's next rounds send their results through Spark"]
+    assert served[1] == (0, "partitions [0, 1] of round 1 did not arrive")
+    for name, tr in (("direct", direct), ("fell_back", fell_back)):
+        assert np.array_equal(tr.params, through_spark.params), name
+        losses = [[x["train_loss"] for x in metrics(tmp_path / n)] for n in (name, "spark")]
+        assert losses[0] == losses[1], name
+        saved = [np.load(tmp_path / n / "checkpoint" / "optim.npz") for n in (name, "spark")]
+        assert sorted(saved[0].files) == sorted(saved[1].files) and len(saved[0].files) >= 2
+        for key in saved[0].files:
+            assert np.array_equal(saved[0][key], saved[1][key]), (name, key)

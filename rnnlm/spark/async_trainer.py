@@ -33,22 +33,9 @@ from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from .async_task import worker_task
 from .rundir import ASYNC_RESUME_KEYS, Driver, RunDir, TrainingError, best_record, improves
+from .session import bind_host
 from .stop import Interrupted, StopRequest
 from .trainer import load_corpus, total_rounds
-
-_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
-
-
-def bind_host(configured: str, master: str, driver_host: str | None) -> str:
-    """The address the parameter server listens on: ``server.host`` when set; loopback when every
-    executor runs on this machine (``local``, ``local[N]``, ``local-cluster[...]``), so no other
-    machine can reach the port; else ``spark.driver.host``, the address a cluster's executors
-    (YARN containers, standalone or Kubernetes workers) already reach the driver at."""
-    if configured:
-        return configured
-    if _LOCAL_MASTER.fullmatch(master.strip()):
-        return "127.0.0.1"
-    return driver_host or "127.0.0.1"
 
 
 class AsyncTrainer(Driver):

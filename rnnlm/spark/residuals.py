@@ -197,35 +197,42 @@ class Residuals:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
         self._kept += list(broadcasts)
 
-    def submit(self, make_task, run):
+    def submit(self, make_task, run, direct=None):
         """Define one round's output, persisted, and start its job through ``run`` (a callable
         taking a thunk, returning a future of the round's merged :class:`Aggregate`).
-        ``make_task(sink)`` is the round's task adding its contribution to the accumulator ``sink``
-        (with None: yielding it); every later round of the lineage carries ``make_task`` to
-        replay this one, so it should pickle small (a :func:`functools.partial`). The next round
-        can be defined on the output at once. Returns ``(output, future)``."""
-        acc = self.sc.accumulator(Aggregate(), Contributions())
+        ``make_task(sink)`` is the round's task adding its contribution to ``sink``, the round's
+        accumulator (with None: yielding it); every later round of the lineage carries ``make_task``
+        to replay this one, so it should pickle small (a :func:`functools.partial`). ``direct``:
+        ``(sink, take)`` of the direct result channel (:class:`rnnlm.spark.channel.Channel`) in place
+        of the accumulator. The next round can be defined on the output at once. Returns
+        ``(output, future)``."""
+        acc = self.sc.accumulator(Aggregate(), Contributions()) if direct is None else None
         src = self.rdd
         self.seq += 1
         key, seq, seed, base, chain = self.key, self.seq, self._from, self._base, self._chain
 
         def task(sink):
             return _through_files(make_task(sink), key, seq, seed, base, chain)
-        out = src.mapPartitions(task(acc)).persist(StorageLevel.MEMORY_AND_DISK)
+        out = src.mapPartitions(task(acc if direct is None else direct[0])).persist(StorageLevel.MEMORY_AND_DISK)
         self._outs.append(out)
         self._chain += (make_task,)
         self.rdd = out
         self.in_flight += 1
         partitions = self.partitions
 
+        def recompute(missing: set) -> list:
+            return [a for a in src.mapPartitions(task(None)).filter(_is_contribution).collect()
+                    if set(a.local) <= missing]
+
         def go():
             out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it
+            if direct is not None:
+                return direct[1](recompute)
             agg = Contributions.take(acc)
             missing = set(range(partitions)) - set(agg.local)
             if missing:                # computed inside another job: recomputed here, the same numbers
-                for a in src.mapPartitions(task(None)).filter(_is_contribution).collect():
-                    if set(a.local) <= missing:
-                        agg.merge(a)
+                for a in recompute(missing):
+                    agg.merge(a)
             return agg
         return out, run(go)
 

@@ -8,6 +8,7 @@ waits for the first.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
@@ -39,10 +40,12 @@ class Job:
 class Jobs:
     """Submits rounds' jobs over ``data`` (the corpus RDD), through ``residuals``
     (:class:`rnnlm.spark.residuals.Residuals`, or None: ``treeAggregate`` of depth ``tree_depth``),
-    and keeps those still running."""
+    and keeps those still running. With ``channel`` (:class:`rnnlm.spark.channel.Channel`) the
+    contributions travel through it instead, until it fails once."""
 
-    def __init__(self, sc, data, residuals, tree_depth: int):
+    def __init__(self, sc, data, residuals, tree_depth: int, channel=None):
         self.sc, self.data, self.residuals, self.tree_depth = sc, data, residuals, tree_depth
+        self.channel = channel
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
         self.flight = []            # submitted, not waited for
 
@@ -54,15 +57,25 @@ class Jobs:
                 return thunk()
             return self.pool.submit(go)
         job.submitted = time.time()
-        if self.residuals is None:
+        direct = None
+        if self.channel is not None and self.channel.broken is None:
+            direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
+        if self.residuals is None and direct is None:
             job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
                 Aggregate(), merge, merge, depth=self.tree_depth))
+        elif self.residuals is None:
+            sink, take = direct
+
+            def go():
+                self.data.mapPartitions(job.task(sink))._jrdd.count()      # the JVM runs the tasks; nothing returns
+                return take(lambda missing: self.data.mapPartitions(job.task()).collect())
+            job.future = run(go)
         else:
             # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
             job.bc_bytes += sum(broadcast_bytes(b) for b in self.residuals.pending_broadcast)
             self.residuals.pending_broadcast = []
             self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
-            job.out, job.future = self.residuals.submit(job.task, run)
+            job.out, job.future = self.residuals.submit(job.task, run, direct)
         self.flight.append(job)
 
     def wait(self, job: Job) -> Aggregate:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -44,3 +45,19 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         if not c.contains(f"spark.executorEnv.{var}"):
             c.set(f"spark.executorEnv.{var}", cpus)
     return SparkSession.builder.config(conf=c).getOrCreate()
+
+
+_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
+
+
+def bind_host(configured: str, master: str, driver_host: str | None) -> str:
+    """The address a driver-side server (the parameter server, the direct result channel) listens
+    on: ``configured`` (``server.host``) when set; loopback when every
+    executor runs on this machine (``local``, ``local[N]``, ``local-cluster[...]``), so no other
+    machine can reach the port; else ``spark.driver.host``, the address a cluster's executors
+    (YARN containers, standalone or Kubernetes workers) already reach the driver at."""
+    if configured:
+        return configured
+    if _LOCAL_MASTER.fullmatch(master.strip()):
+        return "127.0.0.1"
+    return driver_host or "127.0.0.1"

@@ -29,14 +29,16 @@ import numpy as np
 
 from ..core import checkpoint
 from .. import config
-from . import corpus, executor
+from . import channel, corpus, executor
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
+from .channel import Channel
 from .residuals import MAX_LINEAGE, Residuals
 from .rounds import Job, Jobs, broadcast_bytes
 from .rundir import Driver, TrainingError, best_record, improves
+from .session import bind_host
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -222,7 +224,8 @@ class Trainer(Driver):
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)
-        self.jobs = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth)
+        self.channel = self._channel(cfg) if cfg.train.results == "direct" else None
+        self.jobs = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth, self.channel)
         try:
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
@@ -236,6 +239,8 @@ class Trainer(Driver):
             raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
             self.jobs.close(pending=self.next)
+            if self.channel is not None:
+                self.channel.close()
             stop.release()
             self.params_bc.close()
             if self.residuals is not None:
@@ -325,6 +330,15 @@ class Trainer(Driver):
         task = functools.partial(executor.round_task, cfg, base, bcs[0], carry_bcs, r, lr, deltas)
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
+
+    def _channel(self, cfg) -> Channel:
+        """The direct result channel's driver end, listening where the executors reach the driver."""
+        expect = channel.expected(cfg, build_model(cfg.model))
+        host = bind_host("", self.sc.master, self.sc.getConf().get("spark.driver.host"))
+        try:
+            return Channel(expect, host, self.log, channel.max_frame_bytes(expect))
+        except OSError as e:
+            raise TrainingError(f"train.results = 'direct': cannot listen on {host}: {e.strerror or e}") from None
 
     def _drains(self, cfg, data, r: int, rounds: int) -> bool:
         """Whether round r+1's job waits for round r (overlap): after the last round, before an

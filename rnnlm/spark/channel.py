@@ -1,0 +1,196 @@
+"""The direct result channel (``train.results = "direct"``): a round's tasks send their
+contributions to the driver as authenticated binary frames, not through Spark.
+
+Through Spark a contribution is pickled by the task's Python worker, handed to its JVM, shipped
+as the task's result (or an accumulator update), handed to the driver's Python and unpickled:
+for the dense exchange's 2 x 18.7 MB that path cost 0.13-0.28 s a round on this machine
+(docs/results.md). Here each task opens a connection to a :class:`~rnnlm.server.wire.FrameServer`
+on the driver (the asynchronous mode's wire: HMAC-authenticated with a per-run secret, never
+pickle), sends one frame of raw arrays (:mod:`rnnlm.exchange.frames`) and waits for the
+acknowledgement before it ends, so by the time the round's job has finished every contribution
+that was sent is on the driver. The job's action runs in the JVM alone (a count of nothing).
+
+Numbers: the driver merges the contributions in partition order as they arrive (partition 0,
+then 1, ... each as soon as those before it are in), so a round's aggregate is a function of the
+partitions' values alone, whatever order they arrive in, and equals ``treeAggregate``'s wherever
+that one merges on the driver alone (depth 2 up to 5 partitions, as in every preset). A
+partition's contribution is taken once: a retried or speculative task's second copy is the
+same numbers and is dropped, as is one that arrives after its round has closed.
+
+Failure: a task that cannot reach the driver (a firewall between the executors and the driver,
+a refused frame) logs nothing and ends normally; the round finds the partition missing and
+recomputes it through Spark (the same numbers), and the run says so once and sends the rest of
+its rounds' results through Spark.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.optim import make_optimizer
+from ..exchange.aggregate import Aggregate
+from ..exchange.frames import Expected, Malformed, contribution_from_wire, contribution_to_wire
+from ..exchange.round import OPT, PARAMS
+from ..server import wire
+
+CONNECT_S = 10.0           # a task's connect and each socket operation (s)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """What a task holds to send its contribution: plain values (pickled into the task)."""
+
+    host: str
+    port: int
+    secret: bytes
+    round: int
+    max_frame: int
+
+    def add(self, agg: Aggregate) -> bool:
+        """Send partition ``pid``'s leaf ``agg`` and wait for the driver's answer; whether it was taken.
+        Never raises for the network: a partition the driver lacks is recomputed through Spark."""
+        (pid,) = agg.local
+        fields, arrays = contribution_to_wire(pid, agg)
+        fields["round"] = self.round
+        try:
+            conn = wire.connect(self.host, self.port, self.secret, self.max_frame, CONNECT_S)
+        except (OSError, wire.WireError):
+            return False
+        try:
+            conn.send("contribution", fields, arrays)
+            kind, _, _ = conn.recv()
+            return kind == "taken"
+        except (OSError, wire.WireError):
+            return False
+        finally:
+            conn.close()
+
+
+class Inbox:
+    """One round's contributions, merged in partition order: partition p once 0..p-1 are merged."""
+
+    def __init__(self, partitions: int):
+        self.leaves, self.next, self.agg, self.partitions = {}, 0, Aggregate(), partitions
+        self.closed = False
+        self._lock, self._merging = threading.Lock(), threading.Lock()
+
+    def put(self, pid: int, leaf: Aggregate) -> bool:
+        """Keep ``leaf``; False when a copy is in already or the round has closed."""
+        with self._lock:
+            if self.closed or pid in self.leaves or pid < self.next:
+                return False
+            self.leaves[pid] = leaf
+            return True
+
+    def drain(self) -> None:
+        """Merge what is in, in order (one merger at a time; the rest wait for the next call)."""
+        with self._merging:
+            while True:
+                with self._lock:
+                    leaf = self.leaves.pop(self.next, None)
+                    if leaf is None:
+                        return
+                    self.next += 1
+                self.agg = self.agg.merge(leaf)
+
+    @property
+    def missing(self) -> set:
+        with self._lock:
+            return set(range(self.next, self.partitions)) - set(self.leaves)
+
+
+class Channel:
+    """The driver's end: a frame server for the run and an :class:`Inbox` per round in flight.
+
+    Parameters
+    ----------
+    expect : Expected
+        What a contribution must look like (:func:`rnnlm.exchange.frames.contribution_from_wire`).
+    host : str
+        The address the executors reach (:func:`rnnlm.spark.session.bind_host`).
+    log : callable
+        One line per refusal and when the channel is given up.
+    """
+
+    def __init__(self, expect: Expected, host: str, log, max_frame: int):
+        self.expect, self.log, self.max_frame = expect, log, max_frame
+        self._lock, self._inboxes, self.broken = threading.Lock(), {}, None
+        self._merger = ThreadPoolExecutor(1, thread_name_prefix="rnnlm-merge")   # after the task has its answer
+        self._secret = wire.new_secret()
+        self.server = wire.FrameServer(self._handle, self._secret, host, 0, max_frame, timeout=60.0, log=log,
+                                       max_connections=max(16, 4 * expect.partitions), idle=60.0).start()
+
+    def sink(self, rnd: int) -> Sink:
+        """Open round ``rnd``'s inbox; what its tasks send through."""
+        with self._lock:
+            self._inboxes[rnd] = Inbox(self.expect.partitions)
+        return Sink(*self.server.address, self._secret, rnd, self.max_frame)
+
+    def take(self, rnd: int, recompute) -> Aggregate:
+        """Round ``rnd``'s merged contributions, its job done. ``recompute(missing)`` returns the
+        leaves of the partitions that never arrived, computed through Spark; the channel is then
+        given up for the rest of the run."""
+        with self._lock:
+            box = self._inboxes[rnd]
+        missing = box.missing
+        if missing:
+            for a in recompute(missing):
+                if set(a.local) <= missing:
+                    box.put(next(iter(a.local)), a)
+            if self.broken is None:
+                self.broken = f"partitions {sorted(missing)} of round {rnd} did not arrive"
+                self.log(f"warning: the direct result channel failed ({self.broken}); recomputed through "
+                         "Spark, and the run's next rounds send their results through Spark")
+        with self._lock:
+            del self._inboxes[rnd]
+        box.closed = True
+        box.drain()
+        if box.missing:
+            raise RuntimeError(f"round {rnd}: no contribution from partitions {sorted(box.missing)}")
+        return box.agg
+
+    def _handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
+        rnd = fields.get("round")
+        with self._lock:
+            box = self._inboxes.get(rnd) if type(rnd) is int else None
+        if kind != "contribution" or box is None:
+            return "late", {}, {}        # a retried task's copy after its round closed: the numbers are in
+        try:
+            pid, leaf = contribution_from_wire(fields, arrays, self.expect)
+        except Malformed as e:
+            self.log(f"direct results: refused a contribution from {peer}: {e}")
+            return "refused", {"reason": str(e)}, {}
+        # the frame's body (its arrays) and its JSON fields
+        leaf.wire_bytes = sum(a.nbytes for a in arrays.values()) + len(json.dumps(fields, separators=(",", ":")))
+        if not box.put(pid, leaf):
+            return "duplicate", {}, {}
+        self._merger.submit(box.drain)
+        return "taken", {}, {}
+
+    def close(self) -> None:
+        self.server.close()
+        self._merger.shutdown(wait=True)
+
+
+def expected(cfg, model) -> Expected:
+    """What a contribution of this run (``cfg`` resolved, ``model`` built from it) must hold."""
+    layout, t = model.layout, cfg.train
+    slots = tuple(make_optimizer(cfg.optim).slots)
+    blocks = {PARAMS + s.name: tuple(s.shape) for s in layout}
+    if t.optim_state == "average":
+        blocks.update({OPT + k: (layout.size,) for k in slots})
+    return Expected(blocks, cfg.data.partitions, model.V, tuple(model.zero_state(t.batch).shape),
+                    slots if t.optim_state == "local" else (), layout.size, cfg.model.dtype)
+
+
+def max_frame_bytes(expect: Expected) -> int:
+    """The largest contribution: every block whole in float32 (or the model's dtype), the carried
+    state and optimizer slots, the words, and 1 MiB for headers and scales."""
+    item = np.dtype(expect.dtype).itemsize
+    blocks = sum(int(np.prod(s)) for s in expect.blocks.values())
+    state = int(np.prod(expect.state)) if expect.state else 0
+    return item * (blocks + state + len(expect.opt) * expect.size) + 4 * expect.vocab + (1 << 20)

@@ -1,0 +1,164 @@
+"""The direct result channel: contributions as checked frames (rnnlm.exchange.frames), merged in
+partition order on the driver (rnnlm.spark.channel), over the real wire."""
+import numpy as np
+import pytest
+
+from rnnlm.exchange.aggregate import Aggregate
+from rnnlm.exchange.blocks import Block
+from rnnlm.exchange.frames import Expected, Malformed, contribution_from_wire, contribution_to_wire
+from rnnlm.exchange.round import Carry
+from rnnlm.server import wire
+from rnnlm.spark.channel import Channel, Inbox, Sink
+
+SHAPES = {"params.E": (8, 3), "params.b": (5,), "opt.m": (29,)}
+EXPECT = Expected(SHAPES, partitions=3, vocab=8, state=(1, 2, 4, 2), opt=("m",), size=29)
+
+
+def leaf(pid: int, seed: int = 0, weight: float = 100.0, codec: str = "onebit") -> Aggregate:
+    rng = np.random.default_rng(seed + pid)
+    blocks = {"params.E": Block(rng.normal(size=(3, 3)).astype(np.float32), (8, 3), np.array([1, 4, 6], np.int32),
+                                codec),
+              "params.b": Block(rng.normal(size=5).astype(np.float32), (5,), None, "fp16"),
+              "opt.m": Block(rng.normal(size=29).astype(np.float32), (29,))}
+    carry = Carry(state=rng.normal(size=(1, 2, 4, 2)).astype(np.float32),
+                  opt={"t": 7, "m": rng.normal(size=29).astype(np.float32)})
+    return Aggregate.contribution(weight, blocks, {pid: carry}, words=[5, 1, 1, 7], tokens=int(weight),
+                                  loss_sum=2.5 * weight, steps=4, compute_s=0.5, **{"block_bytes.embed": 120})
+
+
+@pytest.mark.parametrize("codec", ["f32", "fp16", "bf16", "int8", "onebit"])
+def test_a_contribution_crosses_the_wire_format_unchanged(codec):
+    a = leaf(1, codec=codec)
+    pid, b = contribution_from_wire(*contribution_to_wire(1, a), EXPECT)
+    assert pid == 1 and b.weight == a.weight and b.stats == a.stats
+    assert np.array_equal(b.words, [1, 5, 7])
+    for name, block in a.dense.items():
+        got = b.dense[name]
+        assert (got.codec, got.shape) == (block.codec, block.shape)
+        assert np.array_equal(got.decode(), block.decode())
+        assert (got.ids is None) == (block.ids is None) and (got.ids is None or np.array_equal(got.ids, block.ids))
+    assert np.array_equal(b.local[1].state, a.local[1].state)
+    assert b.local[1].opt["t"] == 7 and np.array_equal(b.local[1].opt["m"], a.local[1].opt["m"])
+    failed = Aggregate.contribution(0.0, {}, {2: Carry(error="loss is nan")})
+    pid, f = contribution_from_wire(*contribution_to_wire(2, failed), EXPECT)
+    assert (pid, f.errors(), f.dense) == (2, ["partition 2: loss is nan"], {})
+
+
+def _field(key, value):
+    def change(fields, arrays):
+        fields[key] = value
+    return change
+
+
+def _array(key, value):
+    def change(fields, arrays):
+        arrays[key] = value
+    return change
+
+
+@pytest.mark.parametrize("change,reason", [
+    (_field("pid", 3), "pid 3 is not a partition of this run (0..2)"),
+    (_field("pid", True), "pid True is not a partition"),
+    (_field("weight", float("inf")), "weight must be a finite number"),
+    (_field("stats", {"tokens": 1, "steps": 1, "x": float("nan")}), "stat 'x' must be a finite number"),
+    (_field("stats", {"tokens": -1, "steps": 1}), "stat tokens must be a non-negative integer"),
+    (_field("stats", {"tokens": 1, "steps": 1, "a b": 1}), "stat 'a b' must be a finite number"),
+    (lambda f, a: f["blocks"].pop("opt.m"), "blocks must be exactly"),
+    (_array("params.E.ids", np.array([4, 1, 6], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
+    (_array("params.E.ids", np.array([1, 4, 8], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
+    (_array("params.E.data", np.zeros((3, 2), np.uint8)), "params.E: onebit data must be a uint8[3, 1] array"),
+    (_array("params.E.scale", np.full((3, 2), np.nan, np.float32)), "params.E: onebit scale must hold finite"),
+    (_array("opt.m.data", np.zeros((29, 1), np.float64)), "opt.m: f32 data must be a float32[29, 1] array"),
+    (_array("words", np.array([3, 9], np.int32)), "words must be sorted unique int32 in [0, 8)"),
+    (_array("words", np.array([3, 3], np.int32)), "words must be sorted unique int32 in [0, 8)"),
+    (_array("carry.state", np.zeros((1, 2, 4, 3), np.float32)), "the hidden state must be a float32[1, 2, 4, 2] array"),
+    (_field("state", False), "unknown arrays ['carry.state']"),
+    (_field("opt", ["m", "v"]), "its optimizer state must name ['m'] and a step count"),
+    (_array("carry.opt.m", np.zeros(28, np.float32)), "optimizer slot m must be a float32[29] array"),
+    (_array("extra", np.zeros(1, np.float32)), "unknown arrays ['extra']"),
+    (_field("error", "x" * 3000), "an error is a string of at most 2000 characters, sent alone"),
+    (_field("error", "failed"), "an error is a string of at most 2000 characters, sent alone"),   # with blocks
+])
+def test_a_malformed_contribution_is_refused_with_its_reason(change, reason):
+    fields, arrays = contribution_to_wire(0, leaf(0))
+    change(fields, arrays)
+    with pytest.raises(Malformed) as e:
+        contribution_from_wire(fields, arrays, EXPECT)
+    assert reason in str(e.value) and "\n" not in str(e.value)
+
+
+def _values_leaf(pid: int, v: float) -> Aggregate:
+    return Aggregate.contribution(1.0, {"params.b": Block(np.full(5, v, np.float32), (5,))}, {pid: Carry()},
+                                  tokens=1, steps=1)
+
+
+def test_the_inbox_merges_in_partition_order_whatever_the_arrival_order():
+    # float64 sums are not associative: (2^53 - 2^53) + 1 = 1, but (2^53 + 1) - 2^53 = 0
+    values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0}
+    means = []
+    for order in ([0, 1, 2], [2, 0, 1], [0, 2, 1], [1, 2, 0]):
+        box = Inbox(3)
+        for pid in order:
+            assert box.put(pid, _values_leaf(pid, values[pid]))
+            box.drain()
+        assert box.missing == set()
+        means.append(box.agg.mean("params.b"))
+    for m in means:
+        assert np.array_equal(m, np.full(5, np.float32(1 / 3)))
+    box = Inbox(3)
+    assert box.put(1, _values_leaf(1, 1.0)) and box.missing == {0, 2}
+    assert not box.put(1, _values_leaf(1, 5.0))        # a second copy of a partition is dropped
+    assert box.put(0, _values_leaf(0, 1.0)) and not box.put(0, _values_leaf(0, 5.0))
+    assert box.missing == {2}
+
+
+def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong():
+    lines = []
+    ch = Channel(EXPECT, "127.0.0.1", lines.append, max_frame=1 << 20)
+    try:
+        sink = ch.sink(5)
+        assert sink.add(leaf(2)) and sink.add(leaf(0))
+        assert not sink.add(leaf(0, seed=9))                  # a retried task's copy: dropped
+        host, port = ch.server.address
+        conn = wire.connect(host, port, ch._secret, 1 << 20)
+        fields, arrays = contribution_to_wire(1, leaf(1))
+        conn.send("contribution", dict(fields, round=5, weight=-1.0), arrays)
+        assert conn.recv()[:2] == ("refused", {"reason": "partition 1: weight must be a finite number in [0, 2**53]"})
+        conn.close()
+        stranger = Sink(host, port, wire.new_secret(), 5, 1 << 20)
+        assert not stranger.add(leaf(1))                      # another secret: refused at the handshake
+        assert not Sink(host, port, ch._secret, 4, 1 << 20).add(leaf(1))     # no such round open
+        assert sink.add(leaf(1))
+        agg = ch.take(5, recompute=lambda missing: pytest.fail("nothing is missing"))
+        want = leaf(0).merge(leaf(1)).merge(leaf(2))
+        assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
+        assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
+        assert ch.server.refused == {"handshake": 1}
+        assert any("weight must be a finite number" in line for line in lines)
+        assert not sink.add(leaf(1))                          # the round has closed: late
+        assert ch.broken is None
+    finally:
+        ch.close()
+
+
+def test_a_round_missing_a_partition_recomputes_it_and_gives_the_channel_up():
+    lines = []
+    ch = Channel(EXPECT, "127.0.0.1", lines.append, max_frame=1 << 20)
+    try:
+        sink = ch.sink(1)
+        assert sink.add(leaf(0)) and sink.add(leaf(2))
+        asked = []
+
+        def recompute(missing):
+            asked.append(missing)
+            return [leaf(0, seed=9), leaf(1)]           # a recomputation may hold partitions already in
+        agg = ch.take(1, recompute)
+        assert asked == [{1}]
+        want = leaf(0).merge(leaf(1)).merge(leaf(2))
+        assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
+        assert ch.broken == "partitions [1] of round 1 did not arrive"
+        assert [x for x in lines if "direct result channel" in x] == [
+            "warning: the direct result channel failed (partitions [1] of round 1 did not arrive); recomputed "
+            "through Spark, and the run's next rounds send their results through Spark"]
+    finally:
+        ch.close()
