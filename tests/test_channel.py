@@ -1,5 +1,7 @@
 """The direct result channel: contributions as checked frames (rnnlm.exchange.frames), merged in
 partition order on the driver (rnnlm.spark.channel), over the real wire."""
+import time
+
 import numpy as np
 import pytest
 
@@ -72,12 +74,16 @@ def _array(key, value):
     (_array("words", np.array([3, 9], np.int32)), "words must be sorted unique int32 in [0, 8)"),
     (_array("words", np.array([3, 3], np.int32)), "words must be sorted unique int32 in [0, 8)"),
     (_array("carry.state", np.zeros((1, 2, 4, 3), np.float32)), "the hidden state must be a float32[1, 2, 4, 2] array"),
-    (_field("state", False), "unknown arrays ['carry.state']"),
+    (_field("state", False), "state must be true in this run"),
+    (lambda f, a: (f.update(state=False), a.pop("carry.state")), "state must be true in this run"),
+    (lambda f, a: (f.update(opt=None, t=None), a.pop("carry.opt.m")), "its optimizer state must name ['m']"),
     (_field("opt", ["m", "v"]), "its optimizer state must name ['m'] and a step count"),
     (_array("carry.opt.m", np.zeros(28, np.float32)), "optimizer slot m must be a float32[29] array"),
     (_array("extra", np.zeros(1, np.float32)), "unknown arrays ['extra']"),
-    (_field("error", "x" * 3000), "an error is a string of at most 2000 characters, sent alone"),
-    (_field("error", "failed"), "an error is a string of at most 2000 characters, sent alone"),   # with blocks
+    (_field("error", "x" * 3000), "an error is a string of 1 to 2000 characters, sent alone"),
+    (_field("error", "failed"), "an error is a string of 1 to 2000 characters, sent alone"),   # with blocks
+    (lambda f, a: (f.update(error="", blocks={}), [a.pop(k) for k in list(a) if k != "words"]),
+     "an error is a string of 1 to 2000 characters"),         # an empty error would pass for a healthy partition
 ])
 def test_a_malformed_contribution_is_refused_with_its_reason(change, reason):
     fields, arrays = contribution_to_wire(0, leaf(0))
@@ -112,6 +118,21 @@ def test_the_inbox_merges_in_partition_order_whatever_the_arrival_order():
     assert box.missing == {2}
 
 
+def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
+    """Rounds whose carries stay in Spark without the channel: the accumulator keeps each partition's
+    contribution and the round merges them in partition order."""
+    from rnnlm.exchange.aggregate import in_order
+    from rnnlm.spark.residuals import Contributions
+    values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0}
+    for order in ([0, 1, 2], [2, 0, 1], [0, 2, 1]):
+        param, acc = Contributions(), {}
+        for pid in order:       # one task's value on its executor, then added on the driver
+            acc = param.addInPlace(acc, param.addInPlace(param.zero(None), _values_leaf(pid, values[pid])))
+        acc = param.addInPlace(acc, {0: _values_leaf(0, 7.0)})          # a partition computed twice
+        assert sorted(acc) == [0, 1, 2]
+        assert np.array_equal(in_order(acc).mean("params.b"), np.full(5, np.float32(1 / 3)))
+
+
 def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong():
     lines = []
     ch = Channel(EXPECT, "127.0.0.1", lines.append, max_frame=1 << 20)
@@ -133,7 +154,12 @@ def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong(
         want = leaf(0).merge(leaf(1)).merge(leaf(2))
         assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
         assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
+        for _ in range(200):                                  # the server counts it once its thread has closed
+            if ch.server.refused:
+                break
+            time.sleep(0.01)
         assert ch.server.refused == {"handshake": 1}
+        assert ch.taken == 3
         assert any("weight must be a finite number" in line for line in lines)
         assert not sink.add(leaf(1))                          # the round has closed: late
         assert ch.broken is None
@@ -159,6 +185,40 @@ def test_a_round_missing_a_partition_recomputes_it_and_gives_the_channel_up():
         assert ch.broken == "partitions [1] of round 1 did not arrive"
         assert [x for x in lines if "direct result channel" in x] == [
             "warning: the direct result channel failed (partitions [1] of round 1 did not arrive); recomputed "
-            "through Spark, and the run's next rounds send their results through Spark"]
+            "through Spark, and the rounds submitted from now on send their results through Spark"]
+    finally:
+        ch.close()
+
+
+def test_a_partition_no_run_carries_state_for_is_refused_with_a_carry():
+    fields, arrays = contribution_to_wire(0, leaf(0))
+    fields["opt"], fields["t"] = None, None
+    del arrays["carry.opt.m"]
+    stateless = Expected(SHAPES, partitions=3, vocab=8, state=None, opt=None, size=29)
+    with pytest.raises(Malformed, match="state must be false in this run"):
+        contribution_from_wire(fields, arrays, stateless)
+    fields["state"] = False
+    del arrays["carry.state"]
+    pid, b = contribution_from_wire(fields, arrays, stateless)
+    assert b.local[0].state is None and b.local[0].opt is None
+    fields["opt"], fields["t"] = [], 3
+    with pytest.raises(Malformed, match="this run's partitions carry no optimizer state"):
+        contribution_from_wire(fields, arrays, stateless)
+
+
+def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(monkeypatch):
+    real = Aggregate.merge
+
+    def merge(self, other):            # as when the driver runs out of memory merging partition 1
+        if 1 in other.local:
+            raise MemoryError("no room for the float64 sums")
+        return real(self, other)
+    monkeypatch.setattr(Aggregate, "merge", merge)
+    ch = Channel(EXPECT, "127.0.0.1", lambda line: None, max_frame=1 << 20)
+    try:
+        sink = ch.sink(1)
+        assert sink.add(leaf(0)) and sink.add(leaf(1)) and sink.add(leaf(2))
+        with pytest.raises(RuntimeError, match="round 1: merging the contributions failed: MemoryError: no room"):
+            ch.take(1, recompute=lambda missing: pytest.fail(f"{missing} counted missing, not failed"))
     finally:
         ch.close()

@@ -526,8 +526,8 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
     real = Contributions.addInPlace
     seen = []
 
-    def drop_one(self, a, b):
-        if 1 in b.local and 1 not in a.local and len(seen) < 2:
+    def drop_one(self, a, b):       # on the driver: pid -> contribution, a task's accumulated value
+        if 1 in b and 1 not in a and len(seen) < 2:
             seen.append("dropped")
             return a
         return real(self, a, b)
@@ -537,7 +537,7 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
     assert np.array_equal(dropped.params, plain.params)
 
     def twice(self, a, b):
-        if 0 in b.local and not self.closed:
+        if 0 in b and not self.closed:
             seen.append("twice")
             a = real(self, a, copy.deepcopy(b))
         return real(self, a, b)
@@ -568,15 +568,15 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
     served, real_close = [], Channel.close
 
     def close(self):
-        served.append((self.server.connections, self.broken))
+        served.append((self.taken, self.broken))
         real_close(self)
     monkeypatch.setattr(Channel, "close", close)
     direct = run(spark, direct_cfg, tmp_path / "direct")
     assert served == [(3 * 2, None)]            # every round's 2 contributions came through the channel
     real_channel = Trainer._channel
 
-    def unreachable(self, cfg):
-        ch = real_channel(self, cfg)
+    def unreachable(self, cfg, model):
+        ch = real_channel(self, cfg, model)
         ch.server.close()                       # as behind a firewall that refuses the port
         return ch
     monkeypatch.setattr(Trainer, "_channel", unreachable)
@@ -585,7 +585,7 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
     fell_back.run()
     assert [x for x in lines if "direct result channel" in x] == [
         "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
-        "through Spark, and the run's next rounds send their results through Spark"]
+        "through Spark, and the rounds submitted from now on send their results through Spark"]
     assert served[1] == (0, "partitions [0, 1] of round 1 did not arrive")
     for name, tr in (("direct", direct), ("fell_back", fell_back)):
         assert np.array_equal(tr.params, through_spark.params), name

@@ -81,6 +81,7 @@ class StreamBlock:
 
 
 STRATEGIES = ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs")
+CARRY_STATE = ("streams", "paragraphs")     # strategies whose hidden state runs on from round to round
 _SAMPLE_KEY = 0x5A11
 
 
@@ -189,7 +190,7 @@ class Source:
             raise ValueError(f"unknown data.strategy {strategy!r}")
         self.strategy, self.tokens, self.starts = strategy, tokens, np.asarray(starts, np.int64)
         self.B, self.T, self.fraction, self.seed, self.partition = B, T, fraction, seed, partition
-        self.carries_state = strategy in ("streams", "paragraphs")
+        self.carries_state = strategy in CARRY_STATE
         if strategy == "streams":
             if len(tokens) // B < T + 1:
                 raise TooShort(f"partition has {len(tokens)} tokens, fewer than {B} streams of {T + 1}")

@@ -75,13 +75,13 @@ def block_from_wire(name: str, shape: tuple, meta, arrays: dict, f32=np.float32)
     return b
 
 
-def _row_ids(name: str, ids, R: int):
+def _row_ids(name: str, ids, R: int, what: str = "row ids"):
     if ids is None:
         return None
     ordered = (isinstance(ids, np.ndarray) and ids.ndim == 1
                and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0))))
     if not ordered or ids.dtype != np.int32:
-        raise Malformed(f"{name}: row ids must be sorted unique int32 in [0, {R})")
+        raise Malformed(f"{name}: {what} must be sorted unique int32 in [0, {R})")
     return ids
 
 
@@ -112,7 +112,8 @@ class Expected:
     partitions : pids are in ``[0, partitions)``
     vocab : word ids are in ``[0, vocab)``
     state : the carried hidden state's shape, or None when partitions carry none
-    opt : the names of the optimizer slots a partition carries (``train.optim_state = "local"``)
+    opt : the names of the optimizer slots a partition carries (``train.optim_state = "local"``;
+        possibly none, as SGD's: its step count alone), or None when partitions carry none
     size : the flat parameter count (an optimizer slot's length)
     dtype : the model's float dtype (its f32 blocks, state and optimizer slots)
     """
@@ -121,7 +122,7 @@ class Expected:
     partitions: int
     vocab: int
     state: tuple | None
-    opt: tuple
+    opt: tuple | None
     size: int
     dtype: str = "float32"
 
@@ -148,12 +149,13 @@ def contribution_to_wire(pid: int, agg: Aggregate) -> tuple:
 def contribution_from_wire(fields: dict, arrays: dict, expect: Expected) -> tuple:
     """``(pid, leaf Aggregate)`` of a frame from :func:`contribution_to_wire`, checked against ``expect``."""
     pid = fields.get("pid")
-    if not _is_int(pid) or not 0 <= pid < expect.partitions:
+    if not is_int(pid) or not 0 <= pid < expect.partitions:
         raise Malformed(f"pid {pid!r:.40} is not a partition of this run (0..{expect.partitions - 1})")
     error = fields.get("error")
     if error is not None:
-        if not isinstance(error, str) or len(error) > _MAX_ERROR or fields.get("blocks") or set(arrays) - {"words"}:
-            raise Malformed(f"partition {pid}: an error is a string of at most {_MAX_ERROR} characters, sent alone")
+        if (not isinstance(error, str) or not 0 < len(error) <= _MAX_ERROR or fields.get("blocks")
+                or set(arrays) - {"words"}):
+            raise Malformed(f"partition {pid}: an error is a string of 1 to {_MAX_ERROR} characters, sent alone")
         return pid, Aggregate.contribution(0.0, {}, {pid: Carry(error=error)})
     weight = real(fields.get("weight"))
     if weight is None or not 0 <= weight <= STAT_MAX:
@@ -169,16 +171,14 @@ def contribution_from_wire(fields: dict, arrays: dict, expect: Expected) -> tupl
     if set(arrays) - known:
         raise Malformed(f"partition {pid}: unknown arrays {sorted(set(arrays) - known)[:3]}")
     blocks = {n: block_from_wire(n, shape, meta[n], arrays, expect.dtype) for n, shape in expect.blocks.items()}
-    words = arrays.get("words")
-    if not (isinstance(words, np.ndarray) and words.dtype == np.int32 and words.ndim == 1 and
-            (words.size == 0 or (words[0] >= 0 and words[-1] < expect.vocab and np.all(np.diff(words) > 0)))):
-        raise Malformed(f"partition {pid}: words must be sorted unique int32 in [0, {expect.vocab})")
-    leaf = Aggregate.contribution(weight, blocks, {pid: carry}, **stats)
-    leaf.words = words
+    words = _row_ids(f"partition {pid}", arrays.get("words", 0), expect.vocab, "words")
+    leaf = Aggregate.contribution(weight, blocks, {pid: carry})
+    leaf.words, leaf.stats = words, stats
     return pid, leaf
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """A JSON integer (not a bool)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -190,31 +190,35 @@ def _stats(pid: int, stats) -> dict:
         x = real(v)
         if not _STAT_KEY.fullmatch(k) or x is None or abs(x) > STAT_MAX:
             raise Malformed(f"partition {pid}: stat {k!r:.40} must be a finite number named [A-Za-z0-9_.]")
-        out[k] = v if _is_int(v) else x
+        out[k] = v if is_int(v) else x
     for k in ("tokens", "steps"):
-        if not _is_int(out.get(k)) or out[k] < 0:
+        if not is_int(out.get(k)) or out[k] < 0:
             raise Malformed(f"partition {pid}: stat {k} must be a non-negative integer")
     return out
 
 
 def _carry(pid: int, fields: dict, arrays: dict, expect: Expected) -> Carry:
-    """The partition's carry: its hidden state and optimizer state, each in the expected shape."""
+    """The partition's carry: its hidden state and optimizer state, each present exactly when the run
+    carries it, in the expected shape."""
     state = None
-    if fields.get("state") is not False:
+    if fields.get("state") is not (expect.state is not None):
+        raise Malformed(f"partition {pid}: state must be {'true' if expect.state else 'false'} in this run")
+    if expect.state is not None:
         state = arrays.get("carry.state")
-        if (fields.get("state") is not True or expect.state is None or not isinstance(state, np.ndarray)
-                or state.dtype != expect.dtype or state.shape != expect.state):
-            raise Malformed(f"partition {pid}: the hidden state must be a {expect.dtype}{list(expect.state or ())} "
-                            "array, sent only where partitions carry it")
+        if not isinstance(state, np.ndarray) or state.dtype != expect.dtype or state.shape != expect.state:
+            raise Malformed(f"partition {pid}: the hidden state must be a {expect.dtype}{list(expect.state)} array")
     names, opt = fields.get("opt"), None
-    if names is not None:
-        t = fields.get("t")
-        if names != sorted(expect.opt) or not _is_int(t) or not 0 <= t <= STAT_MAX:
-            raise Malformed(f"partition {pid}: its optimizer state must name {sorted(expect.opt)} and a step count")
-        opt = {"t": t}
-        for k in names:
-            a = arrays.get(f"carry.opt.{k}")
-            if not isinstance(a, np.ndarray) or a.dtype != expect.dtype or a.shape != (expect.size,):
-                raise Malformed(f"partition {pid}: optimizer slot {k} must be a {expect.dtype}[{expect.size}] array")
-            opt[k] = a
+    if expect.opt is None:
+        if names is not None or fields.get("t") is not None:
+            raise Malformed(f"partition {pid}: this run's partitions carry no optimizer state")
+        return Carry(state=state)
+    t = fields.get("t")
+    if names != sorted(expect.opt) or not is_int(t) or not 0 <= t <= STAT_MAX:
+        raise Malformed(f"partition {pid}: its optimizer state must name {sorted(expect.opt)} and a step count")
+    opt = {"t": t}
+    for k in names:
+        a = arrays.get(f"carry.opt.{k}")
+        if not isinstance(a, np.ndarray) or a.dtype != expect.dtype or a.shape != (expect.size,):
+            raise Malformed(f"partition {pid}: optimizer slot {k} must be a {expect.dtype}[{expect.size}] array")
+        opt[k] = a
     return Carry(state=state, opt=opt)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..exchange.blocks import Block
-from ..exchange.frames import STAT_MAX, Malformed, block_from_wire, block_to_wire, real
+from ..exchange.frames import STAT_MAX, Malformed, block_from_wire, block_to_wire, is_int, real
 
 _NO_LOCK = contextlib.nullcontext()
 
@@ -58,13 +58,9 @@ class Stalled(RuntimeError):
     """The driver waited ``server.timeout_s`` for a push being applied (an apply that hangs); one line."""
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _count(fields: dict, key: str) -> int:
     v = fields.get(key, 0)
-    if not (_is_int(v) and 0 <= v <= STAT_MAX):
+    if not (is_int(v) and 0 <= v <= STAT_MAX):
         raise Refused(f"{key} must be an integer in [0, 2**53]")
     return v
 
@@ -209,12 +205,12 @@ class ParameterServer:
 
     def _serve(self, kind, fields, arrays):
         pid = fields.get("pid")
-        if not _is_int(pid) or not 0 <= pid < self.P:
+        if not is_int(pid) or not 0 <= pid < self.P:
             raise Refused(f"request {kind!r:.40} names no partition of this run (pid {pid!r:.40})")
         if kind == "hello":
             return self._hello(pid)
         lease = fields.get("lease")
-        if not _is_int(lease):
+        if not is_int(lease):
             raise Refused(f"request {kind!r:.40} needs a lease (an integer from hello), not {lease!r:.40}")
         with self._book:
             if self.lease[pid] == 0:         # lease 0 would match a partition that never said hello
@@ -255,7 +251,7 @@ class ParameterServer:
         w = fields.get("window")
         if w is None:
             return "ok", {}, {}
-        if not _is_int(w) or not 0 <= w <= self.windows:     # windows: an attempt that found nothing left to do
+        if not is_int(w) or not 0 <= w <= self.windows:     # windows: an attempt that found nothing left to do
             raise Refused(f"heartbeat: window {w!r:.40} is not in [0, {self.windows}]")
         with self._book:
             self.started[pid] = max(self.started[pid], w)
@@ -333,7 +329,7 @@ class ParameterServer:
     def _push_position(self, fields) -> tuple:
         """(window, version) of a push: a window of this run, a version this server has issued."""
         w, base = fields.get("window"), fields.get("version")
-        if not _is_int(w) or not _is_int(base):
+        if not is_int(w) or not is_int(base):
             raise Refused("push needs an integer window and version")
         if not 0 <= w < self.windows:
             raise Refused(f"window {w!r:.40} is not one of this run's {self.windows} windows")

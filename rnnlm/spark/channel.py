@@ -3,7 +3,7 @@ contributions to the driver as authenticated binary frames, not through Spark.
 
 Through Spark a contribution is pickled by the task's Python worker, handed to its JVM, shipped
 as the task's result (or an accumulator update), handed to the driver's Python and unpickled:
-for the dense exchange's 2 x 18.7 MB that path cost 0.13-0.28 s a round on this machine
+for the dense exchange's 2 x 18.7 MB that path cost 0.12-0.21 s a round on this machine
 (docs/results.md). Here each task opens a connection to a :class:`~rnnlm.server.wire.FrameServer`
 on the driver (the asynchronous mode's wire: HMAC-authenticated with a per-run secret, never
 pickle), sends one frame of raw arrays (:mod:`rnnlm.exchange.frames`) and waits for the
@@ -13,14 +13,16 @@ that was sent is on the driver. The job's action runs in the JVM alone (a count 
 Numbers: the driver merges the contributions in partition order as they arrive (partition 0,
 then 1, ... each as soon as those before it are in), so a round's aggregate is a function of the
 partitions' values alone, whatever order they arrive in, and equals ``treeAggregate``'s wherever
-that one merges on the driver alone (depth 2 up to 5 partitions, as in every preset). A
+that one merges on the driver alone (depth 2 up to 4 partitions, as in every preset). A
 partition's contribution is taken once: a retried or speculative task's second copy is the
 same numbers and is dropped, as is one that arrives after its round has closed.
 
 Failure: a task that cannot reach the driver (a firewall between the executors and the driver,
 a refused frame) logs nothing and ends normally; the round finds the partition missing and
-recomputes it through Spark (the same numbers), and the run says so once and sends the rest of
-its rounds' results through Spark.
+recomputes it through Spark (the same numbers), and the run says so once and sends the results
+of the rounds it submits from then on through Spark. Anyone who reaches the port can cause
+that, without the secret, by holding the server's connections open; nothing else (the frames are
+authenticated and checked), and the numbers do not change.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.optim import make_optimizer
+from ..core.strategies import CARRY_STATE
 from ..exchange.aggregate import Aggregate
 from ..exchange.frames import Expected, Malformed, contribution_from_wire, contribution_to_wire
 from ..exchange.round import OPT, PARAMS
@@ -75,7 +78,7 @@ class Inbox:
 
     def __init__(self, partitions: int):
         self.leaves, self.next, self.agg, self.partitions = {}, 0, Aggregate(), partitions
-        self.closed = False
+        self.closed, self.error = False, None
         self._lock, self._merging = threading.Lock(), threading.Lock()
 
     def put(self, pid: int, leaf: Aggregate) -> bool:
@@ -86,16 +89,28 @@ class Inbox:
             self.leaves[pid] = leaf
             return True
 
+    def close(self) -> None:
+        """Take nothing more."""
+        with self._lock:
+            self.closed = True
+
     def drain(self) -> None:
-        """Merge what is in, in order (one merger at a time; the rest wait for the next call)."""
+        """Merge what is in, in order (one merger at a time). A merge that fails (out of memory) is
+        kept in ``error`` and stops the merging: the round cannot be taken."""
         with self._merging:
-            while True:
+            while self.error is None:
                 with self._lock:
-                    leaf = self.leaves.pop(self.next, None)
-                    if leaf is None:
-                        return
+                    leaf = self.leaves.get(self.next)
+                if leaf is None:
+                    return
+                try:
+                    self.agg = self.agg.merge(leaf)
+                except Exception as e:
+                    self.error = f"{type(e).__name__}: {e}"
+                    return
+                with self._lock:
+                    del self.leaves[self.next]
                     self.next += 1
-                self.agg = self.agg.merge(leaf)
 
     @property
     def missing(self) -> set:
@@ -118,11 +133,11 @@ class Channel:
 
     def __init__(self, expect: Expected, host: str, log, max_frame: int):
         self.expect, self.log, self.max_frame = expect, log, max_frame
-        self._lock, self._inboxes, self.broken = threading.Lock(), {}, None
+        self._lock, self._inboxes, self.broken, self.taken = threading.Lock(), {}, None, 0
         self._merger = ThreadPoolExecutor(1, thread_name_prefix="rnnlm-merge")   # after the task has its answer
         self._secret = wire.new_secret()
-        self.server = wire.FrameServer(self._handle, self._secret, host, 0, max_frame, timeout=60.0, log=log,
-                                       max_connections=max(16, 4 * expect.partitions), idle=60.0).start()
+        self.server = wire.FrameServer(self._handle, self._secret, host, 0, max_frame, timeout=10.0, log=log,
+                                       max_connections=max(64, 4 * expect.partitions), idle=10.0).start()
 
     def sink(self, rnd: int) -> Sink:
         """Open round ``rnd``'s inbox; what its tasks send through."""
@@ -133,24 +148,26 @@ class Channel:
     def take(self, rnd: int, recompute) -> Aggregate:
         """Round ``rnd``'s merged contributions, its job done. ``recompute(missing)`` returns the
         leaves of the partitions that never arrived, computed through Spark; the channel is then
-        given up for the rest of the run."""
+        given up for the rounds submitted from then on."""
         with self._lock:
             box = self._inboxes[rnd]
-        missing = box.missing
-        if missing:
-            for a in recompute(missing):
-                if set(a.local) <= missing:
-                    box.put(next(iter(a.local)), a)
-            if self.broken is None:
-                self.broken = f"partitions {sorted(missing)} of round {rnd} did not arrive"
-                self.log(f"warning: the direct result channel failed ({self.broken}); recomputed through "
-                         "Spark, and the run's next rounds send their results through Spark")
-        with self._lock:
-            del self._inboxes[rnd]
-        box.closed = True
+        try:
+            missing = box.missing
+            if missing:
+                for a in recompute(missing):
+                    box.put(next(iter(a.local)), a)         # a partition already in is not taken twice
+                if self.broken is None:
+                    self.broken = f"partitions {sorted(missing)} of round {rnd} did not arrive"
+                    self.log(f"warning: the direct result channel failed ({self.broken}); recomputed through "
+                             "Spark, and the rounds submitted from now on send their results through Spark")
+        finally:
+            with self._lock:
+                del self._inboxes[rnd]
+            box.close()
         box.drain()
-        if box.missing:
-            raise RuntimeError(f"round {rnd}: no contribution from partitions {sorted(box.missing)}")
+        if box.error or box.missing:
+            raise RuntimeError(f"round {rnd}: " + (f"merging the contributions failed: {box.error}" if box.error
+                                                   else f"no contribution from partitions {sorted(box.missing)}"))
         return box.agg
 
     def _handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
@@ -167,13 +184,18 @@ class Channel:
         # the frame's body (its arrays) and its JSON fields
         leaf.wire_bytes = sum(a.nbytes for a in arrays.values()) + len(json.dumps(fields, separators=(",", ":")))
         if not box.put(pid, leaf):
-            return "duplicate", {}, {}
+            return ("late" if box.closed else "duplicate"), {}, {}
+        with self._lock:
+            self.taken += 1
         self._merger.submit(box.drain)
         return "taken", {}, {}
 
     def close(self) -> None:
+        """Stop serving; drop the rounds never taken (cancelled jobs)."""
         self.server.close()
         self._merger.shutdown(wait=True)
+        with self._lock:
+            self._inboxes.clear()
 
 
 def expected(cfg, model) -> Expected:
@@ -183,14 +205,15 @@ def expected(cfg, model) -> Expected:
     blocks = {PARAMS + s.name: tuple(s.shape) for s in layout}
     if t.optim_state == "average":
         blocks.update({OPT + k: (layout.size,) for k in slots})
-    return Expected(blocks, cfg.data.partitions, model.V, tuple(model.zero_state(t.batch).shape),
-                    slots if t.optim_state == "local" else (), layout.size, cfg.model.dtype)
+    state = tuple(model.zero_state(t.batch).shape) if cfg.data.strategy in CARRY_STATE else None
+    return Expected(blocks, cfg.data.partitions, model.V, state, slots if t.optim_state == "local" else None,
+                    layout.size, cfg.model.dtype)
 
 
 def max_frame_bytes(expect: Expected) -> int:
-    """The largest contribution: every block whole in float32 (or the model's dtype), the carried
-    state and optimizer slots, the words, and 1 MiB for headers and scales."""
+    """The largest contribution: every block's rows whole in the model's dtype with their int32 ids
+    and a float32 scale pair each, the carried state and optimizer slots, the words, and 1 MiB."""
     item = np.dtype(expect.dtype).itemsize
-    blocks = sum(int(np.prod(s)) for s in expect.blocks.values())
+    blocks = sum(item * int(np.prod(s)) + 12 * s[0] for s in expect.blocks.values())
     state = int(np.prod(expect.state)) if expect.state else 0
-    return item * (blocks + state + len(expect.opt) * expect.size) + 4 * expect.vocab + (1 << 20)
+    return blocks + item * (state + len(expect.opt or ()) * expect.size) + 4 * expect.vocab + (1 << 20)

@@ -55,7 +55,7 @@ def predict(sent: float, broadcast: float, partitions: int, bits_per_s: float, l
 
     Every byte of ``treeAggregate`` and of the broadcast passes through the driver's one link:
     ``sent`` (all partitions' results, which reach the driver directly while the tree has one
-    level: up to 5 partitions at ``tree_depth = 2``) in, and :func:`broadcast_copies` of the
+    level: up to 4 partitions at ``tree_depth = 2``) in, and :func:`broadcast_copies` of the
     broadcast out. Down and up do not overlap: the broadcast is fetched when the tasks start,
     the results travel when they end.
 

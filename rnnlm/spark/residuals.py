@@ -63,7 +63,7 @@ import uuid
 from pyspark import StorageLevel
 from pyspark.accumulators import AccumulatorParam
 
-from ..exchange.aggregate import Aggregate
+from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .filestore import Stored
 
@@ -73,31 +73,34 @@ _LOCK = threading.Lock()   # the driver's accumulator server thread merges while
 
 
 class Contributions(AccumulatorParam):
-    """A round's accumulator: the partitions' contributions merged, each partition's once (a
-    duplicate, from a partition computed twice, is the same numbers and is dropped); closed once
-    the round has read it, so that what arrives later changes nothing."""
+    """A round's accumulator: the partitions' contributions by partition, each partition's once (a
+    duplicate, from a partition computed twice, is the same numbers and is dropped), merged in
+    partition order once the round has them all (so the float64 sums do not depend on the order the
+    tasks finished in); closed once the round has read it, so that what arrives later changes nothing."""
 
     def __init__(self):
         self.closed = False
 
     def zero(self, value):
-        return Aggregate()
+        return {}
 
-    def addInPlace(self, a, b):
+    def addInPlace(self, a: dict, b) -> dict:
+        # b: a task's contribution (on the executor), or a task's accumulated {pid: contribution} (on the driver)
         with _LOCK:
-            if self.closed or set(a.local) & set(b.local):
-                return a
-            return a.merge(b)
+            if not self.closed:
+                for pid, leaf in (b.items() if isinstance(b, dict) else [(next(iter(b.local)), b)]):
+                    a.setdefault(pid, leaf)
+            return a
 
     @staticmethod
-    def take(acc) -> Aggregate:
-        """The merged contributions; the accumulator closed and emptied (PySpark keeps every
-        accumulator for the life of the context, so it must not keep the round's blocks)."""
+    def take(acc) -> dict:
+        """pid -> contribution; the accumulator closed and emptied (PySpark keeps every accumulator
+        for the life of the context, so it must not keep the round's blocks)."""
         with _LOCK:
             acc.accum_param.closed = True
-            agg = acc.value
-            acc.value = Aggregate()
-        return agg
+            leaves = acc.value
+            acc.value = {}
+        return leaves
 
 
 def _is_contribution(x) -> bool:
@@ -206,7 +209,7 @@ class Residuals:
         ``(sink, take)`` of the direct result channel (:class:`rnnlm.spark.channel.Channel`) in place
         of the accumulator. The next round can be defined on the output at once. Returns
         ``(output, future)``."""
-        acc = self.sc.accumulator(Aggregate(), Contributions()) if direct is None else None
+        acc = self.sc.accumulator({}, Contributions()) if direct is None else None
         src = self.rdd
         self.seq += 1
         key, seq, seed, base, chain = self.key, self.seq, self._from, self._base, self._chain
@@ -228,12 +231,12 @@ class Residuals:
             out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it
             if direct is not None:
                 return direct[1](recompute)
-            agg = Contributions.take(acc)
-            missing = set(range(partitions)) - set(agg.local)
+            leaves = Contributions.take(acc)
+            missing = set(range(partitions)) - set(leaves)
             if missing:                # computed inside another job: recomputed here, the same numbers
                 for a in recompute(missing):
-                    agg.merge(a)
-            return agg
+                    leaves.setdefault(next(iter(a.local)), a)
+            return in_order(leaves)
         return out, run(go)
 
     def finished(self, out, ok: bool) -> None:

@@ -202,7 +202,8 @@ class Trainer(Driver):
                 _unpersist(data)
             return self.nothing_to_do(st.round, total_rounds(self.cfg_in, data), st.params, data.vocab)
         cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
-        self.layout = build_model(cfg.model).layout
+        model = build_model(cfg.model)
+        self.layout = model.layout
         self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
         st = st or self._fresh(cfg)
         self.dir.write_info(self.sc, cfg, resume)
@@ -224,9 +225,10 @@ class Trainer(Driver):
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)
-        self.channel = self._channel(cfg) if cfg.train.results == "direct" else None
-        self.jobs = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth, self.channel)
+        self.jobs, self.channel = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth), None
         try:
+            if cfg.train.results == "direct":
+                self.channel = self.jobs.channel = self._channel(cfg, model)
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
                 if save or stop.requested:
@@ -331,9 +333,9 @@ class Trainer(Driver):
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
-    def _channel(self, cfg) -> Channel:
+    def _channel(self, cfg, model) -> Channel:
         """The direct result channel's driver end, listening where the executors reach the driver."""
-        expect = channel.expected(cfg, build_model(cfg.model))
+        expect = channel.expected(cfg, model)
         host = bind_host("", self.sc.master, self.sc.getConf().get("spark.driver.host"))
         try:
             return Channel(expect, host, self.log, channel.max_frame_bytes(expect))
