@@ -3,7 +3,8 @@ whose executors each have a host of their own (rnnlm.netcluster), links shaped t
 
     python benchmarks/links.py [--partitions 2,4] [--bandwidths 10gbit,1gbit,100mbit]
                                [--exchanges dense10,dense20,sparse,async] [--rounds 4]
-                               (also dense20+ov, sparse+ov: with train.overlap = 1; sparse+eager)
+                               (also dense20+ov, sparse+ov: with train.overlap = 1; sparse+eager;
+                               dense20+direct: train.results = "direct")
                                [--converge 4] [--target-ppl 400] [--bytes-at 8] [--out runs/links.json]
     python benchmarks/links.py --plot runs/links.json      # table and figure from a saved run
 
@@ -42,11 +43,13 @@ sys.path.insert(0, ROOT)
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 SMALL, SPARSE = "conf/ptb_word_small.toml", "conf/ptb_word_small_sparse.toml"
 EXCHANGES = {
-    "dense10": (SMALL, []),
-    "dense20": (SMALL, ["train.local_steps=20"]),
+    # through Spark's results, as measured before the preset sent them straight to the driver
+    "dense10": (SMALL, ["train.results=spark"]),
+    "dense20": (SMALL, ["train.local_steps=20", "train.results=spark"]),
+    "dense20+direct": (SMALL, ["train.local_steps=20", "train.results=direct"]),     # the preset's setting
     "sparse": (SPARSE, []),
     # train.overlap = 1: the next round computes while this one's result travels and is applied
-    "dense20+ov": (SMALL, ["train.local_steps=20", "train.overlap=1"]),
+    "dense20+ov": (SMALL, ["train.local_steps=20", "train.overlap=1", "train.results=spark"]),
     "sparse+ov": (SPARSE, ["train.overlap=1"]),
     "sparse+eager": (SPARSE, ["train.overlap=1", "train.eager=true"]),     # Kale et al.'s eager updates
     "async": (SPARSE, ["train.mode=async", "exchange.broadcast=rows", "train.push_every=20",
