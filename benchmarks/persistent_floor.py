@@ -86,9 +86,8 @@ def worker(host, port, secret, rounds):
 class Driver:
     """The rounds' driver: publishes each round's message, takes the contributions, merges, encodes."""
 
-    def __init__(self, layout, exchange_expect):
-        from rnnlm.spark.channel import Inbox
-        self.layout, self.expect, self.Inbox = layout, exchange_expect, Inbox
+    def __init__(self, layout, expect):
+        self.layout, self.expect = layout, expect
         self.cond, self.published, self.msg, self.boxes = threading.Condition(), 0, None, {}
 
     def handle(self, peer, kind, fields, arrays):
@@ -108,6 +107,7 @@ class Driver:
     def run(self, rounds) -> list:
         from rnnlm.exchange import plan
         from rnnlm.exchange.rebase import apply_delta, delta_blocks
+        from rnnlm.spark.channel import Inbox
         rng = np.random.default_rng(0)
         params = rng.normal(size=self.layout.size).astype(np.float32) * 0.1
         view = np.zeros_like(params)
@@ -115,7 +115,7 @@ class Driver:
         for r in range(1, rounds + 1):
             blocks = delta_blocks(self.layout, params - view, "int8")        # the next round's broadcast
             apply_delta(self.layout, view, blocks)
-            box = self.Inbox(P)
+            box = Inbox(P)
             msg = message(self.layout, blocks)
             self.sent.append(sum(a.nbytes for a in msg[1].values()))
             with self.cond:

@@ -133,61 +133,62 @@ def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
         assert np.array_equal(in_order(acc).mean("params.b"), np.full(5, np.float32(1 / 3)))
 
 
-def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong():
+@pytest.fixture
+def channel():
+    """A real channel on loopback, and the lines it logged."""
     lines = []
     ch = Channel(EXPECT, "127.0.0.1", lines.append, max_frame=1 << 20)
-    try:
-        sink = ch.sink(5)
-        assert sink.add(leaf(2)) and sink.add(leaf(0))
-        assert not sink.add(leaf(0, seed=9))                  # a retried task's copy: dropped
-        host, port = ch.server.address
-        conn = wire.connect(host, port, ch._secret, 1 << 20)
-        fields, arrays = contribution_to_wire(1, leaf(1))
-        conn.send("contribution", dict(fields, round=5, weight=-1.0), arrays)
-        assert conn.recv()[:2] == ("refused", {"reason": "partition 1: weight must be a finite number in [0, 2**53]"})
-        conn.close()
-        stranger = Sink(host, port, wire.new_secret(), 5, 1 << 20)
-        assert not stranger.add(leaf(1))                      # another secret: refused at the handshake
-        assert not Sink(host, port, ch._secret, 4, 1 << 20).add(leaf(1))     # no such round open
-        assert sink.add(leaf(1))
-        agg = ch.take(5, recompute=lambda missing: pytest.fail("nothing is missing"))
-        want = leaf(0).merge(leaf(1)).merge(leaf(2))
-        assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
-        assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
-        for _ in range(200):                                  # the server counts it once its thread has closed
-            if ch.server.refused:
-                break
-            time.sleep(0.01)
-        assert ch.server.refused == {"handshake": 1}
-        assert ch.taken == 3
-        assert any("weight must be a finite number" in line for line in lines)
-        assert not sink.add(leaf(1))                          # the round has closed: late
-        assert ch.broken is None
-    finally:
-        ch.close()
+    yield ch, lines
+    ch.close()
 
 
-def test_a_round_missing_a_partition_recomputes_it_and_gives_the_channel_up():
-    lines = []
-    ch = Channel(EXPECT, "127.0.0.1", lines.append, max_frame=1 << 20)
-    try:
-        sink = ch.sink(1)
-        assert sink.add(leaf(0)) and sink.add(leaf(2))
-        asked = []
+def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong(channel):
+    ch, lines = channel
+    sink = ch.sink(5)
+    assert sink.add(leaf(2)) and sink.add(leaf(0))
+    assert not sink.add(leaf(0, seed=9))                  # a retried task's copy: dropped
+    host, port = ch.server.address
+    conn = wire.connect(host, port, ch._secret, 1 << 20)
+    fields, arrays = contribution_to_wire(1, leaf(1))
+    conn.send("contribution", dict(fields, round=5, weight=-1.0), arrays)
+    assert conn.recv()[:2] == ("refused", {"reason": "partition 1: weight must be a finite number in [0, 2**53]"})
+    conn.close()
+    stranger = Sink(host, port, wire.new_secret(), 5, 1 << 20)
+    assert not stranger.add(leaf(1))                      # another secret: refused at the handshake
+    assert not Sink(host, port, ch._secret, 4, 1 << 20).add(leaf(1))     # no such round open
+    assert sink.add(leaf(1))
+    agg = ch.take(5, recompute=lambda missing: pytest.fail("nothing is missing"))
+    want = leaf(0).merge(leaf(1)).merge(leaf(2))
+    assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
+    assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
+    for _ in range(200):                                  # the server counts it once its thread has closed
+        if ch.server.refused:
+            break
+        time.sleep(0.01)
+    assert ch.server.refused == {"handshake": 1}
+    assert ch.taken == 3
+    assert any("weight must be a finite number" in line for line in lines)
+    assert not sink.add(leaf(1))                          # the round has closed: late
+    assert ch.broken is None
 
-        def recompute(missing):
-            asked.append(missing)
-            return [leaf(0, seed=9), leaf(1)]           # a recomputation may hold partitions already in
-        agg = ch.take(1, recompute)
-        assert asked == [{1}]
-        want = leaf(0).merge(leaf(1)).merge(leaf(2))
-        assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
-        assert ch.broken == "partitions [1] of round 1 did not arrive"
-        assert [x for x in lines if "direct result channel" in x] == [
-            "warning: the direct result channel failed (partitions [1] of round 1 did not arrive); recomputed "
-            "through Spark, and the rounds submitted from now on send their results through Spark"]
-    finally:
-        ch.close()
+
+def test_a_round_missing_a_partition_recomputes_it_and_gives_the_channel_up(channel):
+    ch, lines = channel
+    sink = ch.sink(1)
+    assert sink.add(leaf(0)) and sink.add(leaf(2))
+    asked = []
+
+    def recompute(missing):
+        asked.append(missing)
+        return [leaf(0, seed=9), leaf(1)]           # a recomputation may hold partitions already in
+    agg = ch.take(1, recompute)
+    assert asked == [{1}]
+    want = leaf(0).merge(leaf(1)).merge(leaf(2))
+    assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
+    assert ch.broken == "partitions [1] of round 1 did not arrive"
+    assert [x for x in lines if "direct result channel" in x] == [
+        "warning: the direct result channel failed (partitions [1] of round 1 did not arrive); recomputed "
+        "through Spark, and the rounds submitted from now on send their results through Spark"]
 
 
 def test_a_partition_no_run_carries_state_for_is_refused_with_a_carry():
@@ -206,7 +207,7 @@ def test_a_partition_no_run_carries_state_for_is_refused_with_a_carry():
         contribution_from_wire(fields, arrays, stateless)
 
 
-def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(monkeypatch):
+def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(monkeypatch, channel):
     real = Aggregate.merge
 
     def merge(self, other):            # as when the driver runs out of memory merging partition 1
@@ -214,11 +215,8 @@ def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(mo
             raise MemoryError("no room for the float64 sums")
         return real(self, other)
     monkeypatch.setattr(Aggregate, "merge", merge)
-    ch = Channel(EXPECT, "127.0.0.1", lambda line: None, max_frame=1 << 20)
-    try:
-        sink = ch.sink(1)
-        assert sink.add(leaf(0)) and sink.add(leaf(1)) and sink.add(leaf(2))
-        with pytest.raises(RuntimeError, match="round 1: merging the contributions failed: MemoryError: no room"):
-            ch.take(1, recompute=lambda missing: pytest.fail(f"{missing} counted missing, not failed"))
-    finally:
-        ch.close()
+    ch, _ = channel
+    sink = ch.sink(1)
+    assert sink.add(leaf(0)) and sink.add(leaf(1)) and sink.add(leaf(2))
+    with pytest.raises(RuntimeError, match="round 1: merging the contributions failed: MemoryError: no room"):
+        ch.take(1, recompute=lambda missing: pytest.fail(f"{missing} counted missing, not failed"))

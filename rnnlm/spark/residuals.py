@@ -69,7 +69,7 @@ from .filestore import Stored
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each
 
-_LOCK = threading.Lock()   # the driver's accumulator server thread merges while a round may be read
+_LOCK = threading.Lock()   # the driver's accumulator server thread adds while a round may be taken
 
 
 class Contributions(AccumulatorParam):

@@ -34,7 +34,6 @@ from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
-from .channel import Channel
 from .residuals import MAX_LINEAGE, Residuals
 from .rounds import Job, Jobs, broadcast_bytes
 from .rundir import Driver, TrainingError, best_record, improves
@@ -333,12 +332,12 @@ class Trainer(Driver):
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
-    def _channel(self, cfg, model) -> Channel:
+    def _channel(self, cfg, model) -> channel.Channel:
         """The direct result channel's driver end, listening where the executors reach the driver."""
         expect = channel.expected(cfg, model)
         host = bind_host("", self.sc.master, self.sc.getConf().get("spark.driver.host"))
         try:
-            return Channel(expect, host, self.log, channel.max_frame_bytes(expect))
+            return channel.Channel(expect, host, self.log, channel.max_frame_bytes(expect))
         except OSError as e:
             raise TrainingError(f"train.results = 'direct': cannot listen on {host}: {e.strerror or e}") from None
 
