@@ -232,10 +232,7 @@ class _FakeBroadcast:
         self.value = pickle.loads(pickle.dumps(value))        # what an executor unpickles
         self.destroyed = False
 
-    def unpersist(self):
-        pass
-
-    def destroy(self):
+    def destroy(self, blocking=False):
         self.destroyed = True
 
 

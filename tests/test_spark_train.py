@@ -255,10 +255,10 @@ def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
     local_dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first()
     real_close, closed = Residuals.close, []
 
-    def close(self):
+    def close(self, blocking=False):
         directory = filestore.root(self.key, local_dirs)
         files = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
-        real_close(self)
+        real_close(self, blocking)
         closed.append((files, os.path.exists(directory)))
     monkeypatch.setattr(Residuals, "close", close)
     kept = run(spark, cfg, tmp_path / "kept")
@@ -595,3 +595,61 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
         assert sorted(saved[0].files) == sorted(saved[1].files) and len(saved[0].files) >= 2
         for key in saved[0].files:
             assert np.array_equal(saved[0][key], saved[1][key]), (name, key)
+
+
+def recorded_releases(monkeypatch) -> list:
+    """Every broadcast destroyed and RDD unpersisted from now on, as ``(kind, blocking)``, with
+    ``("end", None)`` where the trainer's loop is left (its jobs closed)."""
+    from pyspark.core.broadcast import Broadcast
+    from pyspark.core.rdd import RDD
+    from rnnlm.spark.rounds import Jobs
+    calls, destroy, unpersist, close = [], Broadcast.destroy, RDD.unpersist, Jobs.close
+
+    def recording(kind, real):
+        def call(self, *args, **kwargs):
+            calls.append((kind, kwargs.get("blocking", args[0] if args else False)))
+            return real(self, *args, **kwargs)
+        return call
+    monkeypatch.setattr(Broadcast, "destroy", recording("broadcast", destroy))
+    monkeypatch.setattr(RDD, "unpersist", recording("rdd", unpersist))
+
+    def end(self, *args, **kwargs):
+        calls.append(("end", None))
+        return close(self, *args, **kwargs)
+    monkeypatch.setattr(Jobs, "close", end)
+    return calls
+
+
+@pytest.mark.parametrize("sets", [
+    [],
+    ["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
+     "exchange.feedback=true", "exchange.broadcast=delta+int8"]], ids=["dense", "residuals"])
+def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
+        spark, tiny_cfg, tmp_path, monkeypatch, sets):
+    """The session stops right after a run: an executor told to stop with a release unanswered makes
+    the driver log "ERROR TransportResponseHandler: Still have 1 requests outstanding" (local-cluster),
+    so every release made once the loop is left waits for the executors' answers. A failing run's
+    executors may be gone: its releases do not wait."""
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), sets))
+    calls = recorded_releases(monkeypatch)
+    run(spark, cfg, tmp_path / "ended")
+    last = calls[calls.index(("end", None)) + 1:]
+    # the base broadcast (and, with residuals, the outputs and broadcasts the lineage kept) and the corpus
+    assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
+    assert all(blocking is True for _, blocking in last), last
+    mid_run = calls[:calls.index(("end", None))]       # round 1's broadcasts, once its aggregate arrived
+    assert mid_run and all(blocking is False for _, blocking in mid_run), mid_run
+
+    calls.clear()
+    real_round = Trainer._round
+
+    def failing(self, cfg, data, st, *args):
+        if st.round == 1:
+            raise RuntimeError("lost")
+        return real_round(self, cfg, data, st, *args)
+    monkeypatch.setattr(Trainer, "_round", failing)
+    with pytest.raises(RuntimeError, match="lost"):
+        run(spark, cfg, tmp_path / "failed")
+    last = calls[calls.index(("end", None)) + 1:]
+    assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
+    assert all(blocking is False for _, blocking in last), last

@@ -11,6 +11,7 @@ from ..spark.hfs import HadoopFS, default_fs, resolve
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
 from ..spark.rundir import TrainingError
+from ..spark.session import release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
 from ..core.vocab import VocabError
@@ -125,11 +126,11 @@ def evaluate(a) -> int:
         cfg = ck.config
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)
-        rdd = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab))
+        rdd, loss = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None
         try:
             loss = evaluate_rdd(sc, cfg, ck.params, rdd)
-        finally:
-            rdd.unpersist()
+        finally:        # the session stops next: a release that ended well waits for the executors' answers
+            release(rdds=[rdd], blocking=loss is not None)
     fields = loss_fields(loss, cfg.data.level, "")
     # the result is named by the file scored, whichever split it is
     print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))

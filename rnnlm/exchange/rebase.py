@@ -117,14 +117,15 @@ class ParamsBroadcast:
         self.rebases += 1
         return self.bc_base
 
-    def close(self):
+    def close(self, blocking: bool = False):
+        """Retire or destroy the base and its deltas (``blocking``: wait for the executors' answers,
+        as :func:`rnnlm.spark.session.release` does at the end of a run)."""
         old = [b for b in [self.bc_base, *self.deltas] if b is not None]
         if self.retire is not None:
             self.retire(old)
         else:
             for b in old:
-                b.unpersist()
-                b.destroy()
+                b.destroy(blocking)
         self.bc_base, self.deltas = None, []
 
 

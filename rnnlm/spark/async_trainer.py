@@ -35,7 +35,7 @@ from .async_task import worker_task
 from .rundir import ASYNC_RESUME_KEYS, Driver, RunDir, TrainingError, best_record, improves
 from .session import bind_host
 from .stop import Interrupted, StopRequest
-from .trainer import load_corpus, total_rounds
+from .trainer import load_corpus, total_rounds, unpersist_corpus
 
 
 class AsyncTrainer(Driver):
@@ -55,9 +55,7 @@ class AsyncTrainer(Driver):
         windows = total_rounds(probe_cfg, data)
         if ck is not None and all(d >= windows for d in ck.position["done"]):
             if owned:
-                for rdd in (data.train, data.valid, data.test):
-                    if rdd is not None:
-                        rdd.unpersist()
+                unpersist_corpus(data, blocking=True)
             self.params, self.vocab = ck.params, data.vocab
             return self.dir.nothing_to_do(ck.position["round"], windows)
         self.dir.write_info(self.sc, cfg, resume)
@@ -97,8 +95,10 @@ class AsyncTrainer(Driver):
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
         stop = StopRequest(self.log)
+        ended = False
         try:
             run.loop(job, stop)
+            ended = True
         except KeyboardInterrupt:
             job.cancel()
             raise Interrupted(f"interrupted; {self.dir.kept()}", stop.signum) from None
@@ -108,9 +108,8 @@ class AsyncTrainer(Driver):
             stop.release()
             job.cancel()
             frames.close()
-            for rdd in (data.train, data.valid, data.test) if owned else ():
-                if rdd is not None:
-                    rdd.unpersist()
+            if owned:       # a run that ended waits for the executors' answers (the session may stop next)
+                unpersist_corpus(data, blocking=ended)
         self.params, self.vocab, self.server = server.params, data.vocab, server
         return self.metrics[-1]
 

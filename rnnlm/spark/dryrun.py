@@ -21,7 +21,7 @@ from ..core.models import build as build_model
 from ..exchange import plan
 from .executor import make_source
 from .linkcost import parse_latency, parse_rate, predict
-from .trainer import Trainer, load_corpus, steps_label, total_rounds
+from .trainer import Trainer, load_corpus, steps_label, total_rounds, unpersist_corpus
 
 
 def round_words_task(cfg: config.Config):
@@ -84,6 +84,7 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     sc, sync = spark.sparkContext, cfg.train.mode != "async"
     steps = cfg.train.local_steps if sync else cfg.train.push_every
     data = load_corpus(sc, config.replace(cfg, "train", local_steps=steps))
+    ended = False
     try:
         cfg = config.resolve(cfg, len(data.vocab))
         probe_cfg = config.replace(cfg, "train", local_steps=steps)
@@ -94,10 +95,9 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
             words = data.train.mapPartitions(round_words_task(probe_cfg)).collect()
             est = estimate(layout, probe_cfg, words)
         rounds = total_rounds(probe_cfg, data)
+        ended = True
     finally:
-        for rdd in (data.train, data.valid, data.test):
-            if rdd is not None:
-                rdd.unpersist()
+        unpersist_corpus(data, blocking=ended)
     P = cfg.data.partitions
     log(cfg.to_json())
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "

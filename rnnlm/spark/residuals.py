@@ -66,6 +66,7 @@ from pyspark.accumulators import AccumulatorParam
 from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .filestore import Stored
+from .session import release
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each
 
@@ -265,7 +266,7 @@ class Residuals:
         old, outs = self._kept, self._outs
         self._kept, self._outs = [], []
         self._seed(saved, carries or {})
-        _release(old, outs)
+        release(old, outs)
         return True
 
     def trim(self, carries: dict | None = None) -> int:
@@ -277,18 +278,12 @@ class Residuals:
         self.truncate(saved, carries)
         return sum(a.nbytes for held in saved.values() for a in held.values())
 
-    def close(self) -> None:
-        _release(self._kept, self._outs)
+    def close(self, blocking: bool = False) -> None:
+        """Release every output and broadcast held (``blocking``: see :func:`rnnlm.spark.session.release`)
+        and remove the residual files."""
+        release(self._kept, self._outs, blocking)
         self._kept, self._outs = [], []
         try:        # on the executors that hold the corpus partitions, where the rounds ran
             self.data.foreachPartition(filestore.remover(self.key))
         except Exception:       # a stopped context: its directories go with it
             pass
-
-
-def _release(broadcasts, outs) -> None:
-    for out in outs:
-        out.unpersist()
-    for b in broadcasts:
-        b.unpersist()
-        b.destroy()

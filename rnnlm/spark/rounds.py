@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..exchange.aggregate import Aggregate, merge
+from .session import release
 
 
 @dataclass
@@ -89,11 +90,12 @@ class Jobs:
             if self.residuals is not None:
                 self.residuals.finished(job.out, ok)
             else:
-                destroy(job.bcs)
+                release(job.bcs)
 
-    def close(self, pending: Job | None = None) -> None:
+    def close(self, pending: Job | None = None, blocking: bool = False) -> None:
         """Cancel the jobs still running (a run stopping early, by error or signal), wait for their
-        threads, and release ``pending``, a job defined and never submitted."""
+        threads, and release ``pending``, a job defined and never submitted (``blocking``: see
+        :func:`rnnlm.spark.session.release`)."""
         if self.flight:
             self.sc.cancelAllJobs()
         for job in list(self.flight):
@@ -103,13 +105,7 @@ class Jobs:
                 pass
         self.pool.shutdown(wait=True)
         if pending is not None and pending.future is None:
-            destroy(pending.bcs)
-
-
-def destroy(broadcasts) -> None:
-    for b in broadcasts:
-        b.unpersist()
-        b.destroy()
+            release(pending.bcs, blocking=blocking)
 
 
 def broadcast_bytes(bc) -> int:

@@ -61,3 +61,20 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     if _LOCAL_MASTER.fullmatch(master.strip()):
         return "127.0.0.1"
     return driver_host or "127.0.0.1"
+
+
+def release(broadcasts=(), rdds=(), blocking: bool = False) -> None:
+    """Drop ``rdds``' cached partitions and ``broadcasts`` (their copies everywhere, the driver's
+    file included) from the executors.
+
+    Each is an ask to every executor, answered once its blocks are gone. ``blocking`` waits for the
+    answers: a run's last releases do, since the session stops next, and an executor told to stop
+    with an ask unanswered makes the driver log "ERROR TransportResponseHandler: Still have 1
+    requests outstanding" at the end of a successful run. Mid-run releases do not wait; nor do
+    those of a failing run, whose executors may be gone (an ask to a lost one fails at once, or
+    after ``spark.rpc.askTimeout`` if its connection hangs).
+    """
+    for rdd in rdds:
+        rdd.unpersist(blocking)
+    for b in broadcasts:
+        b.destroy(blocking)

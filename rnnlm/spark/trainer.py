@@ -37,7 +37,7 @@ from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
 from .rounds import Job, Jobs, broadcast_bytes
 from .rundir import Driver, TrainingError, best_record, improves
-from .session import bind_host
+from .session import bind_host, release
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -198,7 +198,7 @@ class Trainer(Driver):
         data = data or load_corpus(self.sc, self.cfg_in, vocab)
         if st is not None and st.round >= total_rounds(self.cfg_in, data):
             if owned:
-                _unpersist(data)
+                unpersist_corpus(data, blocking=True)
             return self.nothing_to_do(st.round, total_rounds(self.cfg_in, data), st.params, data.vocab)
         cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         model = build_model(cfg.model)
@@ -225,6 +225,7 @@ class Trainer(Driver):
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)
         self.jobs, self.channel = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth), None
+        ended = False
         try:
             if cfg.train.results == "direct":
                 self.channel = self.jobs.channel = self._channel(cfg, model)
@@ -235,19 +236,21 @@ class Trainer(Driver):
                 if stop.requested and st.round < rounds:
                     raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.dir.ck_path} "
                                       "(--resume continues)", stop.signum)
+            ended = True
         except KeyboardInterrupt:
             # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
             raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
-            self.jobs.close(pending=self.next)
+            # a run that ended waits for the executors to answer its releases (the session may stop next)
+            self.jobs.close(pending=self.next, blocking=ended)
             if self.channel is not None:
                 self.channel.close()
             stop.release()
-            self.params_bc.close()
+            self.params_bc.close(blocking=ended)
             if self.residuals is not None:
-                self.residuals.close()
+                self.residuals.close(blocking=ended)
             if owned:
-                _unpersist(data)
+                unpersist_corpus(data, blocking=ended)
         self.params, self.vocab = st.params, data.vocab
         return self.metrics[-1]
 
@@ -415,10 +418,8 @@ def _quiet(cfg) -> tuple:
     return tuple(skip)
 
 
-def _unpersist(data: Corpus) -> None:
-    for rdd in (data.train, data.valid, data.test):
-        if rdd is not None:
-            rdd.unpersist()
+def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
+    release(rdds=[r for r in (data.train, data.valid, data.test) if r is not None], blocking=blocking)
 
 
 def _description(cfg, r: int, rounds: int) -> str:
@@ -472,11 +473,10 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
 
 def evaluate_rdd(sc, cfg, params, rdd) -> float:
     """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream)."""
-    bc = sc.broadcast(params)
+    bc, parts = sc.broadcast(params), None
     try:
         parts = rdd.mapPartitions(executor.eval_task(cfg, bc)).collect()
-    finally:
-        bc.unpersist()
-        bc.destroy()
+    finally:       # an evaluation may be a session's last job: its release waits, unless it failed
+        release([bc], blocking=parts is not None)
     total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
     return total / max(1, count)
