@@ -101,6 +101,15 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     assert ma == mb and len(ma) == 8
 
 
+# local-cluster's stop (LocalSparkCluster.stop) kills the executor processes 20-60 ms after the driver
+# told them to stop; one that exits with bytes unread resets its connection, and the driver's RPC
+# server logs it as a WARN and the exception's line (seen once in 13 successful runs): at most one per
+# executor, in a run that ended (exit 0, every round done); everything else is noise
+TEARDOWN_RESET = (re.compile(r"\S+ \S+ WARN TransportChannelHandler: Exception in connection from /127\.0\.0\.1:\d+"),
+                  re.compile(r"io\.netty\.channel\.unix\.Errors\$NativeIoException: recvAddress\(\.\.\) failed with "
+                             r"error\(-104\): Connection reset by peer"))
+
+
 @pytest.mark.slow
 def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(tmp_path):
     """conf/spark/local-cluster.properties carries the driver's logging, and the job stops its session
@@ -113,7 +122,13 @@ def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(t
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert rounds_done(tmp_path / "out") == 2
-    noise = [x for x in r.stderr.splitlines() if re.search(r"\b(ERROR|INFO)\b|Exception|^\s+at ", x)]
+    lines, resets = r.stderr.splitlines(), 0
+    for i in range(len(lines) - 1):     # Spark's own teardown, nothing of the run (see below): cleared, counted
+        if TEARDOWN_RESET[0].fullmatch(lines[i]) and TEARDOWN_RESET[1].fullmatch(lines[i + 1]):
+            lines[i] = lines[i + 1] = ""
+            resets += 1
+    assert resets <= 2, r.stderr[-3000:]
+    noise = [x for x in lines if re.search(r"\b(ERROR|INFO)\b|Exception|^\s+at ", x)]
     assert noise == [], r.stderr[-3000:]
     # spark-submit's PythonRunner merges the Python driver's stderr into its stdout
     assert len(re.findall(r"^Spark UI http://\S+:\d+$", r.stdout + r.stderr, re.M)) == 1, r.stdout[-3000:]
