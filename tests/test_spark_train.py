@@ -571,7 +571,7 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
         served.append((self.taken, self.broken))
         real_close(self)
     monkeypatch.setattr(Channel, "close", close)
-    direct = run(spark, direct_cfg, tmp_path / "direct")
+    run(spark, direct_cfg, tmp_path / "direct")
     assert served == [(3 * 2, None)]            # every round's 2 contributions came through the channel
     real_channel = Trainer._channel
 
@@ -587,8 +587,28 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
         "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
         "through Spark, and the rounds submitted from now on send their results through Spark"]
     assert served[1] == (0, "partitions [0, 1] of round 1 did not arrive")
-    for name, tr in (("direct", direct), ("fell_back", fell_back)):
-        assert np.array_equal(tr.params, through_spark.params), name
+    # one partition's frame refused in round 1: that partition alone runs again, through Spark
+    monkeypatch.setattr(Trainer, "_channel", real_channel)
+    from pyspark import SparkContext
+    from rnnlm.exchange.frames import Malformed
+    from rnnlm.spark import channel
+    real_decode, real_run_job, reran = channel.contribution_from_wire, SparkContext.runJob, []
+
+    def refuse(fields, arrays, expect):
+        if fields.get("round") == 1 and fields.get("pid") == 1:
+            raise Malformed("refused by the test")
+        return real_decode(fields, arrays, expect)
+
+    def run_job(self, rdd, f, partitions=None, allowLocal=False):
+        reran.append(partitions)
+        return real_run_job(self, rdd, f, partitions, allowLocal)
+    monkeypatch.setattr(channel, "contribution_from_wire", refuse)
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    run(spark, direct_cfg, tmp_path / "partial")
+    assert served[2][1] == "partitions [1] of round 1 did not arrive" and served[2][0] >= 1
+    assert [p for p in reran if type(p) is list] == [[1]]     # RDD.take passes ranges; the recompute its list
+    for name in ("direct", "fell_back", "partial"):
+        assert np.array_equal(checkpoint.load(str(tmp_path / name / "checkpoint")).params, through_spark.params), name
         losses = [[x["train_loss"] for x in metrics(tmp_path / n)] for n in (name, "spark")]
         assert losses[0] == losses[1], name
         saved = [np.load(tmp_path / n / "checkpoint" / "optim.npz") for n in (name, "spark")]

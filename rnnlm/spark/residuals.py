@@ -225,8 +225,10 @@ class Residuals:
         partitions = self.partitions
 
         def recompute(missing: set) -> list:
-            return [a for a in src.mapPartitions(task(None)).filter(_is_contribution).collect()
-                    if set(a.local) <= missing]
+            """The leaves of the ``missing`` partitions (partition i holds pid i), run again alone."""
+            def leaves(it):
+                return filter(_is_contribution, task(None)(it))
+            return [a for a in self.sc.runJob(src, leaves, sorted(missing)) if set(a.local) <= missing]
 
         def go():
             out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it

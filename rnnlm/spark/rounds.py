@@ -69,7 +69,8 @@ class Jobs:
 
             def go():
                 self.data.mapPartitions(job.task(sink))._jrdd.count()      # the JVM runs the tasks; nothing returns
-                return take(lambda missing: self.data.mapPartitions(job.task()).collect())
+                # partition i holds pid i: only the missing ones run again
+                return take(lambda missing: self.sc.runJob(self.data, job.task(), sorted(missing)))
             job.future = run(go)
         else:
             # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
