@@ -103,8 +103,9 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
 
 # local-cluster's stop (LocalSparkCluster.stop) kills the executor processes 20-60 ms after the driver
 # told them to stop; one that exits with bytes unread resets its connection, and the driver's RPC
-# server logs it as a WARN and the exception's line (seen once in 13 successful runs): at most one per
-# executor, in a run that ended (exit 0, every round done); everything else is noise
+# server logs it as a WARN and the exception's line. Seen once in 13 runs while a run's last releases
+# did not wait, never in 45 since; Spark's stop can still cause it, so it is allowed once per executor
+# in a run that ended (exit 0, every round done); everything else is noise
 TEARDOWN_RESET = (re.compile(r"\S+ \S+ WARN TransportChannelHandler: Exception in connection from /127\.0\.0\.1:\d+"),
                   re.compile(r"io\.netty\.channel\.unix\.Errors\$NativeIoException: recvAddress\(\.\.\) failed with "
                              r"error\(-104\): Connection reset by peer"))
