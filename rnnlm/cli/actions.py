@@ -128,7 +128,7 @@ def evaluate(a) -> int:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)
         rdd, loss = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None
         try:
-            loss = evaluate_rdd(sc, cfg, ck.params, rdd)
+            loss = evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
         finally:        # the session stops next: a release that ended well waits for the executors' answers
             release(rdds=[rdd], blocking=loss is not None)
     fields = loss_fields(loss, cfg.data.level, "")

@@ -118,8 +118,9 @@ class ParamsBroadcast:
         return self.bc_base
 
     def close(self, blocking: bool = False):
-        """Retire or destroy the base and its deltas (``blocking``: wait for the executors' answers,
-        as :func:`rnnlm.spark.session.release` does at the end of a run)."""
+        """Retire the base and its deltas (to ``retire``, which releases them later; ``blocking`` is
+        then not used) or destroy them (``blocking``: wait for the executors' answers, as
+        :func:`rnnlm.spark.session.release` does at the end of a run)."""
         old = [b for b in [self.bc_base, *self.deltas] if b is not None]
         if self.retire is not None:
             self.retire(old)

@@ -99,6 +99,9 @@ class AsyncTrainer(Driver):
         try:
             run.loop(job, stop)
             ended = True
+        except Interrupted:             # stopped by request, checkpointed: the executors are there to answer
+            ended = True
+            raise
         except KeyboardInterrupt:
             job.cancel()
             raise Interrupted(f"interrupted; {self.dir.kept()}", stop.signum) from None

@@ -68,13 +68,17 @@ def release(broadcasts=(), rdds=(), blocking: bool = False) -> None:
     file included) from the executors.
 
     Each is an ask to every executor, answered once its blocks are gone. ``blocking`` waits for the
-    answers: a run's last releases do, since the session stops next, and an executor told to stop
-    with an ask unanswered makes the driver log "ERROR TransportResponseHandler: Still have 1
-    requests outstanding" at the end of a successful run. Mid-run releases do not wait; nor do
-    those of a failing run, whose executors may be gone (an ask to a lost one fails at once, or
-    after ``spark.rpc.askTimeout`` if its connection hangs).
+    answers: the releases of a run that ended or stopped between rounds do, since the session may
+    stop next, and an executor told to stop with an ask unanswered makes the driver log "ERROR
+    TransportResponseHandler: Still have 1 requests outstanding". Mid-run releases do not wait,
+    nor do those of a failing run, whose executors may be gone. A blocking release that fails (an
+    executor alive but silent for ``spark.rpc.askTimeout``; Spark logs it) is given up, and the
+    rest go without waiting: a run that ended is not failed by its clean-up.
     """
-    for rdd in rdds:
-        rdd.unpersist(blocking)
-    for b in broadcasts:
-        b.destroy(blocking)
+    for drop in [*(r.unpersist for r in rdds), *(b.destroy for b in broadcasts)]:
+        try:
+            drop(blocking)
+        except Exception:
+            if not blocking:
+                raise
+            blocking = False

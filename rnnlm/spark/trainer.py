@@ -234,6 +234,7 @@ class Trainer(Driver):
                 if save or stop.requested:
                     self._checkpoint(cfg, data.vocab, st, best)
                 if stop.requested and st.round < rounds:
+                    ended = True         # between rounds, checkpointed: the executors are there to answer
                     raise Interrupted(f"interrupted after round {st.round}; its checkpoint is in {self.dir.ck_path} "
                                       "(--resume continues)", stop.signum)
             ended = True
@@ -241,7 +242,8 @@ class Trainer(Driver):
             # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
             raise Interrupted(f"interrupted in round {st.round + 1}; {self.dir.kept()}", stop.signum) from None
         finally:
-            # a run that ended waits for the executors to answer its releases (the session may stop next)
+            # a run that ended waits for the executors to answer its releases (the session may stop next);
+            # the last round's broadcasts and evaluation went without waiting, answered long before in practice
             self.jobs.close(pending=self.next, blocking=ended)
             if self.channel is not None:
                 self.channel.close()
@@ -471,12 +473,13 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
     return m
 
 
-def evaluate_rdd(sc, cfg, params, rdd) -> float:
-    """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream)."""
+def evaluate_rdd(sc, cfg, params, rdd, last: bool = False) -> float:
+    """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream); ``last``:
+    the session's last job, whose release waits for the executors' answers if it succeeded."""
     bc, parts = sc.broadcast(params), None
     try:
         parts = rdd.mapPartitions(executor.eval_task(cfg, bc)).collect()
-    finally:       # an evaluation may be a session's last job: its release waits, unless it failed
-        release([bc], blocking=parts is not None)
+    finally:
+        release([bc], blocking=last and parts is not None)
     total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
     return total / max(1, count)
