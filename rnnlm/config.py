@@ -388,3 +388,13 @@ def validate(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+
+
+def check_trainable(cfg: Config) -> None:
+    """What a training run needs beyond :func:`validate`, before any data is read (the trainers and
+    the command line's checks before Spark's JVM starts call it)."""
+    if cfg.optim.schedule == "plateau" and not cfg.data.valid:
+        raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
+                          "improving: set data.valid")
+    if not cfg.data.train:
+        raise ConfigError("data.train is not set")

@@ -1,5 +1,5 @@
 """The tree's layers, bottom up: the numerical core, the exchange layer, the async server, Spark;
-the three below Spark run without it."""
+the three below Spark, and the commands that start no Spark job, run without it."""
 import ast
 import os
 import subprocess
@@ -89,3 +89,49 @@ def test_run_loading_and_plots_start_no_spark():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# a subprocess's first lines: pyspark and py4j cannot be imported, as where they are not installed
+NO_SPARK = ("import sys\n"
+            "class NoSpark:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('pyspark', 'py4j'):\n"
+            "            raise ImportError('No module named ' + repr(name))\n"
+            "sys.meta_path.insert(0, NoSpark())\n")
+
+
+def test_core_and_the_commands_without_spark_import_no_pyspark():
+    """Every module of the core and of the command line but :mod:`rnnlm.cli.actions` (``train`` and
+    ``evaluate``, Spark's commands) imports where pyspark cannot be imported."""
+    code = NO_SPARK + (
+        "import importlib, pkgutil\n"
+        "import rnnlm.core, rnnlm.cli\n"
+        "names = [p.__name__ + '.' + m.name for p in (rnnlm.core, rnnlm.cli)\n"
+        "         for m in pkgutil.iter_modules(p.__path__)]\n"
+        "for name in names:\n"
+        "    if name != 'rnnlm.cli.actions':\n"
+        "        importlib.import_module(name)\n"
+        "print(len(names))\n"
+        "try:\n"
+        "    import rnnlm.cli.actions\n"
+        "except ImportError as e:\n"
+        "    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    count, blocked = r.stdout.splitlines()
+    assert int(count) > 20 and blocked.startswith("No module named 'py")      # the block holds
+
+
+def test_demo_and_generate_run_without_pyspark(tmp_path):
+    """``rnnlm demo`` ("the core alone, no Spark") trains and samples, and ``rnnlm generate`` samples
+    from the checkpoint it wrote, where pyspark cannot be imported."""
+    def rnnlm(*argv):
+        code = NO_SPARK + f"from rnnlm.cli.main import main\nsys.exit(main({list(argv)!r}))\n"
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    demo = rnnlm("demo", "--out", str(tmp_path / "ck"), "--set", "model.hidden=16", "--set", "train.rounds=2",
+                 "--set", "train.eval_every=0")
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.count("--- sample (temperature") == 2
+    gen = rnnlm("generate", "--checkpoint", str(tmp_path / "ck"), "--prime", "The ", "--length", "30", "--seed", "3")
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.startswith("The ") and len(gen.stdout.rstrip("\n")) == 34

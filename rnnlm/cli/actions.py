@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from ..core import checkpoint
 from .. import config
 from ..spark import corpus
-from ..spark.hfs import HadoopFS, default_fs, resolve
+from ..spark.hfs import HadoopFS
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
 from ..spark.rundir import TrainingError
@@ -39,7 +39,7 @@ def guarded(fn) -> int:
 
 
 @contextmanager
-def _session(app: str, master, verbose: bool = False, ui: bool = True):
+def spark_session(app: str, master, verbose: bool = False, ui: bool = True):
     """The SparkSession, stopped on the way out when this call started it (not a test's shared one).
 
     A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
@@ -86,10 +86,10 @@ def train(a) -> int:
     cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
     if a.dry_run:
         from ..spark.dryrun import dry_run
-        with _session("rnnlm-dry-run", a.master, a.verbose) as spark:
+        with spark_session("rnnlm-dry-run", a.master, a.verbose) as spark:
             dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
-    with _session("rnnlm-train", a.master, a.verbose) as spark:
+    with spark_session("rnnlm-train", a.master, a.verbose) as spark:
         bar = Progress() if sys.stdout.isatty() else None
         try:
             tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
@@ -120,7 +120,7 @@ def evaluate(a) -> int:
         raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
-    with _session("rnnlm-evaluate", a.master, a.verbose) as spark:
+    with spark_session("rnnlm-evaluate", a.master, a.verbose) as spark:
         sc = spark.sparkContext
         ck = ck or read_checkpoint(sc, a.checkpoint)
         cfg = ck.config
@@ -136,22 +136,6 @@ def evaluate(a) -> int:
     print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))
     print(f"ppl={fields['_ppl']:.4f}")
     return 0
-
-
-def load_checkpoint(path: str) -> checkpoint.Checkpoint:
-    """A checkpoint or run directory: a local one with plain Python, any other Hadoop path
-    (``hdfs://``, or a scheme-less path while ``$HADOOP_CONF_DIR`` names another default
-    filesystem) through Hadoop's client in a local Spark JVM."""
-    is_local, local = resolve(path, default_fs())
-    if is_local:
-        return checkpoint.load(local)
-    from py4j.protocol import Py4JJavaError
-    with _session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
-        try:
-            return read_checkpoint(spark.sparkContext, path)
-        except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
-            first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
-            raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:

@@ -16,7 +16,6 @@ from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
 from ..spark.rundir import RunDir, check_resume
-from ..spark.trainer import check_config
 
 DATA_KEYS = ("train", "valid", "test")
 
@@ -79,7 +78,7 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     """``cfg`` ready to train (see :func:`locate_data`) after the trainer's own checks of the
     configuration and, unless ``dry_run``, of a local ``--out`` against ``--resume``/``--overwrite``:
     a resumed checkpoint must be readable and of the same experiment."""
-    check_config(cfg)
+    config.check_trainable(cfg)
     cfg = locate_data(cfg, config_path, log)
     local_out = _local(out)
     if dry_run or local_out is None or overwrite:
@@ -89,6 +88,23 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     if resume:
         check_resume(cfg, checkpoint.load(local_out).config, run_dir.ck_path)
     return cfg
+
+
+def load_checkpoint(path: str) -> checkpoint.Checkpoint:
+    """A checkpoint or run directory: a local one with plain Python, any other Hadoop path
+    (``hdfs://``, or a scheme-less path while ``$HADOOP_CONF_DIR`` names another default
+    filesystem) through Hadoop's client in a local Spark JVM."""
+    is_local, local = resolve(path, default_fs())
+    if is_local:
+        return checkpoint.load(local)
+    from py4j.protocol import Py4JJavaError
+    from .actions import read_checkpoint, spark_session
+    with spark_session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
+        try:
+            return read_checkpoint(spark.sparkContext, path)
+        except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
+            first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+            raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
 
 
 def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:

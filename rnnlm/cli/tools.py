@@ -22,7 +22,7 @@ def generate(a) -> int:
     from ..core import checkpoint
     from ..core.generate import generate as sample
     from ..core.models import build as build_model
-    from .actions import load_checkpoint
+    from .checks import load_checkpoint
     seed = a.seed
     if seed is None:          # a new sample each call, which the printed seed repeats
         seed = secrets.randbelow(2 ** 31)

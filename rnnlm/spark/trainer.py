@@ -78,15 +78,6 @@ class Corpus:
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
 
 
-def check_config(cfg: config.Config) -> None:
-    """What the Spark trainer needs beyond :func:`config.validate` (before any data is read)."""
-    if cfg.optim.schedule == "plateau" and not cfg.data.valid:
-        raise config.ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
-                                 "improving: set data.valid")
-    if not cfg.data.train:
-        raise corpus.CorpusError("data.train is not set")
-
-
 def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
     """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams.
 
@@ -102,7 +93,7 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
 def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     """Read, count, encode and cache the corpus; validate every partition."""
     d = cfg.data
-    check_config(cfg)
+    config.check_trainable(cfg)
     paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions)
     if d.encoding_errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
