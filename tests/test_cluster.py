@@ -111,14 +111,34 @@ TEARDOWN_RESET = (re.compile(r"\S+ \S+ WARN TransportChannelHandler: Exception i
                              r"error\(-104\): Connection reset by peer"))
 
 
+# Spark's GPU discovery script for a Worker, as Spark's own local-cluster tests use: each Worker that runs it
+# takes the next address (0, 1, ...)
+DISCOVERY = """#!/bin/sh
+i=0
+while ! mkdir "{dir}/gpu$i" 2>/dev/null; do i=$((i + 1)); done
+echo "{{\\"name\\": \\"gpu\\", \\"addresses\\": [\\"$i\\"]}}"
+"""
+GPU_SCHEDULING = ("spark.worker.resource.gpu.amount=1", "spark.executor.resource.gpu.amount=1",
+                  "spark.task.resource.gpu.amount=1")
+
+
 @pytest.mark.slow
-def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(tmp_path):
+def test_spark_submit_with_the_properties_file_and_gpu_scheduling_logs_no_error_and_no_info(tmp_path):
     """conf/spark/local-cluster.properties carries the driver's logging, and the job stops its session
     before the JVM's shutdown hooks run: a successful run used to end with an ERROR and a stack trace per
-    executor the Worker restarted during shutdown ("Shutdown hooks cannot be modified during shutdown")."""
+    executor the Worker restarted during shutdown ("Shutdown hooks cannot be modified during shutdown").
+
+    With Spark's GPU scheduling keys (one GPU per Worker from a discovery script, one per executor and task)
+    each partition reports the address Spark gave its task, and ``train.device = auto`` on this machine
+    without CUDA runs on the CPU and says so, in the log, run.json and every metrics line."""
+    script, claims = tmp_path / "gpus.sh", tmp_path / "claims"
+    claims.mkdir()
+    script.write_text(DISCOVERY.format(dir=claims))
+    script.chmod(0o755)
+    gpu = [a for k in (*GPU_SCHEDULING, f"spark.worker.resource.gpu.discoveryScript={script}") for a in ("--conf", k)]
     submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
-    args = set_options(*TINY, "train.rounds=2", "train.local_steps=2")
-    r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", "jobs/train.py",
+    args = set_options(*TINY, "train.rounds=2", "train.local_steps=2", "train.device=auto")
+    r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", *gpu, "jobs/train.py",
                         "--config", "conf/demo.toml", "--out", str(tmp_path / "out"), "--samples", "0", *args],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -132,7 +152,16 @@ def test_spark_submit_with_the_properties_file_alone_logs_no_error_and_no_info(t
     noise = [x for x in lines if re.search(r"\b(ERROR|INFO)\b|Exception|^\s+at ", x)]
     assert noise == [], r.stderr[-3000:]
     # spark-submit's PythonRunner merges the Python driver's stderr into its stdout
-    assert len(re.findall(r"^Spark UI http://\S+:\d+$", r.stdout + r.stderr, re.M)) == 1, r.stdout[-3000:]
+    out = r.stdout + r.stderr
+    assert len(re.findall(r"^Spark UI http://\S+:\d+$", out, re.M)) == 1, r.stdout[-3000:]
+    # both Workers ran the script (two addresses handed out); every task had one of them
+    assert sorted(p.name for p in claims.iterdir()) == ["gpu0", "gpu1"]
+    devices = json.loads((tmp_path / "out" / "run.json").read_text())["devices"]
+    assert sorted(devices) == ["0", "1"]
+    assert all(d["ran"] == "cpu" and d["assigned"] in (["0"], ["1"]) for d in devices.values()), devices
+    assigned = ", ".join(sorted({d["assigned"][0] for d in devices.values()}))
+    assert f"devices: cpu x 2 (Spark assigned gpu {assigned}; no CUDA device: auto runs on the CPU)" in out
+    assert [m["device"] for m in metrics(tmp_path / "out")] == ["cpu", "cpu"]
 
 
 def _free_port():

@@ -35,7 +35,7 @@ from .async_task import worker_task
 from .rundir import ASYNC_RESUME_KEYS, Driver, RunDir, TrainingError, best_record, improves
 from .session import bind_host
 from .stop import Interrupted, StopRequest
-from .trainer import load_corpus, total_rounds, unpersist_corpus
+from .trainer import device_field, devices_line, load_corpus, total_rounds, unpersist_corpus
 
 
 class AsyncTrainer(Driver):
@@ -58,7 +58,7 @@ class AsyncTrainer(Driver):
                 unpersist_corpus(data, blocking=True)
             self.params, self.vocab = ck.params, data.vocab
             return self.dir.nothing_to_do(ck.position["round"], windows)
-        self.dir.write_info(self.sc, cfg, resume)
+        self.dir.write_info(self.sc, cfg, resume, data.devices)
         state = None
         if ck is not None:
             pos = ck.position
@@ -89,6 +89,7 @@ class AsyncTrainer(Driver):
         self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
                  f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
                  f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
+        self.log(devices_line(data.devices, cfg.train.device))
         if ck is not None:
             self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
         run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
@@ -235,7 +236,8 @@ class _Run:
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
              "wall_s": round(wall, 3),
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
-             **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens)}
+             **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens),
+             "device": device_field(sum(d["ran"] != "cpu" for d in self.data.devices.values()), P)}
         m.update(sorted(srv.totals.items()))
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
@@ -263,7 +265,8 @@ class _Run:
                         "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
             self.dir.write_checkpoint(_server_checkpoint(self.cfg, self.data.vocab, snap, position), best)
             self.ck_time, self.ck_version = time.monotonic(), snap["version"]
-        self.dir.add_line(m, self.windows, log_line(m, skip=("bytes", "round_", "staleness", "refused_", "attempts_")))
+        quiet = ("bytes", "round_", "staleness", "refused_", "attempts_", "device")
+        self.dir.add_line(m, self.windows, log_line(m, skip=quiet))
         return m
 
 

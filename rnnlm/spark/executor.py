@@ -28,20 +28,32 @@ from . import memo
 from .memo import digest
 
 
+def assigned_gpus() -> list:
+    """The GPU addresses Spark assigned this task (``spark.task.resource.gpu.amount``), [] if none."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    gpus = ctx.resources().get("gpu") if ctx is not None else None
+    return list(gpus.addresses) if gpus is not None else []
+
+
 def task_xp(device: str):
-    """The array module for this task, on the GPU Spark assigned it if any."""
-    if device == "cpu":
-        return np
-    try:
-        from pyspark import TaskContext
-        ctx = TaskContext.get()
-        gpus = ctx.resources().get("gpu") if ctx is not None else None
-    except Exception:
-        gpus = None
-    if gpus is not None and gpus.addresses:
-        backend.use_gpu(int(gpus.addresses[0]))
-        return backend.get_xp("gpu")
-    return backend.get_xp(device)
+    """The array module for this task: NumPy, or CuPy on the GPU Spark assigned it (its first address).
+
+    ``auto`` runs on the CPU where CuPy or a CUDA device is missing, whatever Spark assigned; ``gpu``
+    then raises RuntimeError.
+    """
+    xp = backend.get_xp(device)
+    if xp is not np:
+        gpus = assigned_gpus()
+        if gpus:
+            backend.use_gpu(int(gpus[0]))
+    return xp
+
+
+def device_label(xp) -> str:
+    """Where a task computes: ``cpu``, or ``gpu N`` (the CUDA device index)."""
+    key = backend.device_key(xp)
+    return "cpu" if key == "numpy" else "gpu " + key.split(":")[1]
 
 
 def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
@@ -51,21 +63,24 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
 
 
 def probe_task(cfg: config.Config):
-    """Per partition: (pid, tokens, expected tokens per round, error message or None)."""
+    """Per partition: (pid, tokens, expected tokens per round, error message or None, device), the
+    device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU addresses)."""
     def run(it):
+        device = {"ran": None, "assigned": assigned_gpus()}
         try:
-            task_xp(cfg.train.device)
+            device["ran"] = device_label(task_xp(cfg.train.device))
             device_error = None
         except RuntimeError as e:
             device_error = str(e)
         for pid, tokens, starts in it:
             if device_error:
-                yield pid, len(tokens), 0.0, device_error
+                yield pid, len(tokens), 0.0, device_error, device
                 continue
             try:
-                yield pid, len(tokens), make_source(cfg, pid, tokens, starts).round_tokens(cfg.train.local_steps), None
+                yield (pid, len(tokens), make_source(cfg, pid, tokens, starts).round_tokens(cfg.train.local_steps),
+                       None, device)
             except TooShort as e:
-                yield pid, len(tokens), 0.0, str(e)
+                yield pid, len(tokens), 0.0, str(e), device
     return run
 
 
@@ -142,7 +157,8 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
             except FloatingPointError as e:
                 yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, carried)
                 continue
-            block_stats.update(task_start=started, task_end=time.time(), view_s=view_s)
+            block_stats.update(task_start=started, task_end=time.time(), view_s=view_s,
+                               gpu_partitions=int(xp is not np))
             agg = protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
                                         time.perf_counter() - t0, backend.to_numpy)
             keep = {"feedback": left, "eager": change if t.eager else None}

@@ -107,9 +107,10 @@ class RunDir:
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
-    def write_info(self, sc, cfg: config.Config, resume: bool) -> None:
-        """``run.json`` for the run starting (or resuming) now with the resolved ``cfg``."""
-        runinfo.write(self.fs, self.out, sc, cfg, resume)
+    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict) -> None:
+        """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
+        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`)."""
+        runinfo.write(self.fs, self.out, sc, cfg, resume, devices)
 
     def saved_lines(self) -> list | None:
         """The metrics file's lines, or None when it is missing or empty."""

@@ -23,8 +23,9 @@ def _versions() -> dict:
     return out
 
 
-def describe(sc, cfg, resume_of: dict | None = None) -> dict:
-    """The record of a run starting now on ``sc`` with the resolved ``cfg``.
+def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None) -> dict:
+    """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
+    ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses}``.
 
     ``resume_of`` is the record of the run being resumed: its start time is kept and
     this start is appended to its ``resumed`` list.
@@ -32,14 +33,15 @@ def describe(sc, cfg, resume_of: dict | None = None) -> dict:
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     info = {"config": cfg.to_dict(), "versions": _versions(), "spark": sc.version, "master": sc.master,
             "partitions": cfg.data.partitions, "default_parallelism": sc.defaultParallelism,
-            "application_id": sc.applicationId, "started": now, "resumed": []}
+            "application_id": sc.applicationId, "started": now, "resumed": [],
+            "devices": {str(pid): d for pid, d in sorted((devices or {}).items())}}
     if resume_of is not None:          # {} for a run from before run.json: its start is unknown
         info["started"] = resume_of.get("started")
         info["resumed"] = list(resume_of.get("resumed", [])) + [now]
     return info
 
 
-def write(fs, out: str, sc, cfg, resume: bool) -> None:
+def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None) -> None:
     """Write (atomically) ``<out>/run.json`` for a run starting or resuming now."""
     path = f"{out}/{NAME}"
     old = None
@@ -50,4 +52,4 @@ def write(fs, out: str, sc, cfg, resume: bool) -> None:
         except ValueError:
             old = {}            # a damaged record is replaced, never fatal to training
         old = old if isinstance(old, dict) else {}
-    fs.write_atomic(path, json.dumps(describe(sc, cfg, old), indent=2).encode())
+    fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices), indent=2).encode())

@@ -76,6 +76,7 @@ class Corpus:
     tokens: int              # training tokens, all partitions
     round_tokens: float      # tokens a round trains on (expected), all partitions
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
+    devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (executor.probe_task)
 
 
 def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
@@ -106,7 +107,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     enc = corpus.encode_partitions(corpus.contiguous_partitions(paras, d.partitions), bc_vocab)
     enc = enc.persist()
     probe = enc.mapPartitions(executor.probe_task(cfg)).collect()
-    errors = [f"partition {pid}: {err}" for pid, _, _, err in probe if err]
+    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
     if errors:
         enc.unpersist()
         raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
@@ -115,8 +116,25 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
     # counted now (the texts are cached here anyway) so that an evaluation can say how much it reads
     counts = {name: rdd.map(lambda p: len(p[1])).sum() for name, rdd in zip(("valid", "test"), held_out)
               if rdd is not None}
-    return Corpus(vocab, enc, held_out[0], held_out[1], sum(n for _, n, _, _ in probe),
-                  sum(r for _, _, r, _ in probe), counts)
+    return Corpus(vocab, enc, held_out[0], held_out[1], sum(p[1] for p in probe), sum(p[2] for p in probe),
+                  counts, {p[0]: p[4] for p in probe})
+
+
+def devices_line(devices: dict, wanted: str) -> str:
+    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
+    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``."""
+    ran = [d["ran"] for _, d in sorted(devices.items())]
+    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
+    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
+    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
+    if wanted == "auto" and "cpu" in ran:
+        notes.append("no CUDA device: auto runs on the CPU")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def device_field(gpu_partitions: int, partitions: int) -> str:
+    """A metrics line's ``device``: ``cpu``, ``gpu``, or ``gpu+cpu`` when only some partitions had one."""
+    return "cpu" if gpu_partitions == 0 else "gpu" if gpu_partitions >= partitions else "gpu+cpu"
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
@@ -196,7 +214,7 @@ class Trainer(Driver):
         self.layout = model.layout
         self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
         st = st or self._fresh(cfg)
-        self.dir.write_info(self.sc, cfg, resume)
+        self.dir.write_info(self.sc, cfg, resume, data.devices)
         self.residuals = None
         if executor.chained(cfg):
             self.residuals = Residuals(self.sc, data.train, st.held, self._carries(cfg, st))
@@ -210,6 +228,7 @@ class Trainer(Driver):
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
+        self.log(devices_line(data.devices, cfg.train.device))
         if resume:
             self.log(f"resumed from round {st.round}")
         stop = StopRequest(self.log)
@@ -405,7 +424,7 @@ def _quiet(cfg) -> tuple:
     metrics file has them), and fields that say nothing in this run's setting."""
     x = cfg.exchange
     skip = ["bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased", "seed_groups", "softmax_v",
-            "phase.", "syncs"]                    # = round, in rounds
+            "phase.", "syncs", "device"]          # syncs = round, in rounds; device: said once at the start
     if x.embed == x.softmax == x.hidden == "dense":
         skip.append("compression")      # dense float32 blocks: 1 every round
     return tuple(skip)
@@ -452,7 +471,8 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
          "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
          "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
          "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
-         "unique_words": int(len(agg.words))}
+         "unique_words": int(len(agg.words)),
+         "device": device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
     # what travelled per parameter group (Zipf's law for the exchange: unique_words against tokens)
     m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
     sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
