@@ -1,12 +1,14 @@
 """The driver's progress on a terminal: one status line rewritten in place.
 
 On a terminal (``stream.isatty()``) each round redraws
-``round 12/60 [#####.....] 20% | 0:14 < 0:56 | loss 2.310 | 1.2 MB/round``; lines that
-report held-out scores, and every other message, are printed in full above it. In a
-log (not a terminal) nothing is redrawn: every round is its own line, as before.
+``round 12/60 [#####.....] 20% | 0:14 < 0:56 | loss 2.310 | 41.2k tok/s | 1.20 MB/round``,
+never wider than the terminal (the last fields go first); lines that report held-out scores,
+and every other message, are printed above it, wrapped at their `` | `` separators. In a
+log (not a terminal) nothing is redrawn or wrapped: every round is its own line, as before.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -18,6 +20,24 @@ def _clock(seconds: float) -> str:
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def _rate(n: float) -> str:
+    return f"{n:.0f}" if n < 1e4 else f"{n / 1e3:.1f}k" if n < 1e6 else f"{n / 1e6:.2f}M"
+
+
+def wrap(line: str, columns: int, sep: str = " | ") -> str:
+    """``line`` broken at its ``sep`` separators into lines of at most ``columns - 1`` characters
+    (a terminal wraps a line that fills its last column), continuation lines indented; a single
+    field longer than that stays whole."""
+    out, cur = [], ""
+    for field in line.split(sep):
+        joined = f"{cur}{sep}{field}" if cur else field
+        if cur and len(joined) > columns - 1:
+            out.append(cur)
+            joined = "  " + field
+        cur = joined
+    return "\n".join(out + [cur])
 
 
 class Progress:
@@ -32,21 +52,27 @@ class Progress:
         Characters of the bar.
     clock : callable
         Seconds, monotonic (tests pass their own).
+    columns : int, optional
+        The terminal's width; default its size when each line is drawn (it may be resized).
     """
 
-    def __init__(self, stream=None, tty: bool | None = None, width: int = 24, clock=time.monotonic):
+    def __init__(self, stream=None, tty: bool | None = None, width: int = 24, clock=time.monotonic,
+                 columns: int | None = None):
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
-        self.width, self.clock = width, clock
+        self.width, self.clock, self.columns = width, clock, columns
         self.t0 = None
         self.first = None        # the first round reported: the rate is measured from it (a resumed run's too)
         self.loss = None         # the latest training loss: an async line without pushes carries none
         self.drawn = False
 
+    def _columns(self) -> int:
+        return self.columns or shutil.get_terminal_size((80, 24)).columns
+
     def message(self, text: str) -> None:
-        """A line printed in full (above the bar on a terminal)."""
+        """A line printed in full (above the bar on a terminal, wrapped to its width)."""
         self._clear()
-        print(text, file=self.stream, flush=True)
+        print(wrap(text, self._columns()) if self.tty else text, file=self.stream, flush=True)
 
     def update(self, m: dict, total: int, line: str) -> None:
         """Report the metrics line ``m`` of round ``m["round"]`` of ``total``; ``line`` is its log line."""
@@ -65,16 +91,26 @@ class Progress:
         self.drawn = True
 
     def bar(self, m: dict, total: int, now: float) -> str:
+        """The status line, fields dropped from the end until it fits the terminal."""
         r = m["round"]
         frac = min(1.0, r / max(1, total))
-        fill = int(round(frac * self.width))
         elapsed = now - self.t0
         done = r - self.first
         eta = _clock(elapsed / done * (total - r)) if done > 0 else "?"
         per_round = m.get("round_bytes_sent", 0) + m.get("round_bytes_broadcast", 0)
-        loss = "-" if self.loss is None else f"{self.loss:.3f}"
-        return (f"round {r}/{total} [{'#' * fill}{'.' * (self.width - fill)}] {100 * frac:3.0f}% | "
-                f"{_clock(elapsed)} < {eta} | loss {loss} | {_mb(per_round)}/round")
+        fields = [f"{_clock(elapsed)} < {eta}", "loss -" if self.loss is None else f"loss {self.loss:.3f}"]
+        if "tokens_per_s" in m:
+            fields.append(f"{_rate(m['tokens_per_s'])} tok/s")
+        fields.append(f"{_mb(per_round)}/round")
+        room = self._columns() - 1
+        for keep in range(len(fields), -1, -1):
+            rest = "".join(f" | {f}" for f in fields[:keep])
+            width = max(4, min(self.width, room - len(f"round {r}/{total} [] 100%{rest}")))
+            fill = int(round(frac * width))
+            line = f"round {r}/{total} [{'#' * fill}{'.' * (width - fill)}] {100 * frac:3.0f}%{rest}"
+            if len(line) <= room:
+                return line
+        return line[:room]
 
     def _clear(self):
         if self.drawn:

@@ -13,7 +13,8 @@ class Clock:
 
 
 def m(r, loss=2.5, **more):
-    return {"round": r, "train_loss": loss, "round_bytes_sent": 1_500_000, "round_bytes_broadcast": 500_000, **more}
+    return {"round": r, "train_loss": loss, "round_bytes_sent": 1_500_000, "round_bytes_broadcast": 500_000,
+            "tokens_per_s": 41234.5, **more}
 
 
 def test_in_a_log_every_round_is_its_own_line():
@@ -27,38 +28,62 @@ def test_in_a_log_every_round_is_its_own_line():
 
 def test_on_a_terminal_the_bar_is_redrawn_with_eta_loss_and_bytes():
     out, clock = io.StringIO(), Clock()
-    p = Progress(out, tty=True, width=10, clock=clock)
+    p = Progress(out, tty=True, width=10, clock=clock, columns=200)
     p.update(m(1), 10, "round 1")             # the clock starts at the first report
     clock.t += 20.0
     p.update(m(3, loss=2.25), 10, "round 3")  # 2 rounds in 20 s, 7 to go: 70 s
     text = out.getvalue()
     assert "round 1" not in text.replace("round 1/10", "")       # plain lines are not printed
     last = text.split("\r\033[K")[-1]
-    assert last == "round 3/10 [###.......]  30% | 0:20 < 1:10 | loss 2.250 | 2.00 MB/round"
+    assert last == "round 3/10 [###.......]  30% | 0:20 < 1:10 | loss 2.250 | 41.2k tok/s | 2.00 MB/round"
     p.message("a warning")
     p.update(m(4, valid_ppl=9.5), 10, "round 4 | valid_ppl 9.5")
     p.close()
     # the bar is wiped, the messages printed in full, the bar drawn again below them
     assert out.getvalue().split("\r\033[K")[-1] == (
-        "a warning\nround 4 | valid_ppl 9.5\nround 4/10 [####......]  40% | 0:20 < 0:40 | loss 2.500 | 2.00 MB/round\n")
+        "a warning\nround 4 | valid_ppl 9.5\n"
+        "round 4/10 [####......]  40% | 0:20 < 0:40 | loss 2.500 | 41.2k tok/s | 2.00 MB/round\n")
 
 
 def test_a_resumed_run_counts_its_eta_from_where_it_started():
     out, clock = io.StringIO(), Clock()
-    p = Progress(out, tty=True, width=4, clock=clock)
+    p = Progress(out, tty=True, width=4, clock=clock, columns=200)
     p.update(m(50), 100, "")
     clock.t += 10.0
     p.update(m(51), 100, "")     # 1 round in 10 s since the resume (not 51): 49 left, 490 s
-    assert out.getvalue().endswith("round 51/100 [##..]  51% | 0:10 < 8:10 | loss 2.500 | 2.00 MB/round")
+    assert out.getvalue().endswith("round 51/100 [##..]  51% | 0:10 < 8:10 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
 
 
 def test_a_line_without_a_training_loss_keeps_the_latest_one_on_the_bar():
     """An async run's metrics line that counts no push carries no loss (its last line, often)."""
     out, clock = io.StringIO(), Clock()
-    p = Progress(out, tty=True, width=4, clock=clock)
-    bare = {k: v for k, v in m(1).items() if k != "train_loss"}
+    p = Progress(out, tty=True, width=4, clock=clock, columns=200)
+    bare = {k: v for k, v in m(1).items() if k not in ("train_loss", "tokens_per_s")}
     p.update(bare, 4, "round 1")
     assert out.getvalue().endswith("round 1/4 [#...]  25% | 0:00 < ? | loss - | 2.00 MB/round")
     p.update(m(2, loss=2.25), 4, "round 2")
     p.update(dict(bare, round=3), 4, "round 3")
     assert out.getvalue().endswith("| loss 2.250 | 2.00 MB/round")
+
+
+def test_nothing_drawn_is_wider_than_the_terminal():
+    """An 86-character bar in an 80-column terminal left a line per round (the redraw failed), and
+    evaluation lines of ~190 characters wrapped mid-word."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress(out, tty=True, clock=clock, columns=80)
+    p.update(m(1), 1000, "round 1")
+    clock.t += 5.0
+    p.update(m(2), 1000, "round 2")
+    bar = out.getvalue().split("\r\033[K")[-1]
+    # bytes per round went first; the bar takes what is left of 79 columns
+    assert bar == "round 2/1000 [...............]   0% | 0:05 < 1:23:10 | loss 2.500 | 41.2k tok/s" and len(bar) == 79
+    evaluation = " | ".join(f"field_{i} {i * 1.5:.4g}" for i in range(20))        # ~260 characters
+    p.update(m(3, valid_ppl=9.5), 1000, evaluation)
+    lines = out.getvalue().split("\r\033[K")[-1].split("\n")
+    assert all(len(x) <= 79 for x in lines), [len(x) for x in lines]
+    assert " | ".join(x.strip() for x in lines[:-1]) == evaluation        # broken only at separators
+    assert lines[-1].startswith("round 3/1000 [")
+    for columns in (40, 60, 100, 120):            # fields go from the end; the bar shrinks to 4
+        narrow = Progress(io.StringIO(), tty=True, clock=clock, columns=columns)
+        narrow.t0 = narrow.first = 0.0
+        assert len(narrow.bar(m(500), 1000, clock.t)) <= columns - 1

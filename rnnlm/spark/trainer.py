@@ -470,6 +470,7 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
          "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
          "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
          "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
+         "tokens_per_s": round(agg.stats["tokens"] / max(1e-9, round_s), 1),
          "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
          "unique_words": int(len(agg.words)),
          "device": device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
