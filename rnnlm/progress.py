@@ -74,6 +74,17 @@ class Progress:
         self._clear()
         print(wrap(text, self._columns()) if self.tty else text, file=self.stream, flush=True)
 
+    def status(self, text: str) -> None:
+        """What the run is doing before its first round: on a terminal one line replaced by the next
+        output (the bar, a message); in a log a line of its own."""
+        if not self.tty:
+            self.message(text)
+            return
+        self._clear()
+        self.stream.write(text[:self._columns() - 1])
+        self.stream.flush()
+        self.drawn = True
+
     def update(self, m: dict, total: int, line: str) -> None:
         """Report the metrics line ``m`` of round ``m["round"]`` of ``total``; ``line`` is its log line."""
         if not self.tty:

@@ -8,8 +8,8 @@ imports pyspark, so ``demo``, ``generate`` and ``plot`` run where it is not inst
 import importlib
 
 # name -> the module holding it: only .actions (Spark's commands) imports pyspark
-_NAMES = {**dict.fromkeys(("EXPECTED", "INTERRUPTED", "evaluate", "guarded", "make_trainer", "read_checkpoint",
-                           "train"), ".actions"),
+_NAMES = {**dict.fromkeys(("EXPECTED", "evaluate", "guarded", "make_trainer", "read_checkpoint", "train"),
+                          ".actions"),
           "load_checkpoint": ".checks"}
 __all__ = list(_NAMES)
 

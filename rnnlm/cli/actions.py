@@ -16,31 +16,32 @@ from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
 from ..core.vocab import VocabError
 from ..progress import Progress
+from . import signals
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError, LinkError)
-INTERRUPTED = 130     # the shell's code for a process stopped by SIGINT
 
 
 def guarded(fn) -> int:
     """Run ``fn``; expected failures become one line on stderr and exit code 2, Ctrl-C
-    one line and exit code 130, SIGTERM one line and 143."""
+    one line and exit code 130, SIGTERM one line and 143 (:mod:`.signals`)."""
     try:
         return fn() or 0
     except Interrupted as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as e:
+        print(f"error: {signals.message(e)}", file=sys.stderr)
+        return signals.exit_code(e)
     except EXPECTED as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
 @contextmanager
-def spark_session(app: str, master, verbose: bool = False, ui: bool = True):
-    """The SparkSession, stopped on the way out when this call started it (not a test's shared one).
+def spark_session(app: str, master, verbose: bool = False, ui: bool = True, progress=None):
+    """The SparkSession, stopped on the way out when this call started it (not a test's shared one);
+    on a terminal (``progress``) the JVM's start is said while it takes its seconds.
 
     A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
     mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
@@ -49,10 +50,17 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True):
     from pyspark.sql import SparkSession
     from ..spark.session import get_spark
     owned = SparkSession.getActiveSession() is None
-    spark = get_spark(app, master, quiet=not verbose)
+    if owned and progress is not None:
+        progress.status(f"starting Spark ({master or 'local[2]'}) ...")
+    with signals.starting_jvm():
+        spark = get_spark(app, master, quiet=not verbose)
+    signals.install()          # in place of PySpark's SIGINT handler (see .signals)
     spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
     if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
-        print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
+        if progress is not None:
+            progress.message(f"Spark UI {spark.sparkContext.uiWebUrl}")
+        else:
+            print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
     try:
         yield spark
     finally:
@@ -89,17 +97,18 @@ def train(a) -> int:
         with spark_session("rnnlm-dry-run", a.master, a.verbose) as spark:
             dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
-    with spark_session("rnnlm-train", a.master, a.verbose) as spark:
-        bar = Progress() if sys.stdout.isatty() else None
-        try:
-            tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
-            last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
-        except (Interrupted, KeyboardInterrupt):
-            spark.stop()          # cancels what runs and releases the executors before the process exits
-            raise
-        finally:
-            if bar:
-                bar.close()
+    bar = Progress() if sys.stdout.isatty() else None
+    try:
+        with spark_session("rnnlm-train", a.master, a.verbose, progress=bar) as spark:
+            try:
+                tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
+                last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
+            except (Interrupted, KeyboardInterrupt):
+                spark.stop()          # cancels what runs and releases the executors before the process exits
+                raise
+    finally:
+        if bar:
+            bar.close()
     # an async run's last line may count no push, and so carry no loss: the latest one is reported
     loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from .. import __version__
-from . import parsers
+from . import parsers, signals
 
 # name: (what it does, where its code is, its job file)
 COMMANDS = {
@@ -30,11 +30,15 @@ def _sentence(what: str) -> str:
 
 
 def _run(command: str, a) -> int:
-    module = importlib.import_module(f".{COMMANDS[command][1]}", __package__)
-    fn = getattr(module, command)
-    if COMMANDS[command][1] == "actions":      # expected failures become one line and exit code 2
-        return module.guarded(lambda: fn(a))
-    return fn(a)
+    try:
+        module = importlib.import_module(f".{COMMANDS[command][1]}", __package__)
+        fn = getattr(module, command)
+        if COMMANDS[command][1] == "actions":      # expected failures become one line and exit code 2
+            return module.guarded(lambda: fn(a))
+        return fn(a)
+    except KeyboardInterrupt as e:                 # Ctrl-C or SIGTERM (signals.Stopped) at any other moment
+        print(f"error: {signals.message(e)}", file=sys.stderr)
+        return signals.exit_code(e)
 
 
 def parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
@@ -47,6 +51,7 @@ def parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
 
 def job(command: str, argv=None, doc: str | None = None) -> int:
     """The ``main()`` of ``jobs/<file>.py``: ``doc`` (the job's docstring) is its help's description."""
+    signals.install()
     ap = parser(command, prog=COMMANDS[command][2])
     if doc:
         ap.description = doc
@@ -55,6 +60,7 @@ def job(command: str, argv=None, doc: str | None = None) -> int:
 
 def main(argv=None) -> int:
     """The ``rnnlm`` command."""
+    signals.install()
     ap = argparse.ArgumentParser(prog="rnnlm", description="Recurrent neural language models trained on Spark.",
                                  epilog=EPILOG, formatter_class=parsers.Formatter)
     ap.add_argument("--version", action="version", version=f"rnnlm {__version__}")

@@ -48,7 +48,7 @@ class AsyncTrainer(Driver):
         t = self.cfg_in.train
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
         owned = data is None
-        data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else None)
+        data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else None, self.status)
         cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         model = build_model(cfg.model)
         self.layout, P = model.layout, cfg.data.partitions
@@ -89,7 +89,8 @@ class AsyncTrainer(Driver):
         self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
                  f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
                  f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
-        self.log(devices_line(data.devices, cfg.train.device))
+        if devices_line(data.devices, cfg.train.device):
+            self.log(devices_line(data.devices, cfg.train.device))
         if ck is not None:
             self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
         run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,

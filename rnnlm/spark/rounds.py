@@ -42,11 +42,11 @@ class Jobs:
     """Submits rounds' jobs over ``data`` (the corpus RDD), through ``residuals``
     (:class:`rnnlm.spark.residuals.Residuals`, or None: ``treeAggregate`` of depth ``tree_depth``),
     and keeps those still running. With ``channel`` (:class:`rnnlm.spark.channel.Channel`) the
-    contributions travel through it instead, until it fails once."""
+    contributions travel through it instead, until it fails once. Jobs are in Spark's job ``group``."""
 
-    def __init__(self, sc, data, residuals, tree_depth: int, channel=None):
+    def __init__(self, sc, data, residuals, tree_depth: int, channel=None, group: str | None = None):
         self.sc, self.data, self.residuals, self.tree_depth = sc, data, residuals, tree_depth
-        self.channel = channel
+        self.channel, self.group = channel, group
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
         self.flight = []            # submitted, not waited for
 
@@ -54,7 +54,7 @@ class Jobs:
         """Start ``job``: local steps on every partition, their changes merged."""
         def run(thunk):
             def go():
-                self.sc.setJobDescription(description)         # a thread's own job properties
+                self.sc.setJobGroup(self.group, description)     # a thread's own job properties
                 return thunk()
             return self.pool.submit(go)
         job.submitted = time.time()

@@ -167,10 +167,12 @@ class RunDir:
 
 class Driver:
     """What both drivers (:class:`rnnlm.spark.trainer.Trainer`, the async one) hold: the Spark
-    context, the log, the run's directory and the configuration as given (resolved by ``run``)."""
+    context, the log (``status``: start-up phases, transient on a terminal), the run's directory and
+    the configuration as given (resolved by ``run``)."""
 
     def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
         self.sc, self.log = spark and spark.sparkContext, log
+        self.status = progress.status if progress is not None else log
         self.dir = RunDir(out, self.sc, fs, log, progress)
         self.cfg_in = cfg
 

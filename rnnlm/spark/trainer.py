@@ -91,10 +91,18 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
                                     bc_vocab).persist()
 
 
-def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
-    """Read, count, encode and cache the corpus; validate every partition."""
+def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
+    """Read, count, encode and cache the corpus; validate every partition. ``status`` (a callable, e.g.
+    :meth:`rnnlm.progress.Progress.status`) hears each phase as it starts; each phase's Spark jobs
+    carry its name in Spark's UI."""
     d = cfg.data
     config.check_trainable(cfg)
+
+    def phase(text: str) -> None:
+        sc.setJobDescription(f"rnnlm: {text}")
+        if status is not None:
+            status(f"{text} ...")
+    phase(f"reading {d.train}")
     paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions)
     if d.encoding_errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
@@ -102,8 +110,10 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
             raise corpus.CorpusError(f"{d.train}: {bad} paragraphs hold undecodable bytes "
                                      "(data.encoding_errors=strict)")
     if vocab is None:
+        phase(f"counting {d.level}s for the vocabulary")
         vocab = corpus.build_vocab(paras, d.level, d.vocab_size, d.min_count)
     bc_vocab = sc.broadcast(vocab)
+    phase(f"encoding and caching {d.partitions} partitions")
     enc = corpus.encode_partitions(corpus.contiguous_partitions(paras, d.partitions), bc_vocab)
     enc = enc.persist()
     probe = enc.mapPartitions(executor.probe_task(cfg)).collect()
@@ -112,18 +122,25 @@ def load_corpus(sc, cfg: config.Config, vocab=None) -> Corpus:
         enc.unpersist()
         raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
                                  f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
-    held_out = [load_held_out(sc, cfg, path, bc_vocab) if path else None for path in (d.valid, d.test)]
-    # counted now (the texts are cached here anyway) so that an evaluation can say how much it reads
-    counts = {name: rdd.map(lambda p: len(p[1])).sum() for name, rdd in zip(("valid", "test"), held_out)
-              if rdd is not None}
-    return Corpus(vocab, enc, held_out[0], held_out[1], sum(p[1] for p in probe), sum(p[2] for p in probe),
-                  counts, {p[0]: p[4] for p in probe})
+    held_out, counts = {}, {}
+    for name, path in (("valid", d.valid), ("test", d.test)):
+        if path:
+            phase(f"reading {name} text {path}")
+            held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
+            # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
+            counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
+    sc.setJobDescription(None)
+    return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
+                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe})
 
 
 def devices_line(devices: dict, wanted: str) -> str:
     """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
-    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``."""
+    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
+    ``cpu`` without GPUs assigned (nothing to say)."""
     ran = [d["ran"] for _, d in sorted(devices.items())]
+    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
+        return ""
     line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
     assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
     notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
@@ -199,12 +216,14 @@ class Trainer(Driver):
         ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`).
         """
         self.dir.prepare(resume, overwrite)
+        group = f"rnnlm train {self.dir.out}"          # every job of the run, in Spark's UI
+        self.sc.setJobGroup(group, group)
         vocab, st = self._resume() if resume else (None, None)
         if st is not None and self.cfg_in.train.rounds and st.round >= self.cfg_in.train.rounds:
             # known before any data is read
             return self.nothing_to_do(st.round, self.cfg_in.train.rounds, st.params, vocab)
         owned = data is None
-        data = data or load_corpus(self.sc, self.cfg_in, vocab)
+        data = data or load_corpus(self.sc, self.cfg_in, vocab, self.status)
         if st is not None and st.round >= total_rounds(self.cfg_in, data):
             if owned:
                 unpersist_corpus(data, blocking=True)
@@ -228,13 +247,14 @@ class Trainer(Driver):
         rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
-        self.log(devices_line(data.devices, cfg.train.device))
+        if devices_line(data.devices, cfg.train.device):
+            self.log(devices_line(data.devices, cfg.train.device))
         if resume:
             self.log(f"resumed from round {st.round}")
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)
-        self.jobs, self.channel = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth), None
+        self.jobs, self.channel = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth, group=group), None
         ended = False
         try:
             if cfg.train.results == "direct":
@@ -470,7 +490,7 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
          "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
          "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
          "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
-         "tokens_per_s": round(agg.stats["tokens"] / max(1e-9, round_s), 1),
+         "tokens_per_s": round(agg.stats["tokens"] / max(1e-9, round_s)),
          "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
          "unique_words": int(len(agg.words)),
          "device": device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}

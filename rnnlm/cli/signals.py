@@ -1,0 +1,93 @@
+"""Ctrl-C and SIGTERM from a command's first line to its last: one line and exit 130 / 143, never a
+traceback (a run's own graceful stop, between rounds, is :class:`rnnlm.spark.stop.StopRequest`).
+
+The first signal raises :class:`Stopped` in the main thread, so clean-up (``finally``, the Spark
+session's stop) runs; a second one while that runs exits at once. PySpark's own SIGINT handler
+(installed with the SparkContext) cancels jobs through py4j from inside the py4j call it interrupts,
+which logs tracebacks (``reentrant call``): :func:`install` is called again once the session exists,
+and once a signal has come Python's logging is off (py4j logs the call it interrupted).
+A JVM still starting (inside :func:`starting_jvm`) is stopped with the signal: it would not notice
+this process go (it watches its stdin only once up) and would live on, printing a stack trace when it
+finds no one to connect back to.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+
+NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
+class Stopped(KeyboardInterrupt):
+    """A command stopped by a signal; ``exit_code`` is the shell's (128 + the signal's number)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(NAMES.get(signum, "a signal"))
+        self.signum, self.exit_code = signum, 128 + int(signum)
+
+
+_fired = []      # signals received: the first raises, a second exits
+_starting = []   # non-empty while Spark's JVM is being started
+
+
+@contextmanager
+def starting_jvm():
+    """Around the call that starts Spark's JVM (a child of this process) and connects to it."""
+    _starting.append(True)
+    try:
+        yield
+    finally:
+        _starting.pop()
+
+
+def _children() -> list:
+    """This process' children (from /proc; none where there is no /proc)."""
+    me, out = os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in names:
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _handle(signum, frame):
+    _fired.append(signum)
+    # py4j logs the interrupted call with its traceback on the root logger: nothing logged is news now
+    logging.disable(logging.CRITICAL)
+    if len(_fired) > 1:
+        print(f"error: stopped ({NAMES[signum]} again, without clean-up)", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+    if _starting:
+        for pid in _children():         # the JVM PySpark is launching (it ignores SIGINT)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+    raise Stopped(signum)
+
+
+def install() -> None:
+    """Make Ctrl-C and SIGTERM raise :class:`Stopped` (the main thread only: signals reach no other)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in NAMES:
+            signal.signal(sig, _handle)
+
+
+def exit_code(e: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C (a plain KeyboardInterrupt too), 143 for SIGTERM."""
+    return getattr(e, "exit_code", 128 + signal.SIGINT)
+
+
+def message(e: KeyboardInterrupt) -> str:
+    return f"stopped ({e.args[0] if e.args else 'Ctrl-C'})"

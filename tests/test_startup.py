@@ -1,0 +1,81 @@
+"""A run's start-up, as a user at a terminal meets it: every phase said, and Ctrl-C or SIGTERM at any
+moment one line and exit 130 / 143, never a traceback."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from conftest import ROOT, set_options
+
+TINY = set_options("model.hidden=16", "train.rounds=2", "train.eval_every=0")
+
+
+def start(tmp_path, name):
+    cmd = [sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / name),
+           "--samples", "0", *TINY]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def children(pid: int) -> list:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def signal_when(proc, signals, seen: str | None = None, lines=None):
+    """Send ``signals`` (0.3 s apart) once stdout shows a line starting with ``seen``, or with ``seen``
+    None once the process has started Spark's JVM (a child); the lines read are appended to ``lines``."""
+    if seen is None:
+        deadline = time.time() + 60
+        while not children(proc.pid) and time.time() < deadline:
+            time.sleep(0.01)
+    else:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(seen):
+                break
+    for i, sig in enumerate(signals):
+        time.sleep(0.3 if i else 0.0)
+        proc.send_signal(sig)
+
+
+def outcome(proc, lines):
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + out, err
+
+
+def test_a_signal_at_any_moment_of_start_up_is_one_line_and_the_shells_exit_code(tmp_path):
+    """While the JVM starts, while the corpus is read (PySpark's own SIGINT handler, which cancels jobs
+    through py4j from inside the call it interrupts, used to print 4 tracebacks; twice, 12) and twice in a
+    row; the processes run side by side to share the JVMs' start."""
+    cases = {"jvm": ([signal.SIGTERM], None, 143, "error: stopped (SIGTERM)"),
+             "corpus": ([signal.SIGINT], "encoding and caching", 130, "error: stopped (Ctrl-C)"),
+             "twice": ([signal.SIGINT, signal.SIGINT], "counting chars", 130, "error: stopped (")}
+    procs, lines, senders = {}, {}, []
+    for name, (sigs, seen, _, _) in cases.items():
+        procs[name], lines[name] = start(tmp_path, name), []
+        t = threading.Thread(target=signal_when, args=(procs[name], sigs, seen, lines[name]))
+        t.start()
+        senders.append(t)
+    for t in senders:
+        t.join(timeout=120)
+    for name, (_, seen, code, last) in cases.items():
+        rc, out, err = outcome(procs[name], lines[name])
+        said = [x for x in err.splitlines() if x.startswith("error:")]
+        assert rc == code and len(said) == 1 and said[0].startswith(last), (name, rc, err[-3000:])
+        assert err.rstrip("\n").endswith(said[0]), (name, err[-3000:])        # the last line
+        noise = [x for x in err.splitlines() if "Traceback" in x or "ERROR" in x or "Exception" in x]
+        assert noise == [], (name, err[-3000:])
+        if seen == "encoding and caching":       # every phase before it was said, in order
+            assert out.startswith("reading rnnlm/data/harbour.txt ...\ncounting chars for the vocabulary ...\n"
+                                  "encoding and caching 2 partitions ...\n"), out
+        assert not os.path.exists(tmp_path / name / "checkpoint"), name      # nothing was trained
