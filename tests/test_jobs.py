@@ -1,6 +1,7 @@
 """The command-line jobs, run as a user would."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -134,7 +135,6 @@ def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
 
 
 def _mb(pattern, text):
-    import re
     return float(re.search(pattern + r" ([0-9.]+) MB", text).group(1))
 
 
@@ -165,6 +165,15 @@ def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path
     assert line.startswith("at 100mbit (latency 2ms) per host link: sync "), line
     assert f"results into the driver {m['round_bytes_sent'] / payload:.2f} s" in line, line
     assert f"broadcast out {1.5 * m2['round_bytes_broadcast'] / payload:.2f} s" in line, line
+    # the parts add up: what is coded and the rest; sync is the larger of the overhead and half of it + the wire
+    blocks = sum(v for k, v in m.items() if k.startswith("block_bytes."))
+    assert (f"the change as coded here {blocks:,} bytes, the rest {m['round_bytes_sent'] - blocks:,} "
+            "(optimizer state") in d.stdout, d.stdout
+    sync, overhead, half, wire, down, up, latency = map(float, re.search(
+        r"sync ([0-9.]+) s per round, the larger of the overhead measured here \(([0-9.]+) s\) and half of it "
+        r"plus the wire \(([0-9.]+) \+ ([0-9.]+) s: results into the driver ([0-9.]+) s, broadcast out ([0-9.]+) s, "
+        r"latency ([0-9.]+) s;", line).groups())
+    assert abs(sync - max(overhead, half + wire)) <= 0.011 and abs(wire - (down + up + latency)) <= 0.011, line
 
 
 def test_dry_run_link_options_are_checked_before_spark_starts():

@@ -73,6 +73,7 @@ def measured(lines: list, partitions: int, params: int) -> dict:
     compute and overhead of the rounds after the first (which starts the executors' Python)."""
     first, second, later = lines[0], lines[1], lines[1:]
     return {"sent": first["round_bytes_sent"], "broadcast": second["round_bytes_broadcast"],
+            "blocks": sum(v for k, v in first.items() if k.startswith("block_bytes.")),
             "first_broadcast": first["round_bytes_broadcast"], "dense": partitions * params * 4,
             "model": params * 4, "compute_s": statistics.median(m["compute_s"] for m in later),
             "overhead_s": statistics.median(max(0.0, m["round_s"] - m["compute_s"]) for m in later)}
@@ -110,15 +111,19 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     log(f"{rounds:,} rounds of {steps_label(probe_cfg.train)} on {P} partitions")
     log(f"per round, measured on rounds 1-4 (run in a scratch directory, then deleted): partitions send "
         f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
-        f"{est['dense'] / 1e6:.3f} MB); the driver broadcasts {est['broadcast']:,} bytes (round 1: "
+        f"{est['dense'] / 1e6:.3f} MB, every partition's change of the weights uncoded): the change as coded "
+        f"here {est['blocks']:,} bytes, the rest {est['sent'] - est['blocks']:,} (optimizer state, carried "
+        f"hidden states, framing); the driver broadcasts {est['broadcast']:,} bytes (round 1: "
         f"{est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
         f"overhead {est['overhead_s']:.2f} s on {sc.master}")
     if link:
         pr = predict(est["sent"], est["broadcast"], P, *link, overhead_s=est["overhead_s"],
                      compute_s=est["compute_s"])
         est["predicted"] = pr
-        log(f"at {bandwidth} (latency {latency}) per host link: sync {pr['sync_s']:.2f} s per round "
-            f"(results into the driver {pr['down_s']:.2f} s, broadcast out {pr['up_s']:.2f} s, overhead "
-            f"{pr['overhead_s']:.2f} s), sync fraction {pr['sync_fraction']:.1%} at {est['compute_s']:.2f} s "
-            f"of compute")
+        log(f"at {bandwidth} (latency {latency}) per host link: sync {pr['sync_s']:.2f} s per round, the larger "
+            f"of the overhead measured here ({pr['overhead_s']:.2f} s) and half of it plus the wire "
+            f"({pr['overhead_s'] / 2:.2f} + {pr['wire_s']:.2f} s: results into the driver {pr['down_s']:.2f} s, "
+            f"broadcast out {pr['up_s']:.2f} s, latency {pr['latency_s']:.2f} s; the other half is moving the "
+            f"bytes, hidden behind a slow link); sync fraction {pr['sync_fraction']:.1%} at "
+            f"{est['compute_s']:.2f} s of compute")
     return est

@@ -69,7 +69,8 @@ def predict(sent: float, broadcast: float, partitions: int, bits_per_s: float, l
     down_s, up_s = sent / rate, broadcast_copies(partitions) * broadcast / rate
     wire_s = down_s + up_s + 2 * ROUND_TRIPS * latency_s
     sync_s = max(overhead_s, overhead_s / 2 + wire_s)
-    out = {"sync_s": sync_s, "down_s": down_s, "up_s": up_s, "overhead_s": overhead_s}
+    out = {"sync_s": sync_s, "down_s": down_s, "up_s": up_s, "latency_s": wire_s - down_s - up_s, "wire_s": wire_s,
+           "overhead_s": overhead_s}
     if compute_s is not None:
         out["round_s"] = compute_s + sync_s
         out["sync_fraction"] = sync_s / (compute_s + sync_s)
