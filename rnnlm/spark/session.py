@@ -34,6 +34,8 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     opts = c.get("spark.driver.extraJavaOptions", "")
     if not submitted and "log4j2.configurationFile" not in opts:
         c.set("spark.driver.extraJavaOptions", f"{opts} -Dlog4j2.configurationFile=file:{LOG4J2[quiet]}".strip())
+    if submitted and quiet and not c.contains("spark.log.level") and _spark_default_logging():
+        c.set("spark.log.level", "WARN")        # a bare spark-submit: 3 INFO lines left of 44
     if not c.contains("spark.app.name"):
         c.setAppName(app)
     for k, v in (conf or {}).items():
@@ -45,6 +47,21 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         if not c.contains(f"spark.executorEnv.{var}"):
             c.set(f"spark.executorEnv.{var}", cpus)
     return SparkSession.builder.config(conf=c).getOrCreate()
+
+
+def _spark_default_logging() -> bool:
+    """Whether the driver's JVM (started by ``spark-submit``) logs with Spark's own INFO profile: the user
+    gave no log4j2 configuration (a file, ``$SPARK_CONF_DIR``) that this package must leave alone.
+
+    The one place that uses PySpark's private gateway (``SparkContext._jvm``): the JVM exists, the
+    SparkContext does not yet, and nothing public reaches log4j before it does.
+    """
+    from pyspark import SparkContext
+    SparkContext._ensure_initialized()
+    context = SparkContext._jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    source = context.getConfiguration().getConfigurationSource()
+    location = source.getLocation() if source is not None else None
+    return bool(location) and location.endswith("org/apache/spark/log4j2-defaults.properties")
 
 
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
