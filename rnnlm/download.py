@@ -74,6 +74,7 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
             got = sha256(tmp)
             if got != digest:
                 raise DownloadError(f"{name}: checksum mismatch (got {got[:16]}..., expected {digest[:16]}...)")
+            os.chmod(tmp, 0o666 & ~_umask())          # mkstemp's 0600 would keep the corpus from others
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -83,6 +84,12 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
     if corpus == "tinyshakespeare":
         out += split_train_valid(out[0], 0.9)
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def split_train_valid(path: str, fraction: float) -> list:

@@ -15,7 +15,7 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, [], argparse.SUPPRESS):
+        if "%(default)" in text or action.default in (None, False, [], "", argparse.SUPPRESS):
             return text
         if not action.option_strings and action.nargs not in ("?", "*"):
             return text

@@ -33,10 +33,22 @@ def generate(a) -> int:
                       temperature=a.temperature, argmax=a.argmax, seed=seed)
     except (checkpoint.CheckpointError, ValueError) as e:
         return error(str(e))
+    unknown = unknown_tokens(ck.vocab, a.prime)
+    if unknown:
+        print(f"note: --prime has {len(unknown)} {ck.vocab.level}s outside the model's vocabulary, read as its "
+              f"unknown token: {', '.join(map(repr, unknown[:10]))}{' ...' if len(unknown) > 10 else ''}",
+              file=sys.stderr)
     if a.seed is None and not a.argmax:
         print(f"seed {seed} (--seed {seed} repeats this sample)", file=sys.stderr)
     print(ck.vocab.join(a.prime, text))
     return 0
+
+
+def unknown_tokens(vocab, text: str) -> list:
+    """The distinct tokens of ``text`` the vocabulary does not hold, in order of appearance."""
+    from ..core.vocab import tokenize
+    seen = dict.fromkeys(t for t in tokenize(text, vocab.level, open_end=True) if t not in vocab.index)
+    return list(seen)
 
 
 def demo(a) -> int:
@@ -56,6 +68,13 @@ def demo(a) -> int:
     return 0
 
 
+def _did_you_mean(name: str, rs) -> str:
+    import difflib
+    keys = sorted({k for r in rs for m in r.metrics for k, v in m.items() if isinstance(v, (int, float))})
+    close = difflib.get_close_matches(name, keys, n=3)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
 def plot(a) -> int:
     from .. import runs
     try:
@@ -73,11 +92,11 @@ def plot(a) -> int:
         return error(f"--labels: {len(a.labels)} labels for {len(rs)} runs ({found})")
     if a.kind == "metric":
         if not any(plots.series(r, a.x, a.y)[0].size for r in rs):
-            return error(f"no run has {a.y!r} in its metrics")
+            return error(f"no run has {a.y!r} in its metrics{_did_you_mean(a.y, rs)}")
         ax = plots.plot_metric(rs, a.x, a.y, labels=a.labels, log_x=a.log_x)
     elif a.kind == "frontier":
         if not plots.frontier(rs, a.y, a.pick):
-            return error(f"no run has {a.y!r} in its metrics")
+            return error(f"no run has {a.y!r} in its metrics{_did_you_mean(a.y, rs)}")
         ax = plots.plot_frontier(rs, a.y, a.pick, labels=a.labels)
     else:
         if a.labels is not None:
