@@ -1,6 +1,7 @@
 """The notebooks execute (nbclient) on small runs made here, and are committed without outputs."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -13,13 +14,14 @@ nbformat = pytest.importorskip("nbformat")
 NOTEBOOKS = sorted(f for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
 
 
-def execute(name, env):
+def execute(name, env, root=ROOT):
+    """Run notebook ``name`` as its kernel would in the checkout ``root`` (in ``root/notebooks``)."""
     nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)          # the kernel inherits the environment
     try:
         nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                resources={"metadata": {"path": os.path.join(ROOT, "notebooks")}}).execute()
+                                resources={"metadata": {"path": os.path.join(root, "notebooks")}}).execute()
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -72,3 +74,37 @@ def test_zipf_notebook_counts_with_spark(tmp_path):
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     exponent = float(text.split(" N^")[1].split(" ")[0])
     assert 0.4 < exponent < 1.0          # distinct words grow slower than the text
+
+
+def checkout(tmp_path):
+    """A checkout as the README's first command leaves it, without its runs yet: setup.cfg (what the
+    notebooks look for), notebooks/ and the shipped text; no data/ (nothing downloaded)."""
+    root = tmp_path / "checkout"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "rnnlm" / "data").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "setup.cfg"), root)
+    shutil.copy(HARBOUR, root / "rnnlm" / "data")
+    return root
+
+
+def test_notebooks_run_as_they_stand_after_the_readmes_first_command(spark, tiny_cfg, tmp_path, capfd):
+    """No variable set: the convergence notebook reads every run under runs/ (the README's runs/demo) and
+    says in one line what to set when there is none; the Zipf notebook counts Penn Treebank when
+    downloaded, else the shipped text, and says so. No Java stack trace reaches the output."""
+    from rnnlm.spark.trainer import Trainer
+    root = checkout(tmp_path)
+    env = {"RNNLM_RUNS": "", "RNNLM_CORPUS": "", "RNNLM_ZIPF_LONGEST": ""}
+    text = outputs(execute("convergence_vs_communication.ipynb", env, str(root)))
+    assert text.startswith("no runs to read (") and "set RNNLM_RUNS=DIR[,DIR...]" in text, text
+    assert "Error" not in text and "Traceback" not in text
+    Trainer(spark, config.replace(tiny_cfg, "data", valid=HARBOUR_VALID), str(root / "runs" / "demo"),
+            log=lambda s: None).run()
+    text = outputs(execute("convergence_vs_communication.ipynb", env, str(root)))
+    assert f"runs (relative paths from the repository root {root}): {root / 'runs'}\n" in text, text
+    assert text.count(" rounds     2  tokens ") == 1, text
+    text = outputs(execute("zipf.ipynb", env, str(root)))
+    assert f"{root}/data/ptb.train.txt is not here (rnnlm download ptb fetches it): counting the shipped " \
+           "harbour.txt" in text, text
+    assert f"{root}/rnnlm/data/harbour.txt: U = " in text, text
+    err = capfd.readouterr().err
+    assert "Exception" not in err and "\tat " not in err, err[-3000:]
