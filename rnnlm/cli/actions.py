@@ -10,7 +10,7 @@ from ..spark import corpus
 from ..spark.hfs import HadoopFS
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
-from ..spark.rundir import TrainingError
+from ..spark.rundir import Init, TrainingError
 from ..spark.session import release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
@@ -68,18 +68,18 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
             spark.stop()
 
 
-def make_trainer(spark, cfg, out: str, log=print, progress=None):
-    """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's."""
+def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None):
+    """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's
+    (``spark`` None with a LocalFS ``fs``: a resumed run already at its length, which needs no Spark)."""
     if cfg.train.mode == "async":
         from ..spark.async_trainer import AsyncTrainer
-        return AsyncTrainer(spark, cfg, out, log, progress)
-    return Trainer(spark, cfg, out, log, progress)
+        return AsyncTrainer(spark, cfg, out, log, progress, fs)
+    return Trainer(spark, cfg, out, log, progress, fs)
 
 
 def train(a) -> int:
-    from ..core.generate import generate
-    from ..core.models import build as build_model
-    from .checks import check_train
+    from ..core.files import LocalFS
+    from .checks import check_device, check_init_from, check_train, finished_run, load_checkpoint
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -90,32 +90,53 @@ def train(a) -> int:
         if not bandwidth:
             raise LinkError("--latency needs --bandwidth")
         parse_latency(latency)
+    init_from, keep = getattr(a, "init_from", None), getattr(a, "keep_optimizer", False)
+    if init_from and a.resume:
+        raise config.ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues "
+                                 "the run in --out: not both")
+    if keep and not init_from:
+        raise config.ConfigError("--keep-optimizer goes with --init-from")
     # what can be checked without Spark is, before its JVM takes 13-16 s to start
+    check_device(cfg, a.master)
     cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
+    init = check_init_from(cfg, init_from, keep) if init_from else None
     if a.dry_run:
         from ..spark.dryrun import dry_run
         with spark_session("rnnlm-dry-run", a.master, a.verbose) as spark:
             dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
         return 0
+    done = finished_run(cfg, a.out, a.resume, getattr(a, "overwrite", False))
+    if done is not None:        # nothing to do, said without Spark
+        tr = make_trainer(None, cfg, done, fs=LocalFS())
+        return _report(tr, tr.run(resume=True), a.samples)
     bar = Progress() if sys.stdout.isatty() else None
     try:
         with spark_session("rnnlm-train", a.master, a.verbose, progress=bar) as spark:
             try:
+                if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
+                    init = Init(load_checkpoint(init_from), init_from, keep)
                 tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
-                last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False))
+                last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init)
             except (Interrupted, KeyboardInterrupt):
                 spark.stop()          # cancels what runs and releases the executors before the process exits
                 raise
     finally:
         if bar:
             bar.close()
+    return _report(tr, last, a.samples)
+
+
+def _report(tr, last: dict, samples: int) -> int:
+    """The run's last line (``done: ...``) and ``samples`` texts from its model."""
+    from ..core.generate import generate
+    from ..core.models import build as build_model
     # an async run's last line may count no push, and so carry no loss: the latest one is reported
     loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
           + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
           + f" | checkpoint {tr.dir.ck_path}")
     model = build_model(tr.cfg.model)
-    for s in range(a.samples):
+    for s in range(samples):
         print(f"--- sample {s + 1} ---")
         print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=s))
     return 0

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import sys
 
 from .. import config
 from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.rundir import RunDir, check_resume
+from ..spark.rundir import Init, RunDir, best_record, check_init, check_longer, check_resume, resume_keys
+from ..spark.session import is_local_master
 
 DATA_KEYS = ("train", "valid", "test")
+GPU_EXTRA = 'pip install "rnnlm[gpu]"'
 
 
 def _local(path: str) -> str | None:
@@ -83,11 +87,66 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     local_out = _local(out)
     if dry_run or local_out is None or overwrite:
         return cfg
-    run_dir = RunDir(out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
+    run_dir = _run_dir(out, local_out)
     run_dir.prepare(resume)
     if resume:
-        check_resume(cfg, checkpoint.load(local_out).config, run_dir.ck_path)
+        ck = checkpoint.load(local_out)
+        check_resume(cfg, ck.config, run_dir.ck_path, resume_keys(cfg))
+        at = ck.position.get("round")
+        if cfg.train.rounds and type(at) is int:        # a longer run's length known without the corpus
+            check_longer(cfg, at, cfg.train.rounds, run_dir.saved_lines() or [], best_record(ck.position.get("best")),
+                         run_dir.ck_path)
     return cfg
+
+
+def _run_dir(out: str, local_out: str) -> RunDir:
+    """The run directory ``out`` on the local disk, named as given (a URI by its local path)."""
+    return RunDir(out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
+
+
+def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool = False) -> str | None:
+    """The run directory of a local ``--out`` being resumed whose run is already at ``train.rounds``
+    (so ``nothing to do`` is known without Spark), else None; a length in ``train.epochs`` needs
+    the corpus' size, counted by Spark."""
+    local_out = _local(out) if resume and not overwrite and cfg.train.rounds else None
+    if local_out is None:
+        return None
+    pos = checkpoint.load(local_out).position
+    done = pos.get("done") if cfg.train.mode == "async" else [pos.get("round")]
+    if isinstance(done, list) and done and all(type(d) is int and d >= cfg.train.rounds for d in done):
+        return _run_dir(out, local_out).out
+    return None
+
+
+def check_device(cfg: config.Config, master: str | None) -> None:
+    """``train.device = "gpu"`` where this machine has no CuPy or no CUDA device fails here when every
+    executor runs on it in this Python: a local master (``local``, ``local[N]``, ``local-cluster[...]``)
+    outside ``spark-submit``, with ``$PYSPARK_PYTHON`` unset or this interpreter. A cluster's
+    executors may have GPUs (and CuPy) the driver lacks: they check for themselves."""
+    if cfg.train.device != "gpu" or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    master = master or "local[2]"
+    worker = os.environ.get("PYSPARK_PYTHON")
+    if not is_local_master(master) or (worker and os.path.realpath(shutil.which(worker) or worker)
+                                       != os.path.realpath(sys.executable)):
+        return
+    from ..core import backend
+    if not backend.gpu_available():
+        raise config.ConfigError(f"train.device = 'gpu' but this machine has no CuPy or no CUDA device, and the "
+                                 f"master {master} runs every executor here: {GPU_EXTRA} on a machine with an "
+                                 "NVIDIA GPU, or train.device = 'cpu' or 'auto'")
+
+
+def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool = False) -> Init | None:
+    """``--init-from``'s checkpoint (a run directory: its last; ``RUN/best``; a checkpoint) when it
+    is local, loaded, verified and checked against ``cfg`` (:func:`rnnlm.spark.rundir.check_init`);
+    None for any other Hadoop path, read once Spark runs."""
+    local = _local(path)
+    if local is None:
+        return None
+    ck = checkpoint.load(local)
+    check_init(cfg, ck.config, path, keep_optimizer)
+    return Init(ck, path, keep_optimizer)
 
 
 def load_checkpoint(path: str) -> checkpoint.Checkpoint:

@@ -39,6 +39,12 @@ def train(ap) -> None:
     again.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     again.add_argument("--overwrite", action="store_true",
                        help="start again in an --out that holds a run (deletes its metrics, run.json, checkpoint)")
+    ap.add_argument("--init-from", default=None, metavar="RUN|RUN/best|CHECKPOINT",
+                    help="start a new run (from round 0, in its own --out) from these weights and their "
+                         "vocabulary, for fine-tuning or another learning rate; any Hadoop path "
+                         "(default: fresh weights)")
+    ap.add_argument("--keep-optimizer", action="store_true",
+                    help="with --init-from: its optimizer state too (default: fresh)")
     ap.add_argument("--samples", type=int, default=1, metavar="N", help="text samples to print at the end")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved configuration, the parameter count and the bytes a round moves "

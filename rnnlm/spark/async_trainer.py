@@ -32,7 +32,7 @@ from ..core.schedule import Schedule
 from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
 from .async_task import worker_task
-from .rundir import ASYNC_RESUME_KEYS, Driver, RunDir, TrainingError, best_record, improves
+from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host
 from .stop import Interrupted, StopRequest
 from .trainer import device_field, devices_line, load_corpus, total_rounds, unpersist_corpus
@@ -42,13 +42,18 @@ class AsyncTrainer(Driver):
     """The driver of one asynchronous run (the same constructor and outputs as
     :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` as well)."""
 
-    def run(self, resume: bool = False, data=None, overwrite: bool = False) -> dict:
-        self.dir.prepare(resume, overwrite)
+    def run(self, resume: bool = False, data=None, overwrite: bool = False, init: Init | None = None) -> dict:
+        self._prepare(resume, overwrite, init)
         ck = self._load_checkpoint() if resume else None
         t = self.cfg_in.train
+        if ck is not None and t.rounds and all(d >= t.rounds for d in ck.position["done"]):
+            # known before any data is read
+            self.cfg = config.resolve(self.cfg_in, len(ck.vocab))
+            self.params, self.vocab = ck.params, ck.vocab
+            return self.dir.nothing_to_do(ck.position["round"], t.rounds)
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
         owned = data is None
-        data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else None, self.status)
+        data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else init and init.checkpoint.vocab, self.status)
         cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         model = build_model(cfg.model)
         self.layout, P = model.layout, cfg.data.partitions
@@ -58,14 +63,16 @@ class AsyncTrainer(Driver):
                 unpersist_corpus(data, blocking=True)
             self.params, self.vocab = ck.params, data.vocab
             return self.dir.nothing_to_do(ck.position["round"], windows)
-        self.dir.write_info(self.sc, cfg, resume, data.devices)
+        self.dir.write_info(self.sc, cfg, resume, data.devices, init)
         state = None
         if ck is not None:
             pos = ck.position
             state = {"version": pos["version"], "done": pos["done"], "totals": pos["totals"]}
             if "server.acc" in ck.optim:
                 state["acc"] = ck.optim["server.acc"]
-        params = ck.params if ck else model.init_params(cfg.train.seed)
+        elif init and init.keep_optimizer and "server.acc" in init.checkpoint.optim:
+            state = {"acc": init.checkpoint.optim["server.acc"]}        # a new run: version 0, no window done
+        params = ck.params if ck else init.checkpoint.params if init else model.init_params(cfg.train.seed)
         server = ParameterServer(self.layout, params, cfg.server, windows, P, state, log=self.log)
         held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
                     if rdd is not None}
@@ -93,6 +100,8 @@ class AsyncTrainer(Driver):
             self.log(devices_line(data.devices, cfg.train.device))
         if ck is not None:
             self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
+        elif init:
+            self.log(init.line())
         run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
@@ -119,7 +128,7 @@ class AsyncTrainer(Driver):
         return self.metrics[-1]
 
     def _load_checkpoint(self):
-        ck = self.dir.read_checkpoint(self.cfg_in, ASYNC_RESUME_KEYS)
+        ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
         lines = [m for m in self.dir.saved_lines() or [] if m["syncs"] <= ck.position["version"]]
         line = ck.position.get("line")
         if line and (not lines or lines[-1]["syncs"] < line["syncs"]):

@@ -5,6 +5,7 @@ metrics file and the checkpoints, each written so that a crash leaves the old or
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from .. import config
 from ..core import checkpoint
@@ -12,12 +13,19 @@ from ..core.metrics import json_lines
 from . import runinfo
 from .hfs import HadoopFS
 
-# a change in any of these makes a resumed run a different experiment
+# a change in any of these makes a resumed run a different experiment (train.results: direct merges in
+# partition order, treeAggregate in its tree's); the other keys (the run's length train.rounds or
+# train.epochs, train.eval_every, checkpoint_every, checkpoint_s, rebase_every, rebase_fraction, where a
+# server listens and when it checkpoints) change when work runs, never the numbers (see resume_keys for
+# the exceptions), and train.device the hardware, whose rounding may differ as another machine's may
 RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
-               "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "outer",
-                         "outer_lr", "outer_momentum", "optim_state", "overlap", "eager")}
+               "train": ("mode", "seed", "bptt", "batch", "grad_norm", "local_steps", "tree_depth", "results",
+                         "outer", "outer_lr", "outer_momentum", "optim_state", "overlap", "eager")}
 # an async run's: its pushes' size and how the server applies them as well
-ASYNC_RESUME_KEYS = dict(RESUME_KEYS, train=RESUME_KEYS["train"] + ("push_every",), server=("update", "staleness"))
+ASYNC_RESUME_KEYS = dict(RESUME_KEYS, train=RESUME_KEYS["train"] + ("push_every",),
+                         server=("update", "staleness", "lock"))
+# the model keys that shape its parameters (--init-from needs them equal; ffnn alone reads model.context)
+SHAPE_KEYS = ("cell", "context", "embed", "hidden", "layers", "dtype")
 
 
 BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
@@ -27,17 +35,100 @@ class TrainingError(RuntimeError):
     """Training stopped (non-finite loss, incompatible resume); the message is one line."""
 
 
-def check_resume(cfg: config.Config, saved: config.Config, where: str, keys: dict = RESUME_KEYS) -> None:
-    """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
-    experiment differs (``keys``: section -> names, None for the whole section)."""
+def _difference(cfg: config.Config, saved: config.Config, keys: dict) -> tuple | None:
+    """The first ``(section, key, here, there)`` of ``keys`` (section -> names, None for the whole
+    section; never ``model.vocab_size``, the corpus' choice) that differs between the two, else None."""
     mine, theirs = cfg.to_dict(), saved.to_dict()
     for sec, names in keys.items():
         for k in (names or mine[sec].keys()):
-            if sec == "model" and k == "vocab_size":
-                continue
-            if mine[sec][k] != theirs[sec][k]:
-                raise TrainingError(f"cannot resume: {sec}.{k} is {mine[sec][k]!r} here but "
-                                    f"{theirs[sec][k]!r} in {where}")
+            if not (sec == "model" and k == "vocab_size") and mine[sec][k] != theirs[sec][k]:
+                return sec, k, mine[sec][k], theirs[sec][k]
+    return None
+
+
+def check_resume(cfg: config.Config, saved: config.Config, where: str, keys: dict = RESUME_KEYS) -> None:
+    """Refuse to resume the run saved with ``saved`` under ``cfg`` when a key that makes it another
+    experiment differs (``keys``: section -> names, None for the whole section; see :func:`resume_keys`)."""
+    found = _difference(cfg, saved, keys)
+    if found:
+        sec, k, mine, theirs = found
+        raise TrainingError(f"cannot resume: {sec}.{k} is {mine!r} here but {theirs!r} in {where}")
+
+
+def resume_keys(cfg: config.Config) -> dict:
+    """The keys a resume of ``cfg``'s run must keep (section -> names, None for the whole section):
+    :data:`RESUME_KEYS` or :data:`ASYNC_RESUME_KEYS`, and where they change the numbers as well,
+    ``train.eval_every`` under a plateau schedule (it steps at each evaluation) and, with AdaGrad on
+    the server, its ``lr`` and ``eps``."""
+    keys = dict(ASYNC_RESUME_KEYS if cfg.train.mode == "async" else RESUME_KEYS)
+    if cfg.optim.schedule == "plateau":
+        keys["train"] = keys["train"] + ("eval_every",)
+    if cfg.train.mode == "async" and cfg.server.update == "adagrad":
+        keys["server"] = keys["server"] + ("lr", "eps")
+    return keys
+
+
+def check_longer(cfg: config.Config, at: int, rounds: int, lines: list, best: dict | None, where: str) -> None:
+    """Refuse to train a run checkpointed at round ``at`` on to ``rounds`` when its end changed what
+    the longer run computes: a plateau schedule that stepped on the evaluation ending the run off
+    ``train.eval_every``'s cadence (the longer run makes no evaluation there). Its metrics line at
+    ``at`` (or ``best``, its checkpoint's best round) tells whether it evaluated there; a run
+    stopped by a signal or a crash did not."""
+    every = cfg.train.eval_every
+    if rounds <= at or cfg.optim.schedule != "plateau" or (every and at % every == 0):
+        return
+    line = next((m for m in lines if m.get("round") == at), {})
+    if "valid_loss" in line or (best or {}).get("round") == at:
+        cadence = f"every {every} rounds" if every else "only at the end (train.eval_every = 0)"
+        raise TrainingError(f"cannot resume to {rounds} rounds: optim.schedule = 'plateau' stepped on the "
+                            f"evaluation that ended the run at round {at} in {where}, which a run of {rounds} "
+                            f"rounds, evaluating {cadence}, does not make; start a new run from its weights "
+                            "with --init-from")
+
+
+def check_init(cfg: config.Config, saved: config.Config, where: str, keep_optimizer: bool = False) -> None:
+    """Refuse to start a run of ``cfg`` from the weights of a checkpoint saved with ``saved``
+    (``--init-from``) when its vocabulary's level or its parameters' shape differ (the first key
+    that does is named), or, with ``keep_optimizer``, when its optimizer state would not mean
+    the same here."""
+    shape = SHAPE_KEYS if cfg.model.cell == "ffnn" else tuple(k for k in SHAPE_KEYS if k != "context")
+    found = _difference(cfg, saved, {"data": ("level",), "model": shape})
+    if found:
+        sec, k, mine, theirs = found
+        raise TrainingError(f"cannot start from {where}: {sec}.{k} is {mine!r} here but {theirs!r} there")
+    if not keep_optimizer:
+        return
+    keys = {"train": ("mode", "optim_state", "outer"), "optim": ("name",)}
+    if cfg.train.optim_state == "local":          # one state per partition
+        keys["data"] = ("partitions",)
+    if cfg.train.mode == "async":                 # the server's AdaGrad accumulator
+        keys["server"] = ("update",)
+    found = _difference(cfg, saved, keys)
+    if found:
+        sec, k, mine, theirs = found
+        raise TrainingError(f"--keep-optimizer: {sec}.{k} is {mine!r} here but {theirs!r} in {where}, whose "
+                            "optimizer state would not mean the same here (without --keep-optimizer: fresh state)")
+
+
+@dataclass(frozen=True)
+class Init:
+    """Where a new run's weights come from (``--init-from``): a checkpoint already read (its path
+    as given), and whether its optimizer state comes too. Its vocabulary is the new run's."""
+
+    checkpoint: checkpoint.Checkpoint
+    path: str
+    keep_optimizer: bool = False
+
+    def record(self) -> dict:
+        """``run.json``'s ``init_from``."""
+        return {"path": self.path, "round": self.checkpoint.position.get("round"),
+                "optimizer": "kept" if self.keep_optimizer else "fresh"}
+
+    def line(self) -> str:
+        """The log line saying so."""
+        r = self.checkpoint.position.get("round")
+        return (f"initialised from {self.path} (round {r} of its run; its vocabulary of {len(self.checkpoint.vocab)} "
+                f"tokens; optimizer state {'kept' if self.keep_optimizer else 'fresh'})")
 
 
 def best_record(saved) -> dict | None:
@@ -107,10 +198,10 @@ class RunDir:
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
-    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict) -> None:
+    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None) -> None:
         """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
-        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`)."""
-        runinfo.write(self.fs, self.out, sc, cfg, resume, devices)
+        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights."""
+        runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
 
     def saved_lines(self) -> list | None:
         """The metrics file's lines, or None when it is missing or empty."""
@@ -175,6 +266,15 @@ class Driver:
         self.status = progress.status if progress is not None else log
         self.dir = RunDir(out, self.sc, fs, log, progress)
         self.cfg_in = cfg
+
+    def _prepare(self, resume: bool, overwrite: bool, init: Init | None) -> None:
+        """Check ``--out`` against ``--resume`` (:meth:`RunDir.prepare`) and a new run's ``init``
+        against the configuration (:func:`check_init`), before anything is read."""
+        if init is not None:
+            if resume:
+                raise TrainingError("--init-from starts a new run; --resume continues the one in --out: not both")
+            check_init(self.cfg_in, init.checkpoint.config, init.path, init.keep_optimizer)
+        self.dir.prepare(resume, overwrite)
 
     @property
     def metrics(self) -> list:

@@ -23,12 +23,14 @@ def _versions() -> dict:
     return out
 
 
-def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None) -> dict:
+def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None,
+             init_from: dict | None = None) -> dict:
     """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
-    ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses}``.
+    ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses}``; ``init_from``: where its first
+    weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``).
 
-    ``resume_of`` is the record of the run being resumed: its start time is kept and
-    this start is appended to its ``resumed`` list.
+    ``resume_of`` is the record of the run being resumed: its start time and ``init_from`` are
+    kept and this start is appended to its ``resumed`` list.
     """
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     info = {"config": cfg.to_dict(), "versions": _versions(), "spark": sc.version, "master": sc.master,
@@ -38,11 +40,14 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
     if resume_of is not None:          # {} for a run from before run.json: its start is unknown
         info["started"] = resume_of.get("started")
         info["resumed"] = list(resume_of.get("resumed", [])) + [now]
+        init_from = resume_of.get("init_from")
+    if init_from is not None:
+        info["init_from"] = init_from
     return info
 
 
-def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None) -> None:
-    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now."""
+def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init_from: dict | None = None) -> None:
+    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now (from ``init_from``'s weights)."""
     path = f"{out}/{NAME}"
     old = None
     if resume:
@@ -52,4 +57,4 @@ def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None) -> N
         except ValueError:
             old = {}            # a damaged record is replaced, never fatal to training
         old = old if isinstance(old, dict) else {}
-    fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices), indent=2).encode())
+    fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())

@@ -67,6 +67,11 @@ def _spark_default_logging() -> bool:
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
 
 
+def is_local_master(master: str) -> bool:
+    """Whether every executor of ``master`` runs on this machine: ``local``, ``local[N]``, ``local-cluster[...]``."""
+    return bool(_LOCAL_MASTER.fullmatch(master.strip()))
+
+
 def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     """The address a driver-side server (the parameter server, the direct result channel) listens
     on: ``configured`` (``server.host``) when set; loopback when every

@@ -36,7 +36,7 @@ from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
 from .rounds import Job, Jobs, broadcast_bytes
-from .rundir import Driver, TrainingError, best_record, improves
+from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
 from .session import bind_host, release
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -180,8 +180,18 @@ class Trainer(Driver):
         params = model.init_params(cfg.train.seed)
         return RunState(params=params, schedule=Schedule(cfg.optim).state)
 
+    def _start_from(self, cfg, init: Init) -> RunState:
+        """Round 0 of a new run from ``init``'s weights and, with ``keep_optimizer``, its optimizer
+        state (the inner optimizer's, averaged or per partition, and the outer momentum): nothing
+        else of its run (position, schedule, hidden states, residuals, the executors' view)."""
+        st = RunState(params=np.array(init.checkpoint.params), schedule=Schedule(cfg.optim).state)
+        if init.keep_optimizer:
+            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
+            st.opt, st.opt_local, st.velocity = kept["opt"], kept["opt_local"], kept["velocity"]
+        return st
+
     def _resume(self):
-        ck = self.dir.read_checkpoint(self.cfg_in)
+        ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
         pos = ck.position
         st = RunState(params=ck.params, schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"],
                       bytes_sent=pos["bytes_sent"], bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"],
@@ -209,31 +219,41 @@ class Trainer(Driver):
         """Check ``--out`` against ``--resume`` (see :meth:`rnnlm.spark.rundir.RunDir.prepare`)."""
         self.dir.prepare(resume, overwrite)
 
-    def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False) -> dict:
+    def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False,
+            init: Init | None = None) -> dict:
         """Train to the configured length; return the last metrics line.
 
         ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one);
-        ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`).
+        ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`);
+        ``init`` starts a new run from a checkpoint's weights and vocabulary (``--init-from``).
         """
-        self.dir.prepare(resume, overwrite)
-        group = f"rnnlm train {self.dir.out}"          # every job of the run, in Spark's UI
-        self.sc.setJobGroup(group, group)
-        vocab, st = self._resume() if resume else (None, None)
+        self._prepare(resume, overwrite, init)
+        vocab, st = self._resume() if resume else (init and init.checkpoint.vocab, None)
         if st is not None and self.cfg_in.train.rounds and st.round >= self.cfg_in.train.rounds:
             # known before any data is read
             return self.nothing_to_do(st.round, self.cfg_in.train.rounds, st.params, vocab)
         owned = data is None
+        group = f"rnnlm train {self.dir.out}"          # every job of the run, in Spark's UI
+        self.sc.setJobGroup(group, group)
         data = data or load_corpus(self.sc, self.cfg_in, vocab, self.status)
-        if st is not None and st.round >= total_rounds(self.cfg_in, data):
+        rounds = total_rounds(self.cfg_in, data)
+        if st is not None and st.round >= rounds:
             if owned:
                 unpersist_corpus(data, blocking=True)
-            return self.nothing_to_do(st.round, total_rounds(self.cfg_in, data), st.params, data.vocab)
+            return self.nothing_to_do(st.round, rounds, st.params, data.vocab)
+        if st is not None:
+            try:
+                check_longer(self.cfg_in, st.round, rounds, self.metrics, st.best, self.dir.ck_path)
+            except TrainingError:
+                if owned:
+                    unpersist_corpus(data, blocking=True)
+                raise
         cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
         model = build_model(cfg.model)
         self.layout = model.layout
         self.protocol = SyncRound(self.layout, cfg.train, cfg.data.partitions)
-        st = st or self._fresh(cfg)
-        self.dir.write_info(self.sc, cfg, resume, data.devices)
+        st = st or (self._start_from(cfg, init) if init else self._fresh(cfg))
+        self.dir.write_info(self.sc, cfg, resume, data.devices, init)
         self.residuals = None
         if executor.chained(cfg):
             self.residuals = Residuals(self.sc, data.train, st.held, self._carries(cfg, st))
@@ -244,13 +264,14 @@ class Trainer(Driver):
         else:
             self.params_bc = DeltaBroadcast(*bc_args, codec=plan.parse(cfg.exchange.broadcast)[1], view=st.view,
                                             retire=retire)
-        rounds = total_rounds(cfg, data)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
         if devices_line(data.devices, cfg.train.device):
             self.log(devices_line(data.devices, cfg.train.device))
         if resume:
             self.log(f"resumed from round {st.round}")
+        elif init:
+            self.log(init.line())
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)

@@ -1,0 +1,326 @@
+"""Continuing a run differently: ``--resume`` to a longer run (and other cadence keys), ``--init-from``
+(a new run from a checkpoint's weights), and what ``rnnlm train`` finds before Spark's JVM starts
+(a resumed run already at its length, ``train.device = "gpu"`` without CuPy or a GPU)."""
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from rnnlm import cli, config
+from rnnlm.cli import checks
+from rnnlm.core import backend, checkpoint
+from rnnlm.core.models import build as build_model
+from rnnlm.core.vocab import Vocab
+from rnnlm.spark import runinfo
+from rnnlm.spark.async_trainer import AsyncTrainer
+from rnnlm.spark.rundir import Init, TrainingError, check_init, check_longer, check_resume, resume_keys
+from rnnlm.spark.trainer import Trainer
+
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY, metrics
+
+VALID = f"data.valid={HARBOUR_VALID}"
+
+
+@pytest.fixture(autouse=True)
+def _cwd(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def cfg_of(*sets):
+    return config.load(None, [f"data.train={HARBOUR}", "data.level=char", "data.partitions=2", "optim.name=adam",
+                              "optim.lr=0.01", "train.grad_norm=token", "train.eval_every=0", *TINY, *sets])
+
+
+def differs(cfg, section, **changes):
+    return config.replace(cfg, section, **changes)
+
+
+def run(spark, cfg, out, resume=False, init=None, log=None, data=None):
+    tr = Trainer(spark, cfg, str(out), log=log.append if log is not None else (lambda s: None))
+    tr.run(resume=resume, init=init, data=data)
+    return tr
+
+
+# ----------------------------------------------------------------- what a resume may change (no Spark)
+def test_a_resume_takes_a_longer_run_and_other_cadence_but_not_what_changes_the_numbers():
+    cfg = cfg_of("exchange.broadcast=delta+bf16")
+    for section, changes in (("train", {"rounds": 9}), ("train", {"epochs": 3.0}), ("train", {"eval_every": 3}),
+                             ("train", {"checkpoint_every": 2}), ("train", {"checkpoint_s": 5.0}),
+                             ("train", {"rebase_every": 4}), ("train", {"rebase_fraction": 0.1}),
+                             ("train", {"device": "auto"}), ("server", {"lock": True, "port": 7})):
+        check_resume(cfg, differs(cfg, section, **changes), "ck", resume_keys(cfg))
+    refused = [
+        (cfg, "train", {"results": "direct"}),              # another merge order
+        (cfg, "train", {"local_steps": 4}),
+        (cfg_of("optim.schedule=plateau", VALID), "train", {"eval_every": 3}),    # it steps at evaluations
+        (cfg_of("train.mode=async"), "server", {"lock": True}),
+        (cfg_of("train.mode=async", "server.update=adagrad", "optim.name=sgd"), "server", {"lr": 0.5}),
+        (cfg_of("train.mode=async", "server.update=adagrad", "optim.name=sgd"), "server", {"eps": 0.5}),
+    ]
+    for mine, section, changes in refused:
+        (k, v), = changes.items()
+        with pytest.raises(TrainingError) as e:
+            check_resume(mine, differs(mine, section, **changes), "ck", resume_keys(mine))
+        assert str(e.value) == f"cannot resume: {section}.{k} is {getattr(getattr(mine, section), k)!r} here but " \
+                               f"{v!r} in ck"
+    # the server's rate means nothing to a server that adds: accepted
+    add = cfg_of("train.mode=async")
+    check_resume(add, differs(add, "server", lr=0.5), "ck", resume_keys(add))
+
+
+def test_a_plateau_run_that_stepped_at_its_end_off_the_cadence_is_not_made_longer():
+    cfg = cfg_of("optim.schedule=plateau", VALID, "train.eval_every=3")
+    evaluated = [{"round": 1}, {"round": 2, "valid_loss": 3.1}]
+    with pytest.raises(TrainingError) as e:
+        check_longer(cfg, 2, 4, evaluated, None, "run/checkpoint")
+    assert str(e.value) == (
+        "cannot resume to 4 rounds: optim.schedule = 'plateau' stepped on the evaluation that ended the run at "
+        "round 2 in run/checkpoint, which a run of 4 rounds, evaluating every 3 rounds, does not make; start a new "
+        "run from its weights with --init-from")
+    with pytest.raises(TrainingError, match="evaluating only at the end"):     # without metrics: best/'s round
+        check_longer(differs(cfg, "train", eval_every=0), 2, 4, [], {"round": 2, "valid_loss": 3.1}, "ck")
+    check_longer(cfg, 2, 4, [{"round": 1}, {"round": 2}], {"round": 1, "valid_loss": 3.0}, "ck")   # stopped at 2
+    check_longer(cfg, 3, 6, [{"round": 3, "valid_loss": 3.1}], None, "ck")          # on the cadence
+    check_longer(differs(cfg, "optim", schedule="constant"), 2, 4, evaluated, None, "ck")
+    check_longer(cfg, 2, 2, evaluated, None, "ck")                                  # not longer
+
+
+def test_init_from_needs_the_vocabulary_level_and_the_shape_and_kept_state_the_same_optimizer():
+    cfg = cfg_of("model.dropout=0.3", "model.init_scale=0.2", "optim.lr=0.001", "train.seed=5")
+    saved = config.resolve(cfg_of(), 47)
+    check_init(cfg, saved, "ck", keep_optimizer=True)       # another rate, dropout, init and seed: the same model
+    check_init(differs(cfg, "model", context=5), saved, "ck")           # an LSTM reads no context
+    for section, changes in (("data", {"level": "word"}), ("model", {"cell": "rnn"}), ("model", {"hidden": 32}),
+                             ("model", {"embed": 8}), ("model", {"layers": 2}), ("model", {"dtype": "float64"})):
+        (k, v), = changes.items()
+        with pytest.raises(TrainingError) as e:
+            check_init(differs(cfg, section, **changes), saved, "runs/a/best")
+        assert str(e.value) == (f"cannot start from runs/a/best: {section}.{k} is {v!r} here but "
+                                f"{getattr(getattr(saved, section), k)!r} there")
+    ffnn = cfg_of("model.cell=ffnn", "model.embed=8")
+    with pytest.raises(TrainingError, match="model.context is 5 here but 3 there"):
+        check_init(differs(ffnn, "model", context=5), config.resolve(ffnn, 47), "ck")
+    for mine, message in ((differs(cfg, "optim", name="sgd"), "optim.name is 'sgd' here but 'adam'"),
+                          (differs(cfg, "train", optim_state="reset"), "train.optim_state is 'reset' here"),
+                          (differs(cfg, "train", outer="momentum"), "train.outer is 'momentum' here")):
+        check_init(mine, saved, "ck")                       # fresh optimizer state: any optimizer
+        with pytest.raises(TrainingError, match=f"^--keep-optimizer: {message}"):
+            check_init(mine, saved, "ck", keep_optimizer=True)
+    local = differs(cfg, "train", optim_state="local")
+    check_init(differs(cfg, "data", partitions=3), saved, "ck", keep_optimizer=True)     # averaged: one state
+    with pytest.raises(TrainingError, match="data.partitions is 3 here but 2"):         # one per partition
+        check_init(differs(local, "data", partitions=3), differs(saved, "train", optim_state="local"), "ck",
+                   keep_optimizer=True)
+
+
+def test_run_json_keeps_where_the_weights_came_from_across_resumes(spark):
+    cfg = config.resolve(cfg_of(), 47)
+    origin = {"path": "runs/a/best", "round": 3, "optimizer": "fresh"}
+    first = runinfo.describe(spark.sparkContext, cfg, init_from=origin)
+    assert first["init_from"] == origin
+    again = runinfo.describe(spark.sparkContext, cfg, resume_of=first)
+    assert again["init_from"] == origin and again["started"] == first["started"] and len(again["resumed"]) == 1
+    assert "init_from" not in runinfo.describe(spark.sparkContext, cfg)
+
+
+# ------------------------------------------------------------ rnnlm train before the JVM starts (no Spark)
+@pytest.fixture
+def no_jvm(monkeypatch):
+    """Starting Spark fails the test: what these commands decide, they decide without it."""
+    def refuse(*a, **k):
+        raise AssertionError("Spark was started")
+    monkeypatch.setattr("rnnlm.spark.session.get_spark", refuse)
+
+
+def train(out, *sets, resume=False, init_from=None, keep=False, master=None):
+    a = argparse.Namespace(config=os.path.join(ROOT, "conf", "demo.toml"),
+                           set=[*TINY, "data.valid=", "train.eval_every=0", *sets], out=str(out), resume=resume,
+                           overwrite=False, master=master, samples=1, dry_run=False, verbose=False,
+                           init_from=init_from, keep_optimizer=keep)
+    return cli.guarded(lambda: cli.train(a))
+
+
+def one_error(capsys, rc, expected):
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+    return err
+
+
+def saved_run(out, *sets, position, lines):
+    """A run directory as training leaves it, written without Spark: its checkpoint and metrics."""
+    cfg = config.load(os.path.join(ROOT, "conf", "demo.toml"), [*TINY, "data.valid=", "train.eval_every=0", *sets])
+    vocab = Vocab.build(open(HARBOUR).read(), "char")
+    cfg = config.resolve(cfg, len(vocab))
+    checkpoint.save(str(out / "checkpoint"), checkpoint.Checkpoint(
+        params=build_model(cfg.model).init_params(7), config=cfg, vocab=vocab, position=position))
+    (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+
+
+def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
+    lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
+    saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={
+        "round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    line = dict(lines[-1], syncs=4, pushes=2)
+    saved_run(tmp_path / "async", "train.rounds=2", "train.mode=async", "train.push_every=3",
+              lines=[lines[0], line], position={"round": 2, "version": 4, "done": [2, 2], "totals": {}, "line": line,
+                                                "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    for name, sets in (("sync", ()), ("async", ("train.mode=async", "train.push_every=3"))):
+        out = tmp_path / name
+        before = (out / "metrics.jsonl").read_bytes()
+        assert train(out, "train.rounds=2", *sets, resume=True) == 0
+        said = capsys.readouterr().out.splitlines()
+        assert said[:3] == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)",
+                            f"done: round 2 | train_loss 3.8000 | checkpoint {out}/checkpoint", "--- sample 1 ---"]
+        assert (out / "metrics.jsonl").read_bytes() == before
+    # a longer run of it needs Spark (here: refused, as a run of 3 rounds would start it)
+    with pytest.raises(AssertionError, match="Spark was started"):
+        train(tmp_path / "sync", "train.rounds=3", resume=True)
+
+
+def test_a_plateau_run_ended_off_the_cadence_is_refused_before_spark(tmp_path, capsys, no_jvm):
+    sets = ("optim.schedule=plateau", f"data.valid={HARBOUR_VALID}", "train.eval_every=3", "train.rounds=2")
+    saved_run(tmp_path, *sets, lines=[{"round": 1}, {"round": 2, "valid_loss": 3.5}],
+              position={"round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    one_error(capsys, train(tmp_path, *sets[:3], "train.rounds=4", resume=True),
+              "cannot resume to 4 rounds: optim.schedule = 'plateau' stepped on the evaluation that ended the run "
+              f"at round 2 in {tmp_path}/checkpoint")
+    one_error(capsys, train(tmp_path, *sets[:2], "train.eval_every=2", "train.rounds=4", resume=True),
+              "cannot resume: train.eval_every is 2 here but 3 in")
+
+
+def test_gpu_without_cupy_or_a_device_is_one_line_before_spark_for_a_local_master(tmp_path, capsys, monkeypatch,
+                                                                                  no_jvm):
+    if backend.gpu_available():
+        pytest.skip("this machine has a GPU and CuPy: train.device = 'gpu' is fine here")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    for master in (None, "local[*]", "local-cluster[2,1,1024]"):
+        one_error(capsys, train(tmp_path / "o", "train.device=gpu", master=master),
+                  f"train.device = 'gpu' but this machine has no CuPy or no CUDA device, and the master "
+                  f"{master or 'local[2]'} runs every executor here: pip install \"rnnlm[gpu]\" on a machine")
+    assert not (tmp_path / "o").exists()
+    gpu = cfg_of("train.device=gpu")
+    for master in ("yarn", "spark://head:7077", "k8s://https://api:6443"):     # executors elsewhere: theirs to say
+        checks.check_device(gpu, master)
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)                    # the executors' Python is this one
+    with pytest.raises(config.ConfigError, match=r"pip install \"rnnlm\[gpu\]\""):
+        checks.check_device(gpu, "local[2]")
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/gpu-env/bin/python")         # executors in another Python
+    checks.check_device(gpu, "local[2]")
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")                         # under spark-submit: its master
+    checks.check_device(gpu, None)
+    checks.check_device(cfg_of("train.device=auto"), "local[2]")            # auto falls back to the CPU
+
+
+def test_init_from_is_checked_before_spark(tmp_path, capsys, no_jvm):
+    saved_run(tmp_path / "a", "train.rounds=2", lines=[{"round": 2}],
+              position={"round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    out = tmp_path / "b"
+    one_error(capsys, train(out, "model.hidden=32", init_from=str(tmp_path / "a")),
+              f"cannot start from {tmp_path}/a: model.hidden is 32 here but 16 there")
+    one_error(capsys, train(out, "optim.name=sgd", init_from=str(tmp_path / "a" / "checkpoint"), keep=True),
+              "--keep-optimizer: optim.name is 'sgd' here but 'adam' in")
+    one_error(capsys, train(out, init_from=str(tmp_path / "a" / "best")),
+              f"checkpoint not found: {tmp_path}/a/best")
+    one_error(capsys, train(tmp_path / "a", init_from=str(tmp_path / "a"), resume=True),
+              "--init-from starts a new run from a checkpoint's weights; --resume continues the run in --out")
+    one_error(capsys, train(out, keep=True), "--keep-optimizer goes with --init-from")
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- with Spark
+@pytest.fixture(scope="module")
+def corpus(spark):
+    """``corpus(*sets)``: the project's text as a run of ``cfg_of(*sets)`` reads it, read once for this
+    module's runs (as the benchmarks share one): Spark's jobs that read it take longer than these runs'
+    rounds. Each round cuts its batches by its own run's data.strategy; only a length in train.epochs
+    reads the corpus' expected tokens per round."""
+    from rnnlm.spark.trainer import load_corpus, unpersist_corpus
+    read = {}
+
+    def load(*sets):
+        if sets not in read:
+            read[sets] = load_corpus(spark.sparkContext, cfg_of(*sets))
+        return read[sets]
+    yield load
+    for data in read.values():
+        unpersist_corpus(data, blocking=True)
+
+
+def test_a_run_resumed_to_twice_its_length_with_other_cadence_equals_the_longer_run(spark, tmp_path, corpus):
+    """One round (evaluating, checkpointing and re-basing every round), resumed to train.epochs' two rounds
+    (evaluating every 3 rounds and at the end, checkpointing at the end, re-basing by size): the two-round
+    run's numbers, bit for bit."""
+    common = ("exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.broadcast=delta+bf16", VALID)
+    longer = cfg_of(*common, "train.rounds=0", "train.epochs=0.06", "train.eval_every=3")       # 2 rounds
+    data = corpus(VALID)
+    whole = run(spark, longer, tmp_path / "whole", data=data)
+    assert [m["round"] for m in metrics(tmp_path / "whole")] == [1, 2]
+    run(spark, cfg_of(*common, "train.rounds=1", "train.eval_every=1", "train.checkpoint_every=1",
+                      "train.checkpoint_s=0", "train.rebase_every=1"), tmp_path / "halves", data=data)
+    logs = []
+    resumed = run(spark, longer, tmp_path / "halves", resume=True, log=logs, data=data)
+    assert "resumed from round 1" in logs
+    assert np.array_equal(resumed.params, whole.params)
+    halves, m = metrics(tmp_path / "halves"), metrics(tmp_path / "whole")
+    assert [x["train_loss"] for x in halves] == [x["train_loss"] for x in m]
+    assert "valid_loss" in halves[0] and "valid_loss" not in m[0] and halves[1]["valid_loss"] == m[1]["valid_loss"]
+
+
+def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_in_both_modes(spark, tmp_path):
+    """A checkpoint holding seed 7's initial weights over a vocabulary of the project's text and three
+    characters it lacks (as a model trained on a larger text has): a run from it under seed 1234 reads the
+    text with that vocabulary and is seed 7's run on it, bit for bit (round 0, fresh optimizer and
+    schedule); so is an asynchronous one with one worker (its windows of 3 steps are the rounds' 3 local
+    steps, as in test_async)."""
+    from rnnlm.spark.trainer import load_corpus, unpersist_corpus
+    one = ("data.partitions=1", "train.rounds=2")
+    vocab = Vocab.build(open(HARBOUR).read() + "\u00e6\u00f8\u00e5", "char")
+    cfg = config.resolve(cfg_of(*one, "train.seed=7"), len(vocab))
+    checkpoint.save(str(tmp_path / "init"), checkpoint.Checkpoint(
+        params=build_model(cfg.model).init_params(7), config=cfg, vocab=vocab, position={"round": 0}))
+    init = Init(checkpoint.load(str(tmp_path / "init")), "init")
+    data = load_corpus(spark.sparkContext, cfg, vocab)
+    try:
+        ref = run(spark, cfg_of(*one, "train.seed=7"), tmp_path / "seed7", data=data)
+        assert len(ref.vocab) == len(vocab) == 50
+        logs = []
+        tr = run(spark, cfg_of(*one, "train.seed=1234"), tmp_path / "sync", init=init, log=logs)
+        assert tr.vocab.tokens == vocab.tokens
+        assert np.array_equal(tr.params, ref.params)
+        a = AsyncTrainer(spark, cfg_of(*one, "train.seed=1234", "train.mode=async", "train.push_every=3",
+                                       "server.heartbeat_s=0.2", "server.timeout_s=5"), str(tmp_path / "async"),
+                         log=lambda s: None)
+        a.run(init=init, data=data)
+        assert np.array_equal(a.params, ref.params)
+    finally:
+        unpersist_corpus(data, blocking=True)
+    assert [m["round"] for m in metrics(tmp_path / "sync")] == [1, 2]
+    assert "initialised from init (round 0 of its run; its vocabulary of 50 tokens; optimizer state fresh)" in logs
+    info = json.loads((tmp_path / "sync" / "run.json").read_text())
+    assert info["init_from"] == {"path": "init", "round": 0, "optimizer": "fresh"} and info["resumed"] == []
+    assert json.loads((tmp_path / "async" / "run.json").read_text())["init_from"]["path"] == "init"
+
+
+def test_kept_optimizer_state_continues_the_run_and_fresh_state_does_not(spark, tmp_path, corpus):
+    """With whole passes over fixed windows every round reads the same batches: a new run from round 1's
+    checkpoint with its Adam state kept computes round 2 of the run, bit for bit; with fresh state it
+    does not."""
+    sets = ("data.strategy=windows", "data.window_stride=8", "train.local_steps=0", "train.rounds=1")
+    data = dataclasses.replace(corpus(VALID), valid=None)        # no evaluation
+    first = run(spark, cfg_of(*sets), tmp_path / "a", data=data)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    second = run(spark, cfg_of(*sets[:-1], "train.rounds=2"), tmp_path / "b", resume=True, data=data)
+    ck = checkpoint.load(str(tmp_path / "a"))
+    assert ck.optim_t > 0 and not np.array_equal(second.params, first.params)
+    kept = run(spark, cfg_of(*sets), tmp_path / "kept", init=Init(ck, "a", keep_optimizer=True), data=data)
+    assert np.array_equal(kept.params, second.params)
+    assert metrics(tmp_path / "kept")[0]["train_loss"] == metrics(tmp_path / "b")[1]["train_loss"]
+    fresh = run(spark, cfg_of(*sets), tmp_path / "fresh", init=Init(ck, "a"), data=data)
+    assert not np.array_equal(fresh.params, second.params)
