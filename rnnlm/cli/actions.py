@@ -120,9 +120,11 @@ def evaluate(a) -> int:
         raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
+    if ck is not None:
+        checkpoint.finite(ck, a.checkpoint)
     with _session("rnnlm-evaluate", a.master, a.verbose) as spark:
         sc = spark.sparkContext
-        ck = ck or read_checkpoint(sc, a.checkpoint)
+        ck = ck or checkpoint.finite(read_checkpoint(sc, a.checkpoint), a.checkpoint)
         cfg = ck.config
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)

@@ -87,7 +87,7 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     run_dir = RunDir(out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
     run_dir.prepare(resume)
     if resume:
-        check_resume(cfg, checkpoint.load(local_out).config, run_dir.ck_path)
+        check_resume(cfg, checkpoint.load(local_out, resume=True).config, run_dir.ck_path)
     return cfg
 
 

@@ -103,7 +103,7 @@ class RunDir:
 
     def read_checkpoint(self, cfg: config.Config, keys: dict = RESUME_KEYS) -> checkpoint.Checkpoint:
         """The checkpoint to resume under ``cfg``, refused when one of ``keys`` differs (:func:`check_resume`)."""
-        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
+        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path, resume=True)
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
