@@ -83,3 +83,37 @@ def test_generating_from_a_checkpoint_holding_a_link_loop_is_one_line(tmp_path):
     before_the_jvm(["jobs/generate.py", "--checkpoint", str(tmp_path / "ck")],
                    f"error: {tmp_path / 'ck'}: params.npy is a symbolic link, refused (a checkpoint holds regular "
                    "files only)\n")
+
+
+@pytest.fixture
+def local_dirs(tmp_path, monkeypatch):
+    """An executor's ``SPARK_LOCAL_DIRS``, where rnnlm.spark.filestore keeps a partition's residuals."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    return tmp_path
+
+
+def test_residual_files_ignore_names_they_did_not_write(local_dirs):
+    """A file ``0.x.feedback.npy`` in the run's directory: ValueError: invalid literal for int() in _prune,
+    and the round's job aborted."""
+    from rnnlm.spark import filestore
+    d = filestore.root("run1")
+    os.makedirs(d)
+    foreign = ["0.x.feedback.npy", "0.1.feedback.npy.bak", "notes.txt", "0.1.a.b.npy", "00.1.feedback.npy"]
+    for name in foreign:
+        open(os.path.join(d, name), "wb").close()
+    for seq in range(1, 6):
+        ref = filestore.save("run1", seq, 0, {"feedback": np.full(4, seq, np.float32)})
+    assert sorted(os.listdir(d)) == sorted(foreign + [f"0.{s}.feedback.npy" for s in (3, 4, 5)])
+    assert filestore.load(ref, 0)["feedback"].tolist() == [5.0] * 4
+
+
+@pytest.mark.parametrize("other", [np.full(4, 9, np.float32), np.zeros(5, np.float32), np.full(4, 5, np.float64)])
+def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
+    """Other numbers under the name a partition wrote were read as its residual, silently."""
+    from rnnlm.spark import filestore
+    ref = filestore.save("run2", 1, 3, {"feedback": np.full(4, 5, np.float32)})
+    path = os.path.join(filestore.root("run2"), "3.1.feedback.npy")
+    with open(path + ".x", "wb") as f:
+        np.save(f, other)
+    os.replace(path + ".x", path)
+    assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
