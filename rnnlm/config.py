@@ -188,7 +188,7 @@ RANGES = {
     ("data", "sample_fraction"): (0, 1, "(]"),
     ("data", "partitions"): (1, 10_000, "[]"),
     ("data", "eval_streams"): (1, 10_000, "[]"),
-    ("data", "max_record_mb"): (1, 1024, "[]"),
+    ("data", "max_record_mb"): (1, 32, "[]"),        # a 64 MiB record crashed a Python worker
     ("model", "context"): (1, 64, "[]"),
     ("model", "vocab_size"): (0, 10_000_000, "[]"),
     ("model", "embed"): (0, 65_536, "[]"),

@@ -117,3 +117,84 @@ def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
         np.save(f, other)
     os.replace(path + ".x", path)
     assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
+
+
+def test_a_corpus_of_one_huge_line_is_refused_before_the_jvm(tmp_path):
+    """A 100,000,004-byte line with no newline (word level): OutOfMemoryError in the driver's JVM
+    (Text.decode, during the CRLF probe's take(1)), then a ConnectionRefusedError traceback after ~9 s."""
+    big = tmp_path / "one_line.txt"
+    with open(big, "wb") as f:
+        f.truncate(100_000_004)                        # sparse: NUL bytes, no line end
+    try:
+        before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(tmp_path / "o"), "--set", f"data.train={big}",
+                        "--set", "data.level=word", "--set", "data.paragraphs=line"],
+                       f"error: data.train: {big} has no line end in its first 16 MiB: it is one huge line, and "
+                       "records longer than data.max_record_mb = 16 MiB are refused (--set data.max_record_mb=N "
+                       "raises it)\n")
+    finally:
+        big.unlink()
+
+
+def test_a_gzip_inflating_to_one_huge_record_is_refused_before_the_jvm(tmp_path):
+    """A 1.5 MB gzip inflating to 1.5 GiB with no newline killed the JVM the same way: the check reads
+    no further than the limit."""
+    import gzip
+    bomb = tmp_path / "bomb.txt.gz"
+    with gzip.open(bomb, "wb") as f:
+        block = b"a" * (1 << 20)
+        for _ in range(24):                            # 24 MiB inflated, 24 kB on disk
+            f.write(block)
+    assert bomb.stat().st_size < 100_000
+    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(tmp_path / "o"), "--set", f"data.train={bomb}",
+                    "--set", "data.max_record_mb=2"],
+                   f"error: data.train: {bomb} has no line end in its first 2 MiB: it is one huge line, and records "
+                   "longer than data.max_record_mb = 2 MiB are refused (--set data.max_record_mb=N raises it)\n")
+
+
+def _corpus(path, *parts):
+    with open(path, "wb") as f:
+        for p in parts:
+            f.write(p)
+    return str(path)
+
+
+def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
+    from rnnlm.spark.corpus import CorpusError, check_local_records
+    mib = 1 << 20
+    lines = b"a few words\n" * 1000
+    exact = _corpus(tmp_path / "exact.txt", lines, b"x" * mib + b"\n", lines, b"y" * mib)    # two of 1 MiB: kept
+    check_local_records(exact, "line", 1, "data.train")
+    check_local_records(exact, "blank_line", 3, "data.train")        # one paragraph of 2 MiB and 24 kB
+    over = _corpus(tmp_path / "over.txt", lines, b"x" * (mib + 1) + b"\r\n", lines)
+    with pytest.raises(CorpusError) as e:
+        check_local_records(over, "line", 1, "data.train")
+    assert str(e.value) == (f"data.train: {over}: the line at byte 12,000 is longer than 1 MiB: records longer than "
+                            "data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N raises it)")
+    paras = b"one paragraph\r\nof two lines\r\n\r\n" * 20000                 # CRLF: paragraphs end at \r\n\r\n
+    os.makedirs(tmp_path / "d")
+    crlf = _corpus(tmp_path / "d" / "crlf.txt", paras)
+    _corpus(tmp_path / "d" / ".hidden", b"z" * (2 * mib))                   # Hadoop skips it: so does the check
+    check_local_records(str(tmp_path / "d"), "blank_line", 1, "data.train")
+    _corpus(crlf, paras, b"long\r\n" * (mib // 6 + 2), b"\r\n", paras)       # 1 MiB and 4 bytes
+    with pytest.raises(CorpusError, match=rf"^data.train: {crlf}: the paragraph at byte 620,000 is longer than 1 MiB"):
+        check_local_records(str(tmp_path / "d" / "*.txt"), "blank_line", 1, "data.train")
+    with pytest.raises(CorpusError, match=r"has no blank line in its first 1 MiB: it is one paragraph, .*; "
+                                          r"data.paragraphs = 'line' reads it line by line$"):
+        check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "blank_line", 1, "--data")
+    check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "line", 1, "--data")
+
+
+def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
+    """Where the check cannot look (another filesystem, another codec), Hadoop's reader skips such a
+    record rather than holding it (the JVM that held a 100 MB one died)."""
+    from rnnlm.spark.corpus import paragraphs
+    mib = 1 << 20
+    path = _corpus(tmp_path / "c.txt", b"first words\n\n", b"x" * (mib + 9), b"\n\nlast words\n")
+    try:
+        sc = spark.sparkContext
+        for mode in ("line", "blank_line"):
+            assert paragraphs(sc, path, mode, "word", 2, max_record_mb=1).collect() == ["first words", "last words"]
+        assert len(paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect()) == 3      # the limit given
+    finally:
+        os.remove(path)
+        sc._jsc.hadoopConfiguration().unset("mapreduce.input.linerecordreader.line.maxlength")   # the session's

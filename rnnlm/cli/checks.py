@@ -81,6 +81,8 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     a resumed checkpoint must be readable and of the same experiment."""
     check_config(cfg)
     cfg = locate_data(cfg, config_path, log)
+    for key in DATA_KEYS:
+        check_records(getattr(cfg.data, key), cfg.data, f"data.{key}")
     local_out = _local(out)
     if dry_run or local_out is None or overwrite:
         return cfg
@@ -96,6 +98,14 @@ def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:
     None when ``path`` is not local."""
     local = _local(path)
     return checkpoint.load(local) if local is not None else None
+
+
+def check_records(path: str, data: config.DataConfig, what: str) -> None:
+    """A local corpus must hold no record (line or paragraph, as ``data`` reads it) longer than
+    ``data.max_record_mb`` (:func:`rnnlm.spark.corpus.check_local_records`)."""
+    local = _local(path) if path else None
+    if local is not None:
+        corpus.check_local_records(local, data.paragraphs, data.max_record_mb, what)
 
 
 def check_input(path: str, what: str) -> None:
