@@ -140,6 +140,8 @@ def test_the_model_size_is_checked_against_memory_without_building_it():
         config.check_memory(cfg, memory=need - 1)
     with pytest.raises(ConfigError, match="vocabulary 1,000"):      # the vocabulary, once known, is checked again
         config.check_memory(config.replace(cfg, "model", vocab_size=1000), memory=need)
+    with pytest.raises(ConfigError, match=r"\(vocabulary 10,000,000\): with its gradient"):     # as trainers resolve it
+        config.resolve(config.load(None, ["model.hidden=4096"]), 10_000_000)          # 3 TB: beyond any machine
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match="more than this machine's"):
         config.load(None, ["model.hidden=65536", "model.layers=64"])       # 17 TB: beyond any machine
