@@ -187,14 +187,15 @@ def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
 def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
     """Where the check cannot look (another filesystem, another codec), Hadoop's reader skips such a
     record rather than holding it (the JVM that held a 100 MB one died)."""
-    from rnnlm.spark.corpus import paragraphs
+    from rnnlm.spark.corpus import MAX_LINE, paragraphs
     mib = 1 << 20
     path = _corpus(tmp_path / "c.txt", b"first words\n\n", b"x" * (mib + 9), b"\n\nlast words\n")
+    sc = spark.sparkContext
+    sc._jsc.hadoopConfiguration().unset(MAX_LINE)      # what line-mode reads leave in the session's configuration
     try:
-        sc = spark.sparkContext
-        for mode in ("line", "blank_line"):
+        for mode in ("blank_line", "line"):
             assert paragraphs(sc, path, mode, "word", 2, max_record_mb=1).collect() == ["first words", "last words"]
         assert len(paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect()) == 3      # the limit given
     finally:
         os.remove(path)
-        sc._jsc.hadoopConfiguration().unset("mapreduce.input.linerecordreader.line.maxlength")   # the session's
+        sc._jsc.hadoopConfiguration().unset(MAX_LINE)
