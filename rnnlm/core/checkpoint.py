@@ -13,14 +13,18 @@ Files::
 A checkpoint is serialised to bytes first (:func:`to_files`), so the same bytes
 can go to a local directory (:func:`save`, atomic: temp directory + rename) or
 through Spark's Hadoop FileSystem. Loading verifies the manifest, reads arrays
-with ``allow_pickle=False`` and checks shapes, dtype and vocabulary against the
-configuration.
+(never an object array: nothing is unpickled) and checks shapes, dtype and vocabulary
+against the configuration.
 
 A checkpoint may come from anywhere (a shared directory, a download), so loading
-trusts nothing in it: the manifest may name only plain files of the checkpoint
-directory, each of them a regular file; every array's header is checked before its
-data is allocated; every field of ``state.json`` and every array's shape and dtype
-is checked against the configuration. Whatever fails is one line.
+trusts nothing in it: the manifest may name only the checkpoint's own files, each a
+regular file (a link is refused, not followed); each file's size, from ``lstat`` before
+a byte is read, must be the manifest's and within what the configuration holds
+(:data:`JSON_LIMITS`, :data:`HEADER_BYTES` and the parameters' bytes,
+:func:`optimizer_arrays` such arrays in ``optim.npz``, counted from the zip's end record
+before anything is inflated); every array's header is checked against the configuration
+before its memory is allocated, then the file is read straight into it and hashed on the
+way; every field of ``state.json`` is typed. Whatever fails is one line.
 """
 from __future__ import annotations
 
@@ -299,9 +303,9 @@ def _read_npz(f, name: str, size: int, most: int, member_bytes: int, expect) -> 
                     out[key] = _read_npy(member, f"{name}:{info.filename}", info.file_size,
                                          lambda shape, dtype: expect(key, shape, dtype))
             return out
+    except CheckpointError:
+        raise
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
-        if isinstance(e, CheckpointError):
-            raise
         raise CheckpointError(f"{name} is not a zip of NumPy arrays: {e}") from None
 
 
@@ -465,42 +469,59 @@ def from_files(read, where: str, expect: config_mod.ModelConfig | None = None, r
 
 
 def _load(source, where: str, expect, resume: bool) -> Checkpoint:
+    """Read and check a checkpoint from ``source`` (:class:`_Directory` or :class:`_Reader`): the
+    manifest, the JSON files (the configuration first: it bounds every other file), then the arrays."""
     files = _Files(source, where)
-    try:
-        cfg = config_mod.from_json(files.text("config.json", JSON_LIMITS["config.json"]))
-        model = build_model(cfg.model)
-        vocab = Vocab.from_json(files.text("vocab.json", VOCAB_BYTES[0] + VOCAB_BYTES[1] * cfg.model.vocab_size))
-    except (config_mod.ConfigError, VocabError, ValueError) as e:
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"{where}: {e}") from None
+    cfg, vocab = _described(files, where)
     position, schedule, optim_t = _state(files.text("state.json", JSON_LIMITS["state.json"]), where,
                                          cfg.data.partitions)
-    m, dtype, size = cfg.model, np.dtype(cfg.model.dtype), model.layout.size
+    m = cfg.model
     if expect is not None and expect != m:
         diff = [k for k in m.__dataclass_fields__ if getattr(m, k) != getattr(expect, k)]
         raise CheckpointError(f"{where}: model configuration differs from the checkpoint's in {', '.join(diff)}")
     if len(vocab) != m.vocab_size:
         raise CheckpointError(f"{where}: vocabulary has {len(vocab)} tokens, model.vocab_size is {m.vocab_size}")
+    params, optim, hidden = _arrays(files, cfg)
+    ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, position=position, hidden=hidden,
+                    optim_t=optim_t, schedule=schedule)
+    if resume:
+        _resumable(ck, where)
+    return ck
+
+
+def _described(files: _Files, where: str) -> tuple:
+    """(configuration, vocabulary) of the checkpoint, each file within its limit."""
+    try:
+        cfg = config_mod.from_json(files.text("config.json", JSON_LIMITS["config.json"]))
+        vocab = Vocab.from_json(files.text("vocab.json", VOCAB_BYTES[0] + VOCAB_BYTES[1] * cfg.model.vocab_size))
+    except CheckpointError:
+        raise
+    except (config_mod.ConfigError, VocabError, ValueError) as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return cfg, vocab
+
+
+def _arrays(files: _Files, cfg: config_mod.Config) -> tuple:
+    """(params, optimizer state, hidden states or None), each checked against what ``cfg`` holds
+    (its layout is small to build: the configuration's ranges and memory check came first)."""
+    m, dtype = cfg.model, np.dtype(cfg.model.dtype)
+    model = build_model(m)
+    size = model.layout.size
     member = HEADER_BYTES + dtype.itemsize * size
     params = files.array("params.npy", member, lambda shape, dt: None if (shape, dt) == ((size,), dtype) else
                          f"params are {dt}{list(shape)}, the configuration needs {m.dtype}[{size}]")
     most = optimizer_arrays(cfg)
     optim = files.arrays("optim.npz", most * (member + 1024) + (1 << 16), most=most, member_bytes=member,
                          expect=_slot(dtype, size))
-    hidden = None
-    if "hidden.npy" in files.manifest:
-        stream = model.zero_state(cfg.train.batch).shape
-        shapes = ((cfg.data.partitions, *stream), tuple(stream))
-        hidden = files.array("hidden.npy", HEADER_BYTES + dtype.itemsize * int(np.prod(shapes[0])),
-                             lambda shape, dt: None if shape in shapes and dt == dtype else
-                             f"hidden.npy is {dt}{list(shape)}, the configuration needs {dtype}{list(shapes[0])} "
-                             f"(a state per partition) or {dtype}{list(shapes[1])} (one stream)")
-    ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, position=position, hidden=hidden,
-                    optim_t=optim_t, schedule=schedule)
-    if resume:
-        _resumable(ck, where)
-    return ck
+    if "hidden.npy" not in files.manifest:
+        return params, optim, None
+    stream = tuple(model.zero_state(cfg.train.batch).shape)
+    shapes = ((cfg.data.partitions, *stream), stream)
+    hidden = files.array("hidden.npy", HEADER_BYTES + dtype.itemsize * int(np.prod(shapes[0])),
+                         lambda shape, dt: None if shape in shapes and dt == dtype else
+                         f"hidden.npy is {dt}{list(shape)}, the configuration needs {dtype}{list(shapes[0])} "
+                         f"(a state per partition) or {dtype}{list(stream)} (one stream)")
+    return params, optim, hidden
 
 
 def _slot(dtype, size: int):
