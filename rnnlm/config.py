@@ -1,8 +1,9 @@
 """Run configuration: frozen dataclasses loaded from TOML, overridable by ``--set``.
 
-Every key is typed; unknown sections or keys, and values of the wrong type, are
-errors (:class:`ConfigError`, one line). The whole configuration is saved as JSON
-inside every checkpoint.
+Every key is typed; unknown sections or keys, values of the wrong type, numbers
+outside the range a run can have (:data:`RANGES`), strings holding control characters
+and models larger than this machine's memory are errors (:class:`ConfigError`, one
+line). The whole configuration is saved as JSON inside every checkpoint.
 """
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import dataclasses
 import difflib
 import json
 import math
+import os
+import sys
 import tomllib
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 
 
@@ -34,6 +38,7 @@ class DataConfig:
     partitions: int = 2
     eval_streams: int = 1          # held-out text as this many contiguous streams (1 = one stream)
     encoding_errors: str = "replace"  # replace | strict
+    max_record_mb: int = 16        # a longer line (data.paragraphs = line) or paragraph is refused
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,65 @@ _BLOCK_SPECS = tuple(f"{kind}{codec}" for kind in ("dense", "rows")
 for _group in ("embed", "softmax", "hidden"):
     _CHOICES[("exchange", _group)] = _BLOCK_SPECS
 
+_INF = math.inf
+# The values a run can have, for every number: (low, high, brackets), "[" and "]" inclusive,
+# "(" and ")" exclusive. Beyond them a run would crash after Spark starts (an overflow, an array too
+# big, a socket timeout too long for the OS) or not finish (a layout of a million layers).
+RANGES = {
+    ("data", "vocab_size"): (0, 10_000_000, "[]"),
+    ("data", "min_count"): (1, 10 ** 12, "[]"),
+    ("data", "window_stride"): (1, 1_000_000, "[]"),
+    ("data", "sample_fraction"): (0, 1, "(]"),
+    ("data", "partitions"): (1, 10_000, "[]"),
+    ("data", "eval_streams"): (1, 10_000, "[]"),
+    ("data", "max_record_mb"): (1, 32, "[]"),        # a 64 MiB record crashed a Python worker
+    ("model", "context"): (1, 64, "[]"),
+    ("model", "vocab_size"): (0, 10_000_000, "[]"),
+    ("model", "embed"): (0, 65_536, "[]"),
+    ("model", "hidden"): (1, 65_536, "[]"),
+    ("model", "layers"): (1, 64, "[]"),
+    ("model", "dropout"): (0, 1, "[)"),
+    ("model", "forget_bias"): (-100, 100, "[]"),
+    ("model", "init_scale"): (0, 100, "(]"),
+    ("optim", "lr"): (0, _INF, "()"),
+    ("optim", "momentum"): (0, 1, "[)"),
+    ("optim", "beta1"): (0, 1, "[)"),
+    ("optim", "beta2"): (0, 1, "[)"),
+    ("optim", "eps"): (0, 1, "(]"),
+    ("optim", "clip_norm"): (0, _INF, "[)"),
+    ("optim", "clip_value"): (0, _INF, "[)"),
+    ("optim", "decay"): (0, 1, "(]"),
+    ("optim", "decay_after"): (0, 1_000_000, "[]"),
+    ("optim", "min_lr"): (0, _INF, "[)"),
+    ("train", "seed"): (0, 2 ** 63 - 1, "[]"),
+    ("train", "bptt"): (1, 100_000, "[]"),
+    ("train", "batch"): (1, 100_000, "[]"),
+    ("train", "local_steps"): (0, 10_000_000, "[]"),
+    ("train", "rounds"): (0, 10_000_000, "[]"),
+    ("train", "epochs"): (0, 10_000, "[]"),
+    ("train", "tree_depth"): (1, 64, "[]"),
+    ("train", "outer_lr"): (0, _INF, "()"),
+    ("train", "outer_momentum"): (0, 1, "[)"),
+    ("train", "eval_every"): (0, 10_000_000, "[]"),
+    ("train", "checkpoint_every"): (0, 10_000_000, "[]"),
+    ("train", "checkpoint_s"): (0, 1_000_000, "[]"),
+    ("train", "rebase_every"): (0, 10_000_000, "[]"),
+    ("train", "rebase_fraction"): (0, 16, "(]"),
+    ("train", "overlap"): (0, 1, "[]"),
+    ("train", "push_every"): (1, 1_000_000, "[]"),
+    ("server", "lr"): (0, _INF, "()"),
+    ("server", "eps"): (0, 1, "(]"),
+    ("server", "port"): (0, 65_535, "[]"),
+    ("server", "max_frame_mb"): (0, 4096, "(]"),
+    ("server", "heartbeat_s"): (0, 3600, "(]"),
+    ("server", "timeout_s"): (0, 86_400, "(]"),
+    ("server", "checkpoint_s"): (0, 1_000_000, "[]"),
+    ("server", "checkpoint_pushes"): (0, 10 ** 9, "[]"),
+    ("exchange", "frequent"): (0, 1, "[]"),
+    ("exchange", "random"): (0, 1, "[]"),
+    ("exchange", "mu"): (0, 1, "[]"),
+}
+
 
 def _sections() -> dict:
     return {f.name: f.type for f in dataclasses.fields(Config)}
@@ -215,14 +279,49 @@ def _coerce(section: str, key: str, value, typ):
             return value
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:       # an integer beyond any float (1 and 400 zeros)
+                raise _out_of_range(section, key, value) from None
     elif typ is str:
         if isinstance(value, str):
+            _refuse_control(where, value)
             choices = _CHOICES.get((section, key))
             if choices and value not in choices:
-                raise ConfigError(f"{where} = {value!r}: expected one of {', '.join(choices)}")
+                raise ConfigError(f"{where} = {value!r:.80}: expected one of {', '.join(choices)}")
             return value
-    raise ConfigError(f"{where} = {value!r}: expected {typ.__name__}, got {type(value).__name__}")
+    raise ConfigError(f"{where} = {value!r:.80}: expected {typ.__name__}, got {type(value).__name__}")
+
+
+def _refuse_control(where: str, text: str) -> None:
+    """A control character (a newline, ESC, ...) in a value would forge or hide lines of the messages
+    that print it: refused, and named by its code only."""
+    bad = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: the value holds a control character (U+{ord(bad):04X}); refused")
+
+
+def _shown(value) -> str:
+    """``value`` as an error message shows it: a number of many digits by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return f"{value!r:.60}" if isinstance(value, str) else f"{value!r}"
+
+
+def _interval(low, high, brackets: str) -> str:
+    return f"{brackets[0]}{low}, {high if high < _INF else f'{sys.float_info.max:.3g}'}{brackets[1]}"
+
+
+def _within(value, low, high, brackets: str) -> bool:
+    above = value > low if brackets[0] == "(" else value >= low
+    below = value < high if brackets[1] == ")" else value <= high
+    return bool(above and below)
+
+
+def _out_of_range(section: str, key: str, value) -> ConfigError:
+    where = f"{section}.{key}"
+    return ConfigError(f"{where} = {_shown(value)} is out of range: a run takes {where} in "
+                       f"{_interval(*RANGES[(section, key)])}")
 
 
 def _build_section(name: str, values: dict):
@@ -247,7 +346,7 @@ def from_dict(d: dict) -> Config:
     return cfg
 
 
-def _parse_value(text: str, typ):
+def _parse_value(section: str, key: str, text: str, typ):
     if typ is str:
         return text
     if typ is bool:
@@ -259,6 +358,9 @@ def _parse_value(text: str, typ):
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text  # rejected with a typed message by _coerce
+    except ValueError:      # more digits than Python converts (sys.get_int_max_str_digits())
+        raise ConfigError(f"{section}.{key}: a number of {len(text)} characters is out of range: a run takes "
+                          f"{section}.{key} in {_interval(*RANGES[(section, key)])}") from None
 
 
 def apply_overrides(d: dict, overrides: list[str]) -> dict:
@@ -271,12 +373,13 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
             hint = f" (did you mean {sections[0]}.{item.strip()}?)" if sections and "=" in item else ""
             raise ConfigError(f"--set {item!r}: expected section.key=value{hint}")
         path, text = item.split("=", 1)
+        _refuse_control(f"--set {path.strip()!r:.60}", item)
         section, key = path.strip().split(".", 1)
         cls = _section_class(section)
         hints = typing.get_type_hints(cls)
         if key not in hints:
             raise _unknown_key(section, key)
-        out.setdefault(section, {})[key] = _parse_value(text.strip(), hints[key])
+        out.setdefault(section, {})[key] = _parse_value(section, key, text.strip(), hints[key])
     return out
 
 
@@ -291,6 +394,9 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except ValueError:      # an integer of more digits than Python converts
+            raise ConfigError(f"config file {path} holds a number of more than {sys.get_int_max_str_digits()} "
+                              "digits: out of range for every key") from None
     return from_dict(apply_overrides(d, overrides or []))
 
 
@@ -306,8 +412,11 @@ def replace(cfg: Config, section: str, **changes) -> Config:
 
 def resolve(cfg: Config, vocab_size: int) -> Config:
     """The run's configuration once its vocabulary is built: what the driver trains with, saves in
-    checkpoints and ships to tasks (already validated: tasks do not parse or check it again)."""
-    return replace(cfg, "model", vocab_size=vocab_size)
+    checkpoints and ships to tasks (already validated: tasks do not parse or check it again); its
+    size is checked against memory (:func:`check_memory`) now that it is known."""
+    out = replace(cfg, "model", vocab_size=vocab_size)
+    check_memory(out)
+    return out
 
 
 SAMPLED = ("sampled_windows", "sampled_paragraphs")
@@ -388,6 +497,51 @@ def validate(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    for (section, key), bounds in RANGES.items():
+        value = getattr(getattr(cfg, section), key)
+        if not _within(value, *bounds):
+            raise _out_of_range(section, key, value)
+    check_memory(cfg)
+
+
+OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}   # state arrays (rnnlm.core.optim)
+
+
+def param_count(m: ModelConfig, vocab_size: int = 0) -> int:
+    """The parameters of the model ``m`` describes (its layout's size: rnnlm.core.model,
+    rnnlm.core.ffnn), with ``vocab_size`` tokens (default: ``m.vocab_size``), counted without
+    building it."""
+    V, E, H, L = vocab_size or m.vocab_size, m.embed, m.hidden, m.layers
+    output = V * H + V
+    if m.cell == "ffnn":
+        return V * E + H * m.context * E + H + output
+    GH = (4 if m.cell == "lstm" else 1) * H
+    return V * (E or GH) + GH * E + (L - 1) * GH * H + L * (GH * H + GH) + output
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory, None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: Config, vocab_size: int = 0, memory: int | None = None) -> None:
+    """Refuse a model whose parameters, gradient and optimizer state alone exceed ``memory`` (default:
+    this machine's): it would fail to allocate after Spark starts. Before the vocabulary is built
+    its size is taken as ``data.vocab_size`` (or 3, the least there is): a floor."""
+    memory = memory_bytes() if memory is None else memory
+    V = vocab_size or cfg.model.vocab_size or cfg.data.vocab_size or 3
+    count = param_count(cfg.model, V)
+    arrays = 2 + OPTIMIZER_SLOTS[cfg.optim.name]
+    need = count * arrays * (8 if cfg.model.dtype == "float64" else 4)
+    if memory is not None and need > memory:
+        gib = 1 << 30
+        raise ConfigError(f"the model has {count:,} parameters (vocabulary {V:,}): with its gradient and "
+                          f"{cfg.optim.name}'s state it needs {need / gib:,.1f} GiB, more than this machine's "
+                          f"{memory / gib:,.1f} GiB: make model.hidden, model.layers, model.embed or the "
+                          "vocabulary smaller")
 
 
 def check_trainable(cfg: Config) -> None:

@@ -1,4 +1,5 @@
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -135,7 +136,7 @@ def _crafted(tmp_path, ck, **changes):
         files[name] = data
         manifest[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     path = tmp_path / "crafted"
-    path.mkdir()
+    path.mkdir(parents=True)
     for name, data in files.items():
         (path / name).write_bytes(data)
     (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
@@ -251,3 +252,158 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     with pytest.raises(ckpt.CheckpointError) as e:
         ckpt.load(path)
     assert str(e.value).startswith(f"{path}: {needle.format(size=size)}") and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("position", {"round": "3", "tokens": 10}, "state.json: position: round must be an integer >= 0, not '3'"),
+    ("position", {"round": 3, "tokens": -1}, "state.json: position: tokens must be a finite number >= 0, not -1"),
+    ("position", {"round": 3, "wall_s": float("nan")}, "state.json: position: wall_s must be a finite number"),
+    ("position", {"version": 2, "done": [1]}, "state.json: position: done must be a list of 2 integers >= 0"),
+    ("position", {"totals": {"pushes": "many"}}, "state.json: position: totals must be a table of integers >= 0"),
+    ("position", {"line": {"round": 1}}, "state.json: position: line must be a metrics line with integer round"),
+    ("position", {"best": [1]}, "state.json: position: best must be a table or null"),
+    ("schedule", {"lr": "0.5", "best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("schedule", {"best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+])
+def test_state_json_fields_are_typed_by_the_loader(tmp_path, ck, field, value, needle):
+    """``"round": "3"`` passed the loader and the pre-Spark checks, and failed in trainer._resume with a
+    TypeError after Spark started."""
+    path = _crafted(tmp_path, ck, **{"state.json": _state(ck, **{field: value})})
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value).startswith(f"{path}: {needle}"), str(e.value)
+
+
+def test_a_checkpoint_to_resume_must_hold_what_its_trainer_reads_back(tmp_path, ck):
+    """A missing or empty position gave KeyError: 'round' in trainer._resume, after Spark started."""
+    for position, lacks in (({}, "round"), ({"round": 3, "epoch": 0.5}, "tokens")):
+        path = _crafted(tmp_path / lacks, ck, **{"state.json": _state(ck, position=position)})
+        assert ckpt.load(path).position == position              # generate and evaluate can use it
+        with pytest.raises(ckpt.CheckpointError) as e:
+            ckpt.load(path, resume=True)
+        assert str(e.value) == (f"{path}: state.json's position has no {lacks}: not a checkpoint a sync run can "
+                                "resume (rnnlm generate and evaluate can use it)")
+    ck.config = config.replace(ck.config, "train", mode="async", push_every=3)
+    ck.position = {"round": 3, "tokens": 100, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0}
+    path = _saved(tmp_path, ck)
+    with pytest.raises(ckpt.CheckpointError, match="has no version: not a checkpoint a async run can resume"):
+        ckpt.load(path, resume=True)
+    ck.position.update(version=4, done=[2, 2], totals={"refused_duplicate": 0})
+    assert ckpt.load(_saved(tmp_path, ck), resume=True).position["done"] == [2, 2]
+
+
+def _big(hidden=128, name="adam"):
+    """A checkpoint of a larger model (its float64 optimizer member: 0.5 MB)."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, [f"model.hidden={hidden}", f"optim.name={name}"]), "model",
+                         vocab_size=len(vocab))
+    p = RNNLM(cfg.model).init_params(1)
+    return ckpt.Checkpoint(params=p, config=cfg, vocab=vocab, optim={k: np.zeros_like(p) for k in ("m", "v")},
+                           position={"round": 1})
+
+
+def _peak(fn):
+    """``fn()``'s exception and the most memory it held at once (NumPy's arrays included: tracemalloc)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+    except ckpt.CheckpointError as e:
+        err = e
+    else:
+        err = None
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return err, peak
+
+
+def test_a_sparse_huge_params_file_is_refused_from_its_size_before_it_is_read(tmp_path, ck):
+    """A sparse 3 GiB params.npy (truncate -s 3G) was read whole (MemoryError under ulimit -v 2 GiB)."""
+    path = _saved(tmp_path, ck)
+    f = os.path.join(path, "params.npy")
+    size = 3 << 30
+    os.truncate(f, size)
+    man = json.load(open(os.path.join(path, ckpt.MANIFEST)))
+    man["params.npy"]["size"] = size                              # the manifest vouches for it
+    with open(os.path.join(path, ckpt.MANIFEST), "w") as out:
+        json.dump(man, out)
+    err, peak = _peak(lambda: ckpt.load(path))
+    limit = ckpt.HEADER_BYTES + 4 * ck.params.size
+    assert str(err) == (f"{path}: params.npy has {size} bytes, more than a checkpoint of its configuration holds "
+                        f"({limit})")
+    assert peak < 4 << 20, peak
+
+
+def test_arrays_are_read_by_streaming_into_their_own_memory(tmp_path):
+    """Each file was read whole as bytes, then copied into its array: twice the checkpoint's size."""
+    ck = _big(hidden=512, name="sgd")
+    ck.optim = {}
+    path = _saved(tmp_path, ck)
+    got = []
+    err, peak = _peak(lambda: got.append(ckpt.load(path)))
+    assert err is None and np.array_equal(got[0].params, ck.params)
+    assert peak < ck.params.nbytes * 1.25 + (2 << 20), (peak, ck.params.nbytes)
+
+
+def test_an_optim_npz_bomb_is_refused_before_it_is_inflated(tmp_path):
+    """An npz of many members, each under the per-member cap, was inflated member after member (an 807 kB
+    one drove peak RSS to 1.0 GB with hidden=2048)."""
+    ck = _big()
+    size, most = ck.params.size, ckpt.optimizer_arrays(ck.config)
+    b = io.BytesIO()
+    np.savez_compressed(b, **{f"m{i}": np.zeros(size) for i in range(60)})      # 60 float64 members of 0.5 MB
+    path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
+    assert len(b.getvalue()) < size                                           # small on disk
+    err, peak = _peak(lambda: ckpt.load(path))
+    assert str(err).startswith(f"{path}: optim.npz declares 60 members in a ") and \
+        str(err).endswith(f"a run of this configuration writes at most {most} optimizer arrays"), str(err)
+    assert peak < ck.params.nbytes + (4 << 20), peak
+    raw = bytearray(b.getvalue())                  # an end record that says fewer members than the directory holds
+    raw[-12:-10] = (3).to_bytes(2, "little")
+    path = _crafted(tmp_path / "lie", ck, **{"optim.npz": bytes(raw)})
+    with pytest.raises(ckpt.CheckpointError, match=f"optim.npz holds 60 members: a run of this configuration "
+                                                   f"writes at most {most} optimizer arrays$"):
+        ckpt.load(path)                                                       # counted in the directory as well
+
+
+def test_a_link_in_a_checkpoint_is_refused_without_following_it(tmp_path, ck):
+    """A symlink loop as params.npy ended in OSError (Too many levels of symbolic links); a link to
+    /proc/self/environ was followed, and the error told its size."""
+    path = _saved(tmp_path, ck)
+    os.remove(os.path.join(path, "params.npy"))
+    os.symlink("params.npy", os.path.join(path, "params.npy"))               # a loop
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value) == f"{path}: params.npy is a symbolic link, refused (a checkpoint holds regular files only)"
+    path = _saved(tmp_path / "b", ck)
+    environ = open("/proc/self/environ", "rb").read()
+    for name in ("vocab.json", ckpt.MANIFEST):
+        os.replace(os.path.join(path, name), os.path.join(tmp_path, name))
+        os.symlink("/proc/self/environ", os.path.join(path, name))
+        with pytest.raises(ckpt.CheckpointError) as e:
+            ckpt.load(path)
+        assert str(e.value) == f"{path}: {name} is a symbolic link, refused (a checkpoint holds regular files only)"
+        assert "environ" not in str(e.value) and str(len(environ)) not in str(e.value)
+        os.remove(os.path.join(path, name))
+        os.replace(os.path.join(tmp_path, name), os.path.join(path, name))
+
+
+@pytest.mark.parametrize("name, pad, needle", [
+    ("config.json", 1 << 20, "config.json has {n} bytes, more than a checkpoint of its configuration holds (1048576)"),
+    ("vocab.json", 2 << 20, "vocab.json has {n} bytes, more than a checkpoint of its configuration holds"),
+    ("hidden.npy", 1 << 16, "hidden.npy has {n} bytes, more than a checkpoint of its configuration holds"),
+    ("extra.bin", 10, "MANIFEST.json names 'extra.bin', not a file of a checkpoint"),
+])
+def test_every_file_has_a_size_its_configuration_allows(tmp_path, ck, name, pad, needle):
+    files = ckpt.to_files(ck)
+    data = files.get(name, b"") + b" " * pad
+    path = _crafted(tmp_path, ck, **{name: data})
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value).startswith(f"{path}: {needle.format(n=len(data))}"), str(e.value)
+
+
+def test_parameters_that_are_not_finite_are_not_a_model_to_use(tmp_path, ck):
+    ck.params[3] = np.nan
+    with pytest.raises(ckpt.CheckpointError, match="^where: the parameters hold NaN or infinite values: not a model"):
+        ckpt.finite(ckpt.load(_saved(tmp_path, ck)), "where")

@@ -1,4 +1,7 @@
 import dataclasses
+import math
+import time
+import typing
 
 import pytest
 
@@ -68,3 +71,94 @@ def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.model.hidden = 3
     assert config.replace(c, "model", hidden=7).model.hidden == 7 and c.model.hidden == 128
+
+
+def _numeric_keys(kind):
+    return [(s, k) for s, cls in typing.get_type_hints(config.Config).items()
+            for k, t in typing.get_type_hints(cls).items() if t is kind]
+
+
+@pytest.mark.parametrize("section,key", _numeric_keys(float))
+def test_a_number_too_large_for_a_float_is_one_line(section, key):
+    """1 followed by 400 zeros ended in OverflowError (config._coerce) for every float key."""
+    with pytest.raises(ConfigError) as e:
+        config.load(None, [f"{section}.{key}=1{'0' * 400}"])
+    assert str(e.value).startswith(f"{section}.{key} = a number of about 401 digits is out of range: a run takes "
+                                   f"{section}.{key} in "), str(e.value)
+
+
+def test_a_number_of_more_digits_than_python_converts_is_one_line(tmp_path):
+    """5,000 nines ended in ValueError: Exceeds the limit (4300 digits), from --set or a file."""
+    with pytest.raises(ConfigError, match=r"^model.hidden: a number of 5000 characters is out of range: "
+                                          r"a run takes model.hidden in \[1, 65536\]$"):
+        config.load(None, ["model.hidden=" + "9" * 5000])
+    f = tmp_path / "c.toml"
+    f.write_text("[model]\nhidden = " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"holds a number of more than 4300 digits: out of range for every key$"):
+        config.load(str(f))
+
+
+def test_every_number_has_a_range_and_a_value_beyond_it_is_refused_naming_it():
+    numeric = _numeric_keys(int) + _numeric_keys(float)
+    assert sorted(config.RANGES) == sorted(numeric)
+    for (section, key), (low, high, brackets) in config.RANGES.items():
+        step = 1 if (section, key) in _numeric_keys(int) else 0.5
+        beyond = [low - step] + ([high + step, high * 1000 + 1] if high != math.inf else [])
+        for value in beyond:
+            with pytest.raises(ConfigError) as e:
+                config.load(None, [f"{section}.{key}={value}"])
+            assert key in str(e.value) and "\n" not in str(e.value), (section, key, str(e.value))
+
+
+@pytest.mark.parametrize("overrides,msg", [
+    (["train.rounds=0", "train.epochs=1e308"], r"train.epochs = 1e\+308 is out of range: a run takes train.epochs "
+                                               r"in \[0, 10000\]"),
+    (["model.init_scale=1e308"], r"model.init_scale = 1e\+308 is out of range: .* in \(0, 100\]"),
+    (["model.hidden=1000000000"], r"model.hidden = 1000000000 is out of range: .* in \[1, 65536\]"),
+    (["model.layers=1000000"], r"model.layers = 1000000 is out of range: .* in \[1, 64\]"),
+    (["model.layers=10000000"], r"model.layers = 10000000 is out of range"),
+    (["server.timeout_s=1e300"], r"server.timeout_s = 1e\+300 is out of range: .* in \(0, 86400\]"),
+])
+def test_values_that_crashed_after_spark_started_are_refused_by_the_validator(overrides, msg):
+    """Each passed the validator and failed after Spark and the corpus (OverflowError, ValueError: array is
+    too big, 20 s and 1.4 GB to build the layout of a million layers)."""
+    with pytest.raises(ConfigError, match=msg):
+        config.load(None, overrides)
+
+
+def test_the_model_size_is_checked_against_memory_without_building_it():
+    from rnnlm.core.models import build
+    for sets in (["model.cell=lstm", "model.embed=7", "model.layers=3"], ["model.cell=rnn"],
+                 ["model.cell=ffnn", "model.embed=5", "model.context=4"]):
+        m = config.load(None, sets + ["model.hidden=9", "model.vocab_size=13"]).model
+        assert config.param_count(m) == build(m).layout.size, sets
+    cfg = config.load(None, ["model.hidden=32", "optim.name=adam", "data.vocab_size=50"])
+    need = config.param_count(cfg.model, 50) * 4 * 4              # params, gradient, adam's m and v; float32
+    config.check_memory(cfg, memory=need)
+    with pytest.raises(ConfigError, match=rf"^the model has {config.param_count(cfg.model, 50):,} parameters "
+                                          r"\(vocabulary 50\): with its gradient and adam's state it needs "):
+        config.check_memory(cfg, memory=need - 1)
+    with pytest.raises(ConfigError, match="vocabulary 1,000"):      # the vocabulary, once known, is checked again
+        config.check_memory(config.replace(cfg, "model", vocab_size=1000), memory=need)
+    with pytest.raises(ConfigError, match=r"\(vocabulary 10,000,000\): with its gradient"):     # as trainers resolve it
+        config.resolve(config.load(None, ["model.hidden=4096"]), 10_000_000)          # 3 TB: beyond any machine
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match="more than this machine's"):
+        config.load(None, ["model.hidden=65536", "model.layers=64"])       # 17 TB: beyond any machine
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize("overrides,text", [
+    (["data.train=/x\nerror: forged"], ""),
+    (["model.hidden=64\nlayers = 9"], ""),
+    (["data.valid=\x1b[31mred"], ""),
+    ([], '[data]\ntrain = "a\\nerror: forged"\n'),
+    ([], '[data]\ntrain = "a\\u001b[2Jb"\n'),
+])
+def test_a_control_character_in_a_value_is_refused(tmp_path, overrides, text):
+    """A newline printed a forged second error: line; in a number it silently dropped ``layers = 9``."""
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=r"the value holds a control character \(U\+00(0A|1B)\); refused$") as e:
+        config.load(str(f), overrides)
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)

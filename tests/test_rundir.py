@@ -35,18 +35,19 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     assert out.kept() == "no checkpoint was written yet"
     vocab = Vocab.build("abracadabra", "char")
     cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
-    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position={"round": 2})
+    position = {"round": 2, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}   # what a resume reads
+    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position=position)
     out.write_checkpoint(ck, best=False)
     assert not (tmp_path / "run" / "best").exists()
     out.write_checkpoint(ck, best=True)
-    assert ckpt.load(str(tmp_path / "run" / "best")).position == {"round": 2}
+    assert ckpt.load(str(tmp_path / "run" / "best")).position == position
     assert out.kept() == f"the last good checkpoint is kept in {tmp_path}/run/checkpoint"
 
     again = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=logs.append)
     with pytest.raises(TrainingError, match=f"^{re.escape(str(tmp_path))}/run already holds a run "):
         again.prepare(resume=False)
     again.prepare(resume=True)
-    assert again.read_checkpoint(cfg).position == {"round": 2}
+    assert again.read_checkpoint(cfg).position == position
     assert again.saved_lines() == [{"round": 1}, {"round": 2}, {"round": 3}]
     again.keep_lines(again.saved_lines()[:2])         # round 3 runs again
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n'

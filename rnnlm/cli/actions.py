@@ -145,14 +145,17 @@ def _report(tr, last: dict, samples: int) -> int:
 def evaluate(a) -> int:
     """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
     run (its data paths, its partitions) is read."""
-    from .checks import check_checkpoint, check_input
+    from .checks import check_checkpoint, check_input, check_records
     if a.streams is not None and a.streams < 1:
         raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
+    if ck is not None:
+        checkpoint.finite(ck, a.checkpoint)
+        check_records(a.data, ck.config.data, "--data")
     with spark_session("rnnlm-evaluate", a.master, a.verbose) as spark:
         sc = spark.sparkContext
-        ck = ck or read_checkpoint(sc, a.checkpoint)
+        ck = ck or checkpoint.finite(read_checkpoint(sc, a.checkpoint), a.checkpoint)
         cfg = ck.config
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)

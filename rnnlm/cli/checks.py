@@ -84,13 +84,15 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     a resumed checkpoint must be readable and of the same experiment."""
     config.check_trainable(cfg)
     cfg = locate_data(cfg, config_path, log)
+    for key in DATA_KEYS:
+        check_records(getattr(cfg.data, key), cfg.data, f"data.{key}")
     local_out = _local(out)
     if dry_run or local_out is None or overwrite:
         return cfg
     run_dir = _run_dir(out, local_out)
     run_dir.prepare(resume)
     if resume:
-        ck = checkpoint.load(local_out)
+        ck = checkpoint.load(local_out, resume=True)
         check_resume(cfg, ck.config, run_dir.ck_path, resume_keys(cfg))
         at = ck.position.get("round")
         if cfg.train.rounds and type(at) is int:        # a longer run's length known without the corpus
@@ -171,6 +173,14 @@ def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:
     None when ``path`` is not local."""
     local = _local(path)
     return checkpoint.load(local) if local is not None else None
+
+
+def check_records(path: str, data: config.DataConfig, what: str) -> None:
+    """A local corpus must hold no record (line or paragraph, as ``data`` reads it) longer than
+    ``data.max_record_mb`` (:func:`rnnlm.spark.corpus.check_local_records`)."""
+    local = _local(path) if path else None
+    if local is not None:
+        corpus.check_local_records(local, data.paragraphs, data.max_record_mb, what)
 
 
 def check_input(path: str, what: str) -> None:

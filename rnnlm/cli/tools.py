@@ -27,7 +27,7 @@ def generate(a) -> int:
     if seed is None:          # a new sample each call, which the printed seed repeats
         seed = secrets.randbelow(2 ** 31)
     try:
-        ck = load_checkpoint(a.checkpoint)
+        ck = checkpoint.finite(load_checkpoint(a.checkpoint), a.checkpoint)
         model = build_model(ck.config.model)
         text = sample(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
                       temperature=a.temperature, argmax=a.argmax, seed=seed)

@@ -6,6 +6,9 @@ training partition holds its encoded tokens as one NumPy array.
 """
 from __future__ import annotations
 
+import glob
+import gzip
+import os
 from operator import add
 
 import numpy as np
@@ -13,6 +16,11 @@ import numpy as np
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 
 _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
+# Hadoop's line readers skip a record this long instead of holding it (a 100 MB line with no newline
+# killed the driver's JVM with OutOfMemoryError in Text.decode)
+MAX_LINE = "mapreduce.input.linerecordreader.line.maxlength"
+MAX_RECORD_MB = 16            # data.max_record_mb's default
+_UNSCANNED = (".bz2", ".deflate", ".lz4", ".snappy", ".zst")     # codecs Hadoop reads and Python does not (fast)
 
 
 class CorpusError(ValueError):
@@ -52,7 +60,8 @@ def _subdirectories(fs, status):
             yield child.getPath()
 
 
-def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min_partitions: int = 2):
+def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min_partitions: int = 2,
+               max_record_mb: int = MAX_RECORD_MB):
     """RDD of paragraph strings, in file order.
 
     ``mode='blank_line'`` splits on blank lines (Hadoop's record delimiter
@@ -67,14 +76,19 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     remain: blank-line paragraphs of whitespace alone, and the last
     paragraph of a file, which also ends with ``\\n\\n``.) Hadoop decodes UTF-8
     with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
+
+    A record (a line, or a blank-line paragraph) longer than ``max_record_mb`` MiB is skipped by
+    Hadoop's reader, which never holds it; :func:`check_local_records` refuses one in a local corpus
+    before Spark starts.
     """
     check_path(sc, path)
+    most = _hadoop_max(max_record_mb)
     if mode == "line":
-        rdd = sc.textFile(path, min_partitions)
+        rdd = _text_file(sc, path, min_partitions, most)
         if level == "char":
             return rdd.map(lambda p: p + "\n")
     else:
-        rdd = _records(sc, path, 2 * _line_end(sc, path)).flatMap(_paragraph_records)
+        rdd = _records(sc, path, 2 * _line_end(sc, path, most), most).flatMap(_paragraph_records)
     rdd = rdd.filter(lambda p: p.strip() != "")
     if level == "char" and mode == "blank_line":
         # the delimiter is part of the text: a record that starts with newlines keeps them
@@ -82,16 +96,112 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     return rdd.map(lambda p: p.strip("\n"))
 
 
-def _records(sc, path: str, delimiter: str):
+def _hadoop_max(max_record_mb: int) -> str:
+    """Hadoop's line length limit for records of at most ``max_record_mb`` MiB (with their delimiter)."""
+    return str((max_record_mb << 20) + 8)
+
+
+def _records(sc, path: str, delimiter: str, most: str):
     return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
-                               conf={"textinputformat.record.delimiter": delimiter}).values()
+                               conf={"textinputformat.record.delimiter": delimiter, MAX_LINE: most}).values()
 
 
-def _line_end(sc, path: str) -> str:
+def _text_file(sc, path: str, min_partitions: int, most: str):
+    """``sc.textFile`` (its splits and line ends), its records bounded. ``textFile`` takes no Hadoop
+    configuration of its own and reads the context's when its tasks run (not when the RDD is made):
+    the limit is set there, for the session (the last one set holds for every line-mode read)."""
+    sc._jsc.hadoopConfiguration().set(MAX_LINE, most)
+    return sc.textFile(path, min_partitions)
+
+
+def _line_end(sc, path: str, most: str) -> str:
     """``"\r\n"`` when the corpus' first line ends so (text made on Windows), else ``"\n"``: Hadoop
     splits records on one delimiter, and a blank line is two line ends."""
-    first = _records(sc, path, "\n").take(1)
+    first = _records(sc, path, "\n", most).take(1)
     return "\r\n" if first and first[0].endswith("\r") else "\n"
+
+
+def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> None:
+    """Refuse a local corpus (a file, a directory of files or a glob) holding a record longer than
+    ``max_record_mb`` MiB (a line with ``mode = "line"``, else a blank-line paragraph): Hadoop would
+    skip it. Files are scanned for their line ends at memchr speed, gzip ones inflated on the way;
+    those of other codecs are left to Hadoop's limit.
+
+    Raises
+    ------
+    CorpusError
+        Naming the file, where the record starts, the limit and how to raise it.
+    """
+    limit = max_record_mb << 20
+    for name in _local_files(path):
+        opener = gzip.open if name.endswith(".gz") else None if name.endswith(_UNSCANNED) else open
+        if opener is None:
+            continue
+        try:
+            with opener(name, "rb") as f:
+                found = _long_record(f, mode, limit)
+        except (OSError, EOFError):       # unreadable, or a broken gzip: Hadoop reports it in its own words
+            continue
+        if found is not None:
+            raise CorpusError(_too_long(what, name, mode, max_record_mb, *found))
+
+
+def _local_files(path: str) -> list:
+    """The files Hadoop reads for a local ``path``: a glob's matches, a directory's visible files."""
+    if "{" in path:                 # Hadoop's own glob syntax: left to Hadoop
+        return []
+    out = []
+    for match in sorted(glob.glob(path)) if glob.has_magic(path) else [path]:
+        if os.path.isdir(match):
+            out += [os.path.join(match, n) for n in sorted(os.listdir(match))
+                    if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(match, n))]
+        elif os.path.isfile(match) and not os.path.basename(match).startswith(("_", ".")):
+            out.append(match)
+    return out
+
+
+def _long_record(f, mode: str, limit: int) -> tuple | None:
+    """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes (``alone``:
+    ``"line"`` when the stream starts with it and has no line end in its first chunk, ``"paragraph"``
+    when it has lines but no record ended before), or None. It reads in chunks of at most half
+    the limit, so a record inside one chunk is shorter than the limit: only where records meet chunk
+    ends is a length measured, and a stream with no line end stops being read past the limit."""
+    chunk = min(limit // 2, 8 << 20)
+    head = f.read(chunk)
+    if mode == "line":
+        delims = (b"\n", b"\r")
+    else:
+        first = head.find(b"\n")
+        delims = (b"\r\n\r\n",) if first > 0 and head[first - 1:first] == b"\r" else (b"\n\n",)
+    keep = max(len(d) for d in delims) - 1
+    start, base, buf, delimited = 0, 0, head, False
+    alone = "line" if b"\n" not in head and b"\r" not in head else "paragraph"
+    while buf:
+        lo = max(0, start - base)
+        hits = [i for i in (buf.find(d, lo) for d in delims) if i >= 0]
+        if hits:
+            if base + min(hits) - start > limit:
+                return start, None if delimited else alone
+            start = base + max(buf.rfind(d, lo) + len(d) for d in delims if buf.rfind(d, lo) >= 0)
+            delimited = True
+        elif base + len(buf) - start > limit:
+            return start, None if delimited else alone
+        tail = buf[len(buf) - keep:] if keep and len(buf) > keep else b""
+        base += len(buf) - len(tail)
+        more = f.read(chunk)
+        buf = tail + more if more else b""
+    return None
+
+
+def _too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str | None) -> str:
+    record = "line" if mode == "line" else "paragraph"
+    raise_it = f"records longer than data.max_record_mb = {mb} MiB are refused (--set data.max_record_mb=N raises it)"
+    if alone == "line":
+        return f"{what}: {name} has no line end in its first {mb} MiB: it is one huge line, and {raise_it}"
+    if alone == "paragraph":
+        return (f"{what}: {name} has no blank line in its first {mb} MiB: it is one paragraph, and {raise_it}; "
+                "data.paragraphs = 'line' reads it line by line")
+    return f"{what}: {name}: the {record} at byte {offset:,} is longer than {mb} MiB: {raise_it}"
 
 
 def _paragraph_records(record: str) -> list:

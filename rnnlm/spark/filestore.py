@@ -18,24 +18,33 @@ keep after the application: 1.1 GB of residuals stayed behind after a day of ben
 run's last files are removed when it closes, by a job over the corpus partitions, which run
 where the rounds ran. Files are written under a temporary name and renamed, so a reader sees a
 whole file or none; only numbers are stored (``allow_pickle=False``).
+
+The run's directory is named by the run's random id; a reader takes only the very file its
+writer made (the same inode, size and modification time, and the same shape and dtype), so a file
+put there under the same name by anything else is not used (the residual is rebuilt instead), and
+pruning touches only names of the form this module writes.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from typing import NamedTuple
 
 import numpy as np
 
 KEEP = 3        # files kept per partition: the newest rounds, which a retried or recomputed round reads
+_NAME = re.compile(r"([0-9]+)\.([0-9]+)\.([A-Za-z0-9_]+)\.npy")      # "<pid>.<seq>.<name>.npy"
 
 
 class Stored(NamedTuple):
-    """Where a partition's arrays after round ``seq`` of run ``run`` were written, by name."""
+    """Where a partition's arrays after round ``seq`` of run ``run`` were written, by name, and what
+    each file written was (:func:`_identity`)."""
 
     run: str
     seq: int
     names: tuple
+    files: tuple = ()
 
 
 def root(run: str, local_dirs: str | None = None) -> str:
@@ -58,29 +67,48 @@ def _path(run: str, seq: int, pid: int, name: str) -> str:
 def save(run: str, seq: int, pid: int, arrays: dict) -> Stored:
     """Write ``arrays`` (name -> array; names are file name parts) and prune this partition's
     files older than the :data:`KEEP` newest rounds."""
+    files = []
     for name, a in arrays.items():
         path = _path(run, seq, pid, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             np.save(f, a, allow_pickle=False)
+            f.flush()
+            files.append(_identity(os.fstat(f.fileno()), a))
         os.replace(tmp, path)
     _prune(root(run), pid, seq - KEEP)
-    return Stored(run, seq, tuple(arrays))
+    return Stored(run, seq, tuple(arrays), tuple(files))
+
+
+def _identity(st: os.stat_result, a) -> tuple:
+    """What names one file written: its device, inode, size and modification time, its array's shape and dtype."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, tuple(np.shape(a)), np.asarray(a).dtype.str
 
 
 def load(ref: Stored, pid: int) -> dict | None:
-    """The arrays ``ref`` names, or None where this host has no whole copy of one of them."""
-    try:
-        return {name: np.load(_path(ref.run, ref.seq, pid, name), allow_pickle=False) for name in ref.names}
-    except (OSError, ValueError):       # absent, pruned, or unreadable: rebuilt by the caller
-        return None
+    """The arrays ``ref`` names, or None where this host has no whole copy of one of them (or a file
+    under its name that is not the one written)."""
+    out = {}
+    for name, written in zip(ref.names, ref.files or (None,) * len(ref.names)):
+        try:
+            with open(_path(ref.run, ref.seq, pid, name), "rb") as f:
+                st = os.fstat(f.fileno())
+                a = np.load(f, allow_pickle=False)
+        except (OSError, ValueError):       # absent, pruned, or unreadable: rebuilt by the caller
+            return None
+        if written is None or _identity(st, a) != written:
+            return None
+        out[name] = a
+    return out
 
 
 def _prune(directory: str, pid: int, upto: int) -> None:
+    """Remove partition ``pid``'s files of rounds up to ``upto``; a name this module does not write is
+    left alone."""
     for name in os.listdir(directory):
-        parts = name.split(".")
-        if len(parts) == 4 and parts[0] == str(pid) and parts[3] == "npy" and int(parts[1]) <= upto:
+        m = _NAME.fullmatch(name)
+        if m and m[1] == str(pid) and int(m[2]) <= upto:
             try:
                 os.unlink(os.path.join(directory, name))
             except FileNotFoundError:       # another task of the same partition pruned it first

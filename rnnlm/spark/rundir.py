@@ -35,13 +35,17 @@ class TrainingError(RuntimeError):
     """Training stopped (non-finite loss, incompatible resume); the message is one line."""
 
 
+# never compared: the corpus' choice, and a limit that refuses input without changing a number
+UNCOMPARED = {("model", "vocab_size"), ("data", "max_record_mb")}
+
+
 def _difference(cfg: config.Config, saved: config.Config, keys: dict) -> tuple | None:
     """The first ``(section, key, here, there)`` of ``keys`` (section -> names, None for the whole
-    section; never ``model.vocab_size``, the corpus' choice) that differs between the two, else None."""
+    section; never :data:`UNCOMPARED`) that differs between the two, else None."""
     mine, theirs = cfg.to_dict(), saved.to_dict()
     for sec, names in keys.items():
         for k in (names or mine[sec].keys()):
-            if not (sec == "model" and k == "vocab_size") and mine[sec][k] != theirs[sec][k]:
+            if (sec, k) not in UNCOMPARED and mine[sec][k] != theirs[sec][k]:
                 return sec, k, mine[sec][k], theirs[sec][k]
     return None
 
@@ -194,7 +198,7 @@ class RunDir:
 
     def read_checkpoint(self, cfg: config.Config, keys: dict = RESUME_KEYS) -> checkpoint.Checkpoint:
         """The checkpoint to resume under ``cfg``, refused when one of ``keys`` differs (:func:`check_resume`)."""
-        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path)
+        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path, resume=True)
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 

@@ -86,7 +86,7 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
     so the training log, ``jobs/evaluate.py`` and any other run agree on the same text.
     """
     d = cfg.data
-    hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams)
+    hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb)
     return corpus.encode_partitions(corpus.contiguous_partitions(hp, d.eval_streams, shrink=True),
                                     bc_vocab).persist()
 
@@ -103,7 +103,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         if status is not None:
             status(f"{text} ...")
     phase(f"reading {d.train}")
-    paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions)
+    paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb)
     if d.encoding_errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
         if bad:

@@ -1,0 +1,200 @@
+"""Hostile input found before the JVM starts, or kept from stopping a run: one line on stderr, exit code 2.
+
+Each case here fails without Spark (a subprocess ends in ~0.5 s), except where a Spark read is the
+point, which uses the session's shared ``spark`` fixture.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.core import checkpoint
+from rnnlm.core.models import build as build_model
+from rnnlm.core.vocab import Vocab
+
+from conftest import HARBOUR, ROOT
+
+DEMO = os.path.join(ROOT, "conf", "demo.toml")
+TINY = ["--set", f"data.train={HARBOUR}", "--set", "model.hidden=4", "--set", "train.bptt=4",
+        "--set", "train.batch=2", "--set", "data.valid="]
+
+
+def tiny_checkpoint(path, position, nan=False):
+    """A checkpoint of the model ``TINY`` trains, at ``position``; its parameters NaN with ``nan``."""
+    cfg = config.load(DEMO, TINY[1::2])
+    vocab = Vocab.build(open(HARBOUR).read(), "char")
+    cfg = config.replace(cfg, "model", vocab_size=len(vocab))
+    params = build_model(cfg.model).init_params(1)
+    if nan:
+        params[::7] = np.nan
+    checkpoint.save(str(path), checkpoint.Checkpoint(params=params, config=cfg, vocab=vocab, position=position))
+
+
+def before_the_jvm(argv, expected):
+    """``argv`` (a job file and its options) ends with exit code 2 and the one line ``expected`` starts,
+    in the time an error found without Spark takes (its JVM takes 13-16 s to start)."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - t0
+    assert r.returncode == 2, (argv, r.stderr[-2000:])
+    assert r.stderr.startswith(expected) and r.stderr.count("\n") == 1, (argv, r.stderr[-2000:])
+    assert took < 3.0, (argv, took)
+
+
+@pytest.mark.parametrize("sets, expected", [
+    (["optim.lr=1" + "0" * 400], "error: optim.lr = a number of about 401 digits is out of range: a run takes "
+                                 "optim.lr in (0, 1.8e+308)\n"),
+    (["model.hidden=" + "9" * 5000], "error: model.hidden: a number of 5000 characters is out of range"),
+    (["model.hidden=65536", "model.layers=64"], "error: the model has "),
+    (["data.train=/x\nerror: forged"], "error: --set 'data.train': the value holds a control character (U+000A); "
+                                       "refused\n"),
+])
+def test_a_bad_setting_is_one_line_before_the_jvm(sets, expected):
+    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", "/nonexistent/out",
+                    *[a for s in sets for a in ("--set", s)]], expected)
+
+
+def test_resuming_a_checkpoint_without_its_position_is_one_line_before_the_jvm(tmp_path):
+    """``--resume`` on a state.json without ``tokens`` reached trainer._resume: KeyError after Spark started."""
+    run = tmp_path / "run"
+    tiny_checkpoint(run / "checkpoint", {"round": 1, "step": 40})          # what the one-machine trainer writes
+    (run / "metrics.jsonl").write_text('{"round": 1}\n')
+    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(run), "--resume", *TINY],
+                   f"error: {run}/checkpoint: state.json's position has no tokens: not a checkpoint a sync run can "
+                   "resume (rnnlm generate and evaluate can use it)\n")
+
+
+def test_evaluating_parameters_that_are_not_finite_is_refused(tmp_path):
+    """It printed ppl=inf and exited 0."""
+    tiny_checkpoint(tmp_path / "ck", {"round": 1}, nan=True)
+    before_the_jvm(["jobs/evaluate.py", "--checkpoint", str(tmp_path / "ck"), "--data", HARBOUR],
+                   f"error: {tmp_path / 'ck'}: the parameters hold NaN or infinite values: not a model to use\n")
+
+
+def test_generating_from_a_checkpoint_holding_a_link_loop_is_one_line(tmp_path):
+    """A symlink loop as params.npy: OSError (Too many levels of symbolic links), exit 1."""
+    tiny_checkpoint(tmp_path / "ck", {"round": 1})
+    os.remove(tmp_path / "ck" / "params.npy")
+    os.symlink("params.npy", tmp_path / "ck" / "params.npy")
+    before_the_jvm(["jobs/generate.py", "--checkpoint", str(tmp_path / "ck")],
+                   f"error: {tmp_path / 'ck'}: params.npy is a symbolic link, refused (a checkpoint holds regular "
+                   "files only)\n")
+
+
+@pytest.fixture
+def local_dirs(tmp_path, monkeypatch):
+    """An executor's ``SPARK_LOCAL_DIRS``, where rnnlm.spark.filestore keeps a partition's residuals."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    return tmp_path
+
+
+def test_residual_files_ignore_names_they_did_not_write(local_dirs):
+    """A file ``0.x.feedback.npy`` in the run's directory: ValueError: invalid literal for int() in _prune,
+    and the round's job aborted."""
+    from rnnlm.spark import filestore
+    d = filestore.root("run1")
+    os.makedirs(d)
+    foreign = ["0.x.feedback.npy", "0.1.feedback.npy.bak", "notes.txt", "0.1.a.b.npy", "00.1.feedback.npy"]
+    for name in foreign:
+        open(os.path.join(d, name), "wb").close()
+    for seq in range(1, 6):
+        ref = filestore.save("run1", seq, 0, {"feedback": np.full(4, seq, np.float32)})
+    assert sorted(os.listdir(d)) == sorted(foreign + [f"0.{s}.feedback.npy" for s in (3, 4, 5)])
+    assert filestore.load(ref, 0)["feedback"].tolist() == [5.0] * 4
+
+
+@pytest.mark.parametrize("other", [np.full(4, 9, np.float32), np.zeros(5, np.float32), np.full(4, 5, np.float64)])
+def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
+    """Other numbers under the name a partition wrote were read as its residual, silently."""
+    from rnnlm.spark import filestore
+    ref = filestore.save("run2", 1, 3, {"feedback": np.full(4, 5, np.float32)})
+    path = os.path.join(filestore.root("run2"), "3.1.feedback.npy")
+    with open(path + ".x", "wb") as f:
+        np.save(f, other)
+    os.replace(path + ".x", path)
+    assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
+
+
+def test_a_corpus_of_one_huge_line_is_refused_before_the_jvm(tmp_path):
+    """A 100,000,004-byte line with no newline (word level): OutOfMemoryError in the driver's JVM
+    (Text.decode, during the CRLF probe's take(1)), then a ConnectionRefusedError traceback after ~9 s."""
+    big = tmp_path / "one_line.txt"
+    with open(big, "wb") as f:
+        f.truncate(100_000_004)                        # sparse: NUL bytes, no line end
+    try:
+        before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(tmp_path / "o"), "--set", f"data.train={big}",
+                        "--set", "data.level=word", "--set", "data.paragraphs=line"],
+                       f"error: data.train: {big} has no line end in its first 16 MiB: it is one huge line, and "
+                       "records longer than data.max_record_mb = 16 MiB are refused (--set data.max_record_mb=N "
+                       "raises it)\n")
+    finally:
+        big.unlink()
+
+
+def test_a_gzip_inflating_to_one_huge_record_is_refused_before_the_jvm(tmp_path):
+    """A 1.5 MB gzip inflating to 1.5 GiB with no newline killed the JVM the same way: the check reads
+    no further than the limit."""
+    import gzip
+    bomb = tmp_path / "bomb.txt.gz"
+    with gzip.open(bomb, "wb") as f:
+        block = b"a" * (1 << 20)
+        for _ in range(24):                            # 24 MiB inflated, 24 kB on disk
+            f.write(block)
+    assert bomb.stat().st_size < 100_000
+    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(tmp_path / "o"), "--set", f"data.train={bomb}",
+                    "--set", "data.max_record_mb=2"],
+                   f"error: data.train: {bomb} has no line end in its first 2 MiB: it is one huge line, and records "
+                   "longer than data.max_record_mb = 2 MiB are refused (--set data.max_record_mb=N raises it)\n")
+
+
+def _corpus(path, *parts):
+    with open(path, "wb") as f:
+        for p in parts:
+            f.write(p)
+    return str(path)
+
+
+def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
+    from rnnlm.spark.corpus import CorpusError, check_local_records
+    mib = 1 << 20
+    lines = b"a few words\n" * 1000
+    exact = _corpus(tmp_path / "exact.txt", lines, b"x" * mib + b"\n", lines, b"y" * mib)    # two of 1 MiB: kept
+    check_local_records(exact, "line", 1, "data.train")
+    check_local_records(exact, "blank_line", 3, "data.train")        # one paragraph of 2 MiB and 24 kB
+    over = _corpus(tmp_path / "over.txt", lines, b"x" * (mib + 1) + b"\r\n", lines)
+    with pytest.raises(CorpusError) as e:
+        check_local_records(over, "line", 1, "data.train")
+    assert str(e.value) == (f"data.train: {over}: the line at byte 12,000 is longer than 1 MiB: records longer than "
+                            "data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N raises it)")
+    paras = b"one paragraph\r\nof two lines\r\n\r\n" * 20000                 # CRLF: paragraphs end at \r\n\r\n
+    os.makedirs(tmp_path / "d")
+    crlf = _corpus(tmp_path / "d" / "crlf.txt", paras)
+    _corpus(tmp_path / "d" / ".hidden", b"z" * (2 * mib))                   # Hadoop skips it: so does the check
+    check_local_records(str(tmp_path / "d"), "blank_line", 1, "data.train")
+    _corpus(crlf, paras, b"long\r\n" * (mib // 6 + 2), b"\r\n", paras)       # 1 MiB and 4 bytes
+    with pytest.raises(CorpusError, match=rf"^data.train: {crlf}: the paragraph at byte 620,000 is longer than 1 MiB"):
+        check_local_records(str(tmp_path / "d" / "*.txt"), "blank_line", 1, "data.train")
+    with pytest.raises(CorpusError, match=r"has no blank line in its first 1 MiB: it is one paragraph, .*; "
+                                          r"data.paragraphs = 'line' reads it line by line$"):
+        check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "blank_line", 1, "--data")
+    check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "line", 1, "--data")
+
+
+def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
+    """Where the check cannot look (another filesystem, another codec), Hadoop's reader skips such a
+    record rather than holding it (the JVM that held a 100 MB one died)."""
+    from rnnlm.spark.corpus import MAX_LINE, paragraphs
+    mib = 1 << 20
+    path = _corpus(tmp_path / "c.txt", b"first words\n\n", b"x" * (mib + 9), b"\n\nlast words\n")
+    sc = spark.sparkContext
+    sc._jsc.hadoopConfiguration().unset(MAX_LINE)      # what line-mode reads leave in the session's configuration
+    try:
+        for mode in ("blank_line", "line"):
+            assert paragraphs(sc, path, mode, "word", 2, max_record_mb=1).collect() == ["first words", "last words"]
+    finally:
+        os.remove(path)
+        sc._jsc.hadoopConfiguration().unset(MAX_LINE)
