@@ -97,8 +97,27 @@ def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=
         ax.xaxis.set_major_formatter(bytes_formatter())
     ax.grid(alpha=0.3)
     if runs:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", title=shared_exchange(runs) if labels is None else None,
+                  title_fontsize="small")
     return ax
+
+
+def shared_exchange(runs) -> str | None:
+    """What every run sends alike that automatic labels (what differs) leave out, e.g. ``all runs:
+    softmax rows+fp16, hidden dense+fp16``; None when that is plain dense float32."""
+    groups = ("embed", "softmax", "hidden")
+    specs = [{g: (r.config or {}).get("exchange", {}).get(g, "dense") for g in groups} for r in runs]
+    same = [f"{g} {specs[0][g]}" for g in groups if specs and all(s[g] == specs[0][g] for s in specs)
+            and specs[0][g] != "dense"]
+    return "all runs: " + ", ".join(same) if same else None
+
+
+def plain_numbers(axis) -> None:
+    """Tick labels on a log ``axis`` as plain numbers (400, 500, 700; not 4x10^2), major and minor."""
+    from matplotlib.ticker import FuncFormatter
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    axis.set_major_formatter(plain)
+    axis.set_minor_formatter(plain)
 
 
 def bytes_formatter():
@@ -152,8 +171,10 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
     front = sorted((r["bytes_per_token"], r["value"]) for r in rows if r["pareto"])
     if front:
         ax.plot(*zip(*front), "k--", lw=1, label="Pareto front", zorder=2)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", title=shared_exchange(runs) if labels is None else None,
+                  title_fontsize="small")
     ax.set_xscale("log")
+    plain_numbers(ax.xaxis)
     ax.set_xlabel("bytes sent + broadcast per training token")
     ax.set_ylabel(f"{pick} {Y_LABELS.get(y, y)}")
     ax.grid(alpha=0.3, which="both")
@@ -195,10 +216,15 @@ def plot_sync_fraction(runs, ax=None, names: dict | None = None):
     """Sync fraction against local steps K, one line per codec (``names`` maps a :func:`codec`
     name to a legend label; long names are wrapped)."""
     ax = axes(ax)
-    for name, pts in sync_fractions(runs).items():
+    fractions = sync_fractions(runs)
+    for name, pts in fractions.items():
         label = (names or {}).get(name) or textwrap.fill(name, 48)
         ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=label)
     ax.set_xscale("symlog", linthresh=1)       # K = 0 (one pass per round) stays on the axis
+    from matplotlib.ticker import NullLocator
+    ks = sorted({k for pts in fractions.values() for k, _ in pts})
+    ax.set_xticks(ks, [str(k) for k in ks])    # every K measured, named (10 and 20, not 10^1 alone)
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("local steps between all-reduces (K; 0 = one pass)")
     ax.set_ylabel("sync fraction: 1 - compute_s / round_s")
     ax.set_ylim(0, 1)

@@ -61,3 +61,39 @@ def test_unknown_tokens_keeps_order_and_counts_each_once():
     from rnnlm.core.vocab import Vocab
     v = Vocab.build("the cat sat\n", "word")
     assert tools.unknown_tokens(v, "the dog and the dog") == ["dog", "and"]
+
+
+def run_dir(root, name, k, sent, sets=()):
+    """A run directory as the trainer writes it (metrics.jsonl, run.json from a real configuration)."""
+    d = root / name
+    d.mkdir()
+    lines = [{"round": r, "tokens": 100 * r, "syncs": r, "bytes_sent": sent * r, "bytes_broadcast": 0,
+              "wall_s": float(r), "round_s": 1.0, "compute_s": 0.6 + 0.01 * k, "train_loss": 4.0 - r / 10,
+              "valid_ppl": 50.0 - k - r} for r in (1, 2, 3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    cfg = config.load(None, [f"train.local_steps={k}", *sets])
+    (d / "run.json").write_text(json.dumps({"config": cfg.to_dict()}))
+    return str(d)
+
+
+def test_plots_name_every_k_plain_bytes_and_what_all_runs_send_alike(tmp_path):
+    """`plot --kind sync` of K = 10 and 20 labelled only 10^1; the frontier's ticks read 4x10^2 .. 7x10^2;
+    labels made of what differs hid that softmax and hidden were fp16 in every run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from rnnlm import plots, runs
+    fp16 = ("exchange.softmax=rows+fp16", "exchange.hidden=dense+fp16")
+    rs = runs.load_all([run_dir(tmp_path, n, k, sent, (e, *fp16)) for n, k, sent, e in (
+        ("a", 10, 40_000, "exchange.embed=rows"), ("b", 20, 50_000, "exchange.embed=rows"),
+        ("c", 10, 70_000, "exchange.embed=dense"))])
+    ax = plots.plot_sync_fraction(rs)
+    ax.figure.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10", "20"]
+    ax = plots.plot_frontier(rs)
+    ax.figure.canvas.draw()
+    ticks = [t.get_text() for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True) if t.get_text()]
+    assert ticks and all(t.replace(".", "").isdigit() for t in ticks), ticks     # 400, 500, 600, 700
+    assert ax.get_legend().get_title().get_text() == "all runs: softmax rows+fp16, hidden dense+fp16"
+    ax = plots.plot_metric(rs, "tokens", "train_loss")
+    assert ax.get_legend().get_title().get_text() == "all runs: softmax rows+fp16, hidden dense+fp16"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == runs.labels(rs)
