@@ -237,10 +237,6 @@ RANGES = {
 }
 
 
-def _sections() -> dict:
-    return {f.name: f.type for f in dataclasses.fields(Config)}
-
-
 def _section_class(name: str):
     hints = typing.get_type_hints(Config)
     if name not in hints:
