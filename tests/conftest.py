@@ -29,6 +29,25 @@ def metrics(run) -> list:
         return json_lines(f.read())
 
 
+def held_out_tokens(vocab, path: str):
+    """A character-level text's tokens as the project reads held-out text, derived from the file alone:
+    its characters, the last paragraph ending with a blank line (for texts whose paragraphs are
+    separated by exactly one blank line, as the project's are)."""
+    with open(path, encoding="utf-8") as f:
+        return vocab.encode(f.read().rstrip("\n") + "\n\n")
+
+
+def core_nll(model, params, streams) -> tuple:
+    """Summed NLL and scored tokens of ``streams`` under ``params`` by the core model alone: each stream
+    read whole in one forward pass from a zero state, every token after its first predicted once."""
+    total, count = 0.0, 0
+    for tokens in streams:
+        tokens = np.asarray(tokens, np.int32)
+        loss, n, _ = model.loss(params, tokens[:-1, None], tokens[1:, None], model.zero_state(1))
+        total, count = total + float(loss), count + int(n)
+    return total, count
+
+
 XPS = [pytest.param("cpu", id="numpy")]
 XPS.append(pytest.param("gpu", id="cupy", marks=pytest.mark.skipif(
     not backend.gpu_available(), reason="no CUDA device / CuPy")))

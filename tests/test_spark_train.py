@@ -14,7 +14,7 @@ from rnnlm.spark import executor
 from rnnlm.spark.rundir import TrainingError
 from rnnlm.spark.trainer import Trainer, load_corpus
 
-from conftest import ROOT, metrics
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, core_nll, held_out_tokens, metrics
 
 
 @pytest.fixture(autouse=True)
@@ -325,10 +325,43 @@ def test_an_update_that_overflows_is_not_accepted(spark, tiny_cfg, tmp_path):
 
 def test_test_metrics_do_not_need_validation_data(spark, tiny_cfg, tmp_path):
     cfg = config.replace(tiny_cfg, "data", valid="", test="rnnlm/data/harbour_valid.txt")
-    run(spark, cfg, tmp_path)
+    tr = run(spark, cfg, tmp_path)
     last = metrics(tmp_path)[-1]
     assert "test_loss" in last and "test_bpc" in last and "valid_loss" not in last
-    assert 1.0 < last["test_loss"] < 4.0
+    # the text's 708 tokens (707 characters and the blank line ending them) read as one stream by the core
+    total, count = core_nll(RNNLM(tr.cfg.model), tr.params, [held_out_tokens(tr.vocab, HARBOUR_VALID)])
+    assert count == 707
+    assert last["test_loss"] == pytest.approx(total / count, rel=1e-9)
+    assert last["test_bpc"] == pytest.approx(last["test_loss"] / math.log(2), rel=1e-12)
+
+
+def test_evaluate_rdd_is_the_cores_mean_nll_of_the_held_out_tokens(spark, tiny_cfg):
+    """evaluate_rdd against the core model on the same tokens, each stream read whole in one pass: the
+    summed NLL over every predicted token, divided by their count (a stream's first token is not one).
+    Three streams, one per partition (test_test_metrics_do_not_need_validation_data reads one)."""
+    streams = 3
+    from rnnlm.core.vocab import Vocab
+    from rnnlm.spark.trainer import evaluate_rdd, load_held_out
+    sc = spark.sparkContext
+    text = HARBOUR                                                   # 20 paragraphs, 6,092 tokens
+    vocab = Vocab.build(open(text).read()[:400], "char")             # some of its characters are unknown
+    cfg = config.resolve(config.replace(tiny_cfg, "data", eval_streams=streams), len(vocab))
+    model = RNNLM(cfg.model)
+    params = np.random.default_rng(3).normal(0, 1.0, model.layout.size).astype(np.float32)
+    held = load_held_out(sc, cfg, text, sc.broadcast(vocab))
+    try:
+        parts = [tokens for _, tokens, _ in sorted(held.collect(), key=lambda r: r[0])]
+        got = evaluate_rdd(sc, cfg, params, held)
+    finally:
+        held.unpersist()
+    assert len(parts) == streams
+    assert np.array_equal(np.concatenate(parts), held_out_tokens(vocab, text))
+    total, count = core_nll(model, params, parts)
+    assert count == 6092 - streams
+    assert got == pytest.approx(total / count, rel=1e-9)      # float64 sums, in another order
+    # these weights read the text in order: backwards, its tokens cost other amounts
+    backwards, _ = core_nll(model, params, [p[::-1] for p in parts])
+    assert abs(backwards / total - 1) > 1e-3
 
 
 class _Crash(Exception):
