@@ -592,54 +592,57 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
 def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cfg, tmp_path, monkeypatch, settings):
     """``train.results = "direct"``: the tasks send their contributions to the driver's frame server, which
     merges them in partition order; the numbers are Spark's to the bit. When the executors cannot reach the
-    driver (nothing listens), the first round recomputes through Spark, says so once, and the rest of the
-    run sends through Spark: the same numbers again."""
-    from rnnlm.spark.channel import Channel
-    base = config.apply_overrides(tiny_cfg.to_dict(), ["train.rounds=3", "train.checkpoint_every=0", *settings])
-    through_spark = run(spark, config.from_dict(base), tmp_path / "spark")
-    direct_cfg = config.from_dict(config.apply_overrides(base, ["train.results=direct"]))
-    served, real_close = [], Channel.close
-
-    def close(self):
-        served.append((self.taken, self.broken))
-        real_close(self)
-    monkeypatch.setattr(Channel, "close", close)
-    run(spark, direct_cfg, tmp_path / "direct")
-    assert served == [(3 * 2, None)]            # every round's 2 contributions came through the channel
-    real_channel = Trainer._channel
-
-    def unreachable(self, cfg, model):
-        ch = real_channel(self, cfg, model)
-        ch.server.close()                       # as behind a firewall that refuses the port
-        return ch
-    monkeypatch.setattr(Trainer, "_channel", unreachable)
-    lines = []
-    fell_back = Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append)
-    fell_back.run()
-    assert [x for x in lines if "direct result channel" in x] == [
-        "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
-        "through Spark, and the rounds submitted from now on send their results through Spark"]
-    assert served[1] == (0, "partitions [0, 1] of round 1 did not arrive")
-    # one partition's frame refused in round 1: that partition alone runs again, through Spark
-    monkeypatch.setattr(Trainer, "_channel", real_channel)
+    driver (nothing listens), the first round recomputes through Spark, says so once, and the rounds submitted
+    from then on send through Spark: the same numbers again. Each run's channel is kept to read what it took."""
     from pyspark import SparkContext
     from rnnlm.exchange.frames import Malformed
     from rnnlm.spark import channel
-    real_decode, real_run_job, reran = channel.contribution_from_wire, SparkContext.runJob, []
+    base = config.apply_overrides(tiny_cfg.to_dict(), ["train.rounds=3", "train.checkpoint_every=0", *settings])
+    through_spark = run(spark, config.from_dict(base), tmp_path / "spark")
+    direct_cfg = config.from_dict(config.apply_overrides(base, ["train.results=direct"]))
+    made, reran, real_run_job = [], [], SparkContext.runJob
+
+    class Kept(channel.Channel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    class Unreachable(Kept):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.server.close()                 # as behind a firewall that refuses the port
+
+    def run_job(self, rdd, f, partitions=None, allowLocal=False):
+        if type(partitions) is list:            # RDD.take passes ranges; the recompute its list
+            reran.append(partitions)
+        return real_run_job(self, rdd, f, partitions, allowLocal)
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    monkeypatch.setattr(channel, "Channel", Kept)
+    run(spark, direct_cfg, tmp_path / "direct")
+    assert (made[0].taken, made[0].broken, reran) == (3 * 2, None, [])     # every contribution came through it
+    monkeypatch.setattr(channel, "Channel", Unreachable)
+    lines = []
+    Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append).run()
+    assert [x for x in lines if "direct result channel" in x] == [
+        "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
+        "through Spark, and the rounds submitted from now on send their results through Spark"]
+    # what was submitted before the channel broke still went to it: under train.overlap = 1, round 2's job
+    # (submitted before round 1's result was taken); the rounds submitted after it went through Spark
+    overlap = direct_cfg.train.overlap == 1
+    assert (made[1].taken, made[1].broken, reran) == (
+        0, "partitions [0, 1] of round 1 did not arrive", [[0, 1]] * (2 if overlap else 1))
+    # one partition's frame refused in round 1: that partition alone runs again, through Spark
+    monkeypatch.setattr(channel, "Channel", Kept)
+    real_decode, reran[:] = channel.contribution_from_wire, []
 
     def refuse(fields, arrays, expect):
         if fields.get("round") == 1 and fields.get("pid") == 1:
             raise Malformed("refused by the test")
         return real_decode(fields, arrays, expect)
-
-    def run_job(self, rdd, f, partitions=None, allowLocal=False):
-        reran.append(partitions)
-        return real_run_job(self, rdd, f, partitions, allowLocal)
     monkeypatch.setattr(channel, "contribution_from_wire", refuse)
-    monkeypatch.setattr(SparkContext, "runJob", run_job)
     run(spark, direct_cfg, tmp_path / "partial")
-    assert served[2][1] == "partitions [1] of round 1 did not arrive" and served[2][0] >= 1
-    assert [p for p in reran if type(p) is list] == [[1]]     # RDD.take passes ranges; the recompute its list
+    assert (made[2].taken, made[2].broken, reran) == (
+        1 + (2 if overlap else 0), "partitions [1] of round 1 did not arrive", [[1]])
     for name in ("direct", "fell_back", "partial"):
         assert np.array_equal(checkpoint.load(str(tmp_path / name / "checkpoint")).params, through_spark.params), name
         losses = [[x["train_loss"] for x in metrics(tmp_path / n)] for n in (name, "spark")]
