@@ -653,13 +653,24 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
             assert np.array_equal(saved[0][key], saved[1][key]), (name, key)
 
 
+class _Lines:
+    """A progress report that marks each metrics line among the recorded releases, and kills the run at
+    round ``crash``'s line (a driver dying there, as :class:`_CrashAt`)."""
+
+    def __init__(self, calls, crash=None):
+        self.calls, self.crash = calls, crash
+
+    def update(self, m, total, line):
+        self.calls.append(("line", m["round"]))
+        if m["round"] == self.crash:
+            raise _Crash
+
+
 def recorded_releases(monkeypatch) -> list:
-    """Every broadcast destroyed and RDD unpersisted from now on, as ``(kind, blocking)``, with
-    ``("end", None)`` where the trainer's loop is left (its jobs closed)."""
+    """Every broadcast destroyed and RDD unpersisted from now on (PySpark's own methods), as ``(kind, blocking)``."""
     from pyspark.core.broadcast import Broadcast
     from pyspark.core.rdd import RDD
-    from rnnlm.spark.rounds import Jobs
-    calls, destroy, unpersist, close = [], Broadcast.destroy, RDD.unpersist, Jobs.close
+    calls, destroy, unpersist = [], Broadcast.destroy, RDD.unpersist
 
     def recording(kind, real):
         def call(self, *args, **kwargs):
@@ -668,12 +679,19 @@ def recorded_releases(monkeypatch) -> list:
         return call
     monkeypatch.setattr(Broadcast, "destroy", recording("broadcast", destroy))
     monkeypatch.setattr(RDD, "unpersist", recording("rdd", unpersist))
-
-    def end(self, *args, **kwargs):
-        calls.append(("end", None))
-        return close(self, *args, **kwargs)
-    monkeypatch.setattr(Jobs, "close", end)
     return calls
+
+
+def releases(calls) -> list:
+    """``calls`` without the lines' marks."""
+    return [c for c in calls if c[0] != "line"]
+
+
+def last_releases(calls) -> list:
+    """The releases after the last one that did not wait."""
+    calls = releases(calls)
+    waited = [i for i, (_, blocking) in enumerate(calls) if blocking is False]
+    return calls[waited[-1] + 1 if waited else 0:]
 
 
 @pytest.mark.parametrize("sets", [
@@ -684,28 +702,20 @@ def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
         spark, tiny_cfg, tmp_path, monkeypatch, sets):
     """The session stops right after a run: an executor told to stop with a release unanswered makes
     the driver log "ERROR TransportResponseHandler: Still have 1 requests outstanding" (local-cluster),
-    so every release made once the loop is left waits for the executors' answers. A failing run's
-    executors may be gone: its releases do not wait."""
+    so a run's last releases (its parameters' broadcasts and its corpus) wait for the executors' answers;
+    those of the rounds do not. A failing run's executors may be gone: its releases do not wait."""
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), sets))
     calls = recorded_releases(monkeypatch)
-    run(spark, cfg, tmp_path / "ended")
-    last = calls[calls.index(("end", None)) + 1:]
-    # the base broadcast (and, with residuals, the outputs and broadcasts the lineage kept) and the corpus
+    Trainer(spark, cfg, str(tmp_path / "ended"), log=lambda s: None, progress=_Lines(calls)).run()
+    last = last_releases(calls)
+    # the base broadcast (and, with residuals, the broadcasts the lineage kept) and the corpus
     assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
-    assert all(blocking is True for _, blocking in last), last
-    mid_run = calls[:calls.index(("end", None))]       # round 1's broadcasts, once its aggregate arrived
-    assert mid_run and all(blocking is False for _, blocking in mid_run), mid_run
+    mid_run = releases(calls[:calls.index(("line", 2))])      # before the last round's line: round 1's
+    assert mid_run and all(blocking is False for _, blocking in mid_run), calls
 
     calls.clear()
-    real_round = Trainer._round
-
-    def failing(self, cfg, data, st, *args):
-        if st.round == 1:
-            raise RuntimeError("lost")
-        return real_round(self, cfg, data, st, *args)
-    monkeypatch.setattr(Trainer, "_round", failing)
-    with pytest.raises(RuntimeError, match="lost"):
-        run(spark, cfg, tmp_path / "failed")
-    last = calls[calls.index(("end", None)) + 1:]
-    assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
-    assert all(blocking is False for _, blocking in last), last
+    with pytest.raises(_Crash):
+        Trainer(spark, cfg, str(tmp_path / "failed"), log=lambda s: None, progress=_Lines(calls, crash=1)).run()
+    after = calls[calls.index(("line", 1)) + 1:]
+    assert {kind for kind, _ in after} == {"broadcast", "rdd"}, calls
+    assert all(blocking is False for _, blocking in after), after
