@@ -240,42 +240,51 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
     assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0]
 
 
-def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
-        spark, tiny_cfg, tmp_path, monkeypatch):
+class _ResidualFiles:
+    """A progress report that counts, at each metrics line, the residual files of the run being trained
+    in the executors' store (``store``: :func:`rnnlm.spark.filestore.root`'s parent), and with ``lose``
+    deletes them there, as an executor lost between rounds would."""
+
+    def __init__(self, store: str, lose: bool):
+        import os
+        self.store, self.lose, self.counts = store, lose, []
+        self.before = set(os.listdir(store)) if os.path.isdir(store) else set()
+
+    def run_dirs(self) -> list:
+        import os
+        return [os.path.join(self.store, d) for d in sorted(set(os.listdir(self.store)) - self.before)]
+
+    def update(self, m, total, line):
+        import os
+        import shutil
+        (directory,) = self.run_dirs()
+        files = os.listdir(directory)
+        assert all(f.endswith(".npy") for f in files), files        # no half-written file left behind
+        self.counts.append(len(files))
+        if self.lose:
+            shutil.rmtree(directory)
+
+
+def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(spark, tiny_cfg, tmp_path):
     """Error feedback keeps each partition's residual in a file on its executor. A round (or the final
     checkpoint) that finds no file, as on another executor or after losing one, recomputes the residual
     from the rounds since the lineage began: the same parameters, losses and checkpointed residuals."""
     import os
-    import shutil
     from rnnlm.spark import filestore
-    from rnnlm.spark.residuals import Residuals
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=rows+onebit",
         "exchange.random=0.2", "exchange.feedback=true", "train.rounds=4", "train.checkpoint_every=0"]))
     local_dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first()
-    real_close, closed = Residuals.close, []
-
-    def close(self, blocking=False):
-        directory = filestore.root(self.key, local_dirs)
-        files = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
-        real_close(self, blocking)
-        closed.append((files, os.path.exists(directory)))
-    monkeypatch.setattr(Residuals, "close", close)
-    kept = run(spark, cfg, tmp_path / "kept")
-    # the 3 newest rounds' files are kept per partition, and removed when the run closes
-    assert closed == [([f"{pid}.{r}.feedback.npy" for pid in (0, 1) for r in (2, 3, 4)], False)]
-    real, listed = Residuals.finished, []
-
-    def finished(self, out, ok):
-        real(self, out, ok)
-        directory = filestore.root(self.key, local_dirs)
-        listed.append(sorted(os.listdir(directory)))
-        shutil.rmtree(directory)
-    monkeypatch.setattr(Residuals, "finished", finished)
-    lost = run(spark, cfg, tmp_path / "lost")
-    # each round wrote both partitions' files, and each was deleted before the next round read it
-    assert listed == [[f"0.{r}.feedback.npy", f"1.{r}.feedback.npy"] for r in range(1, 5)]
-    assert np.array_equal(lost.params, kept.params)
+    store = os.path.dirname(filestore.root("run", local_dirs))
+    runs = {}
+    for name, lose in (("kept", False), ("lost", True)):
+        files = _ResidualFiles(store, lose)
+        runs[name] = Trainer(spark, cfg, str(tmp_path / name), log=lambda s: None, progress=files)
+        runs[name].run()
+        assert files.run_dirs() == [], name            # the run's files are removed when it closes
+        # each round writes one file per partition; the newest filestore.KEEP rounds' are kept
+        assert files.counts == ([2, 2, 2, 2] if lose else [2 * min(r, filestore.KEEP) for r in (1, 2, 3, 4)]), name
+    assert np.array_equal(runs["lost"].params, runs["kept"].params)
     losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("lost", "kept")]
     assert losses[0] == losses[1]
     saved = [np.load(tmp_path / name / "checkpoint" / "optim.npz") for name in ("kept", "lost")]
