@@ -632,14 +632,16 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
     monkeypatch.setattr(channel, "Channel", Unreachable)
     lines = []
     Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append).run()
-    assert [x for x in lines if "direct result channel" in x] == [
-        "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
-        "through Spark, and the rounds submitted from now on send their results through Spark"]
     # what was submitted before the channel broke still went to it: under train.overlap = 1, round 2's job
-    # (submitted before round 1's result was taken); the rounds submitted after it went through Spark
+    # (submitted before round 1's result was taken); the rounds submitted after it went through Spark. Each
+    # round's job takes its result on a thread of its own, so under overlap round 1 or round 2 may be the one
+    # that finds the channel failed (round 2 was, once in five runs on a loaded machine)
     overlap = direct_cfg.train.overlap == 1
-    assert (made[1].taken, made[1].broken, reran) == (
-        0, "partitions [0, 1] of round 1 did not arrive", [[0, 1]] * (2 if overlap else 1))
+    assert made[1].broken in [f"partitions [0, 1] of round {r} did not arrive" for r in ((1, 2) if overlap else (1,))]
+    assert [x for x in lines if "direct result channel" in x] == [
+        f"warning: the direct result channel failed ({made[1].broken}); recomputed through Spark, and the rounds "
+        "submitted from now on send their results through Spark"]
+    assert (made[1].taken, reran) == (0, [[0, 1]] * (2 if overlap else 1))
     # one partition's frame refused in round 1: that partition alone runs again, through Spark
     monkeypatch.setattr(channel, "Channel", Kept)
     real_decode, reran[:] = channel.contribution_from_wire, []
