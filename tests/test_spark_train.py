@@ -378,14 +378,16 @@ class _Crash(Exception):
 
 
 class _CrashAt:
-    """A progress report that kills the run when round ``r``'s line is written: a driver dying after
-    the line, before that round's checkpoint (whatever would have been written then is not)."""
+    """A progress report that kills the run when round ``crash``'s line is written: a driver dying after
+    the line, before that round's checkpoint (whatever would have been written then is not). Each line
+    is marked in ``calls`` as ``("line", round)``."""
 
-    def __init__(self, r):
-        self.r = r
+    def __init__(self, crash=None, calls=None):
+        self.crash, self.calls = crash, calls if calls is not None else []
 
     def update(self, m, total, line):
-        if m["round"] == self.r:
+        self.calls.append(("line", m["round"]))
+        if m["round"] == self.crash:
             raise _Crash
 
 
@@ -664,19 +666,6 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
             assert np.array_equal(saved[0][key], saved[1][key]), (name, key)
 
 
-class _Lines:
-    """A progress report that marks each metrics line among the recorded releases, and kills the run at
-    round ``crash``'s line (a driver dying there, as :class:`_CrashAt`)."""
-
-    def __init__(self, calls, crash=None):
-        self.calls, self.crash = calls, crash
-
-    def update(self, m, total, line):
-        self.calls.append(("line", m["round"]))
-        if m["round"] == self.crash:
-            raise _Crash
-
-
 def recorded_releases(monkeypatch) -> list:
     """Every broadcast destroyed and RDD unpersisted from now on (PySpark's own methods), as ``(kind, blocking)``."""
     from pyspark.core.broadcast import Broadcast
@@ -717,7 +706,7 @@ def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
     those of the rounds do not. A failing run's executors may be gone: its releases do not wait."""
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), sets))
     calls = recorded_releases(monkeypatch)
-    Trainer(spark, cfg, str(tmp_path / "ended"), log=lambda s: None, progress=_Lines(calls)).run()
+    Trainer(spark, cfg, str(tmp_path / "ended"), log=lambda s: None, progress=_CrashAt(calls=calls)).run()
     last = last_releases(calls)
     # the base broadcast (and, with residuals, the broadcasts the lineage kept) and the corpus
     assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
@@ -726,7 +715,7 @@ def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
 
     calls.clear()
     with pytest.raises(_Crash):
-        Trainer(spark, cfg, str(tmp_path / "failed"), log=lambda s: None, progress=_Lines(calls, crash=1)).run()
+        Trainer(spark, cfg, str(tmp_path / "failed"), log=lambda s: None, progress=_CrashAt(1, calls)).run()
     after = calls[calls.index(("line", 1)) + 1:]
     assert {kind for kind, _ in after} == {"broadcast", "rdd"}, calls
     assert all(blocking is False for _, blocking in after), after
