@@ -48,11 +48,13 @@ def test_empty_corpus(spark, tmp_path, capsys):
 
 
 def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
+    # 2 paragraphs, one per partition (not fewer than data.partitions): partition 0 holds "tiny\n\n"
     (tmp_path / "short.txt").write_text("tiny\n\nbits\n")
-    for strategy in ("windows", "streams"):
+    for strategy, short in (("windows", "one window of 9"), ("streams", "2 streams of 9")):
         err = one_error(capsys, train(tmp_path / "o", *demo(f"data.train={tmp_path}/short.txt",
                                                             f"data.strategy={strategy}")))
-        assert "fewer than" in err and "partition" in err
+        assert err == (f"error: {tmp_path}/short.txt: partition 0: partition has 6 tokens, fewer than {short} "
+                       f"(strategy {strategy}, bptt 8, batch 2)")
 
 
 def test_undecodable_bytes_replace_or_fail(spark, tmp_path, capsys):

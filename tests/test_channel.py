@@ -58,39 +58,64 @@ def _array(key, value):
     return change
 
 
-@pytest.mark.parametrize("change,reason", [
+def _error_alone(*kept):
+    """An error frame: no blocks, and of the arrays only ``words`` and those named in ``kept``."""
+    def change(fields, arrays):
+        fields.update(error="failed", blocks={})
+        for k in set(arrays) - {"words", *kept}:
+            del arrays[k]
+    return change
+
+
+ALONE = "partition 0: an error is a string of 1 to 2000 characters, sent alone"
+
+
+@pytest.mark.parametrize("change,line", [
     (_field("pid", 3), "pid 3 is not a partition of this run (0..2)"),
-    (_field("pid", True), "pid True is not a partition"),
-    (_field("weight", float("inf")), "weight must be a finite number"),
-    (_field("stats", {"tokens": 1, "steps": 1, "x": float("nan")}), "stat 'x' must be a finite number"),
-    (_field("stats", {"tokens": -1, "steps": 1}), "stat tokens must be a non-negative integer"),
-    (_field("stats", {"tokens": 1, "steps": 1, "a b": 1}), "stat 'a b' must be a finite number"),
-    (lambda f, a: f["blocks"].pop("opt.m"), "blocks must be exactly"),
+    (_field("pid", True), "pid True is not a partition of this run (0..2)"),
+    (_field("weight", float("inf")), "partition 0: weight must be a finite number in [0, 2**53]"),
+    (_field("stats", {"tokens": 1, "steps": 1, "x": float("nan")}),
+     "partition 0: stat 'x' must be a finite number named [A-Za-z0-9_.]"),
+    (_field("stats", {"tokens": -1, "steps": 1}), "partition 0: stat tokens must be a non-negative integer"),
+    (_field("stats", {"tokens": 1, "steps": 1, "a b": 1}),
+     "partition 0: stat 'a b' must be a finite number named [A-Za-z0-9_.]"),
+    (lambda f, a: f["blocks"].pop("opt.m"), "partition 0: blocks must be exactly ['opt.m', 'params.E', 'params.b']..."),
     (_array("params.E.ids", np.array([4, 1, 6], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
     (_array("params.E.ids", np.array([1, 4, 8], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
     (_array("params.E.data", np.zeros((3, 2), np.uint8)), "params.E: onebit data must be a uint8[3, 1] array"),
-    (_array("params.E.scale", np.full((3, 2), np.nan, np.float32)), "params.E: onebit scale must hold finite"),
+    (_array("params.E.scale", np.full((3, 2), np.nan, np.float32)), "params.E: onebit scale must hold finite values"),
     (_array("opt.m.data", np.zeros((29, 1), np.float64)), "opt.m: f32 data must be a float32[29, 1] array"),
-    (_array("words", np.array([3, 9], np.int32)), "words must be sorted unique int32 in [0, 8)"),
-    (_array("words", np.array([3, 3], np.int32)), "words must be sorted unique int32 in [0, 8)"),
-    (_array("carry.state", np.zeros((1, 2, 4, 3), np.float32)), "the hidden state must be a float32[1, 2, 4, 2] array"),
-    (_field("state", False), "state must be true in this run"),
-    (lambda f, a: (f.update(state=False), a.pop("carry.state")), "state must be true in this run"),
-    (lambda f, a: (f.update(opt=None, t=None), a.pop("carry.opt.m")), "its optimizer state must name ['m']"),
-    (_field("opt", ["m", "v"]), "its optimizer state must name ['m'] and a step count"),
-    (_array("carry.opt.m", np.zeros(28, np.float32)), "optimizer slot m must be a float32[29] array"),
-    (_array("extra", np.zeros(1, np.float32)), "unknown arrays ['extra']"),
-    (_field("error", "x" * 3000), "an error is a string of 1 to 2000 characters, sent alone"),
-    (_field("error", "failed"), "an error is a string of 1 to 2000 characters, sent alone"),   # with blocks
+    (_array("words", np.array([3, 9], np.int32)), "partition 0: words must be sorted unique int32 in [0, 8)"),
+    (_array("words", np.array([3, 3], np.int32)), "partition 0: words must be sorted unique int32 in [0, 8)"),
+    (_array("carry.state", np.zeros((1, 2, 4, 3), np.float32)),
+     "partition 0: the hidden state must be a float32[1, 2, 4, 2] array"),
+    (_field("state", False), "partition 0: state must be true in this run"),
+    (lambda f, a: (f.update(state=False), a.pop("carry.state")), "partition 0: state must be true in this run"),
+    (lambda f, a: (f.update(opt=None, t=None), a.pop("carry.opt.m")),
+     "partition 0: its optimizer state must name ['m'] and a step count"),
+    (_field("opt", ["m", "v"]), "partition 0: its optimizer state must name ['m'] and a step count"),
+    (_array("carry.opt.m", np.zeros(28, np.float32)), "partition 0: optimizer slot m must be a float32[29] array"),
+    (_array("extra", np.zeros(1, np.float32)), "partition 0: unknown arrays ['extra']"),
+    (_field("error", "x" * 3000), ALONE),
+    (_field("error", "failed"), ALONE),                                  # with its blocks
+    (_error_alone("params.E.data"), ALONE),                              # no blocks named, one's array sent
+    (_error_alone("carry.state"), ALONE),                                # a carry with it
     (lambda f, a: (f.update(error="", blocks={}), [a.pop(k) for k in list(a) if k != "words"]),
-     "an error is a string of 1 to 2000 characters"),         # an empty error would pass for a healthy partition
+     ALONE),                                  # an empty error would pass for a healthy partition
 ])
-def test_a_malformed_contribution_is_refused_with_its_reason(change, reason):
+def test_a_malformed_contribution_is_refused_with_its_reason(change, line):
     fields, arrays = contribution_to_wire(0, leaf(0))
     change(fields, arrays)
     with pytest.raises(Malformed) as e:
         contribution_from_wire(fields, arrays, EXPECT)
-    assert reason in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value) == line
+
+
+def test_an_error_sent_alone_is_taken_as_the_partitions_failure():
+    fields, arrays = contribution_to_wire(0, leaf(0))
+    _error_alone()(fields, arrays)
+    pid, got = contribution_from_wire(fields, arrays, EXPECT)
+    assert (pid, got.errors(), got.dense, got.weight) == (0, ["partition 0: failed"], {}, 0.0)
 
 
 def _values_leaf(pid: int, v: float) -> Aggregate:

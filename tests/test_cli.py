@@ -13,7 +13,7 @@ from importlib import metadata
 import pytest
 
 import rnnlm
-from rnnlm import config
+from rnnlm import config, plots
 from rnnlm.cli import checks, main, parsers, tools
 from rnnlm.core import checkpoint
 from rnnlm.core.models import build as build_model
@@ -58,6 +58,47 @@ def test_pip_install_e_installs_the_rnnlm_command():
     exe = os.path.join(os.path.dirname(sys.executable), "rnnlm")
     r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, f"rnnlm {rnnlm.__version__}\n"), r.stderr
+
+
+SKIPPING = """
+import pytest
+
+def test_skipped_by_a_call():
+    pytest.skip("../shared/data is not beside the checkout")
+
+@pytest.mark.skipif(True, reason="a usable GPU is present")
+def test_skipped_by_a_mark():
+    pass
+
+@pytest.mark.skipif(True, reason="no CUDA device / CuPy")
+def test_cupy_kernels():
+    pass
+
+def test_runs():
+    pass
+"""
+
+
+def test_ci_fails_every_skip_but_the_cuda_one(tmp_path):
+    """tests/conftest.py's rule: where CI's ``RNNLM_REQUIRE_*`` is set, a skip fails unless it is the CuPy
+    tests' "no CUDA device", whatever skipped it; a module skipped whole (a lost extra) is an error."""
+    (tmp_path / "test_some.py").write_text(SKIPPING)
+    (tmp_path / "test_lost_extra.py").write_text('import pytest\npytest.importorskip("rnnlm_no_such_extra")\n')
+    lax = {k: v for k, v in os.environ.items() if not k.startswith("RNNLM_REQUIRE_")}
+    summaries, skipped = [], []
+    for env in (lax, dict(lax, RNNLM_REQUIRE_NETNS="1"), dict(lax, RNNLM_REQUIRE_HADOOP="1")):
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "conftest", "-p", "no:cacheprovider",
+                            "--continue-on-collection-errors", "test_some.py", "test_lost_extra.py"],
+                           cwd=tmp_path, env=dict(env, PYTHONPATH=os.path.join(ROOT, "tests")),
+                           capture_output=True, text=True, timeout=120)
+        summaries.append(r.stdout.strip().splitlines()[-1].split(" in ")[0])
+        skipped.append(sorted(re.findall(r"^SKIPPED \[1\] \S+ (.*)$", r.stdout, re.M)))
+    assert summaries[0] == "1 passed, 4 skipped" and skipped[0] == [
+        "../shared/data is not beside the checkout", "a usable GPU is present",
+        "could not import 'rnnlm_no_such_extra': No module named 'rnnlm_no_such_extra'", "no CUDA device / CuPy"]
+    # a skip by a mark fails in the test's setup: an error, as is the module's at collection
+    assert summaries[1] == summaries[2] == "1 failed, 1 passed, 1 skipped, 2 errors", r.stdout
+    assert skipped[1] == skipped[2] == ["no CUDA device / CuPy"]
 
 
 def test_version_and_the_commands(capsys):
@@ -199,7 +240,6 @@ def test_generate_draws_a_seed_prints_it_and_seed_repeats_it(tmp_path, capsys):
 
 
 def test_plot_labels_name_the_runs(tmp_path, monkeypatch, capsys):
-    plots = pytest.importorskip("rnnlm.plots")
     for name, k in (("a", 5), ("b", 10)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(

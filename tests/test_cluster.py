@@ -33,16 +33,19 @@ def train_cmd(out, master, *sets):
             "--master", master, "--samples", "0", *args]
 
 
-def executor_pids():
-    """Executor JVMs of local-cluster mode (from /proc: ps truncates long command lines)."""
+def executor_pids(app_id: str) -> list:
+    """The executor JVMs of Spark application ``app_id`` (local-cluster starts each with ``--app-id``; read
+    from /proc, as ps truncates long command lines): another application's executors are not this run's."""
     pids = []
     for d in os.listdir("/proc"):
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if b"CoarseGrainedExecutorBackend" in f.read():
-                    pids.append(int(d))
-        except (OSError, ValueError):
+                args = f.read().split(b"\0")
+        except OSError:
             continue
+        if (any(a.endswith(b".CoarseGrainedExecutorBackend") for a in args) and b"--app-id" in args
+                and args[args.index(b"--app-id") + 1] == app_id.encode()):
+            pids.append(int(d))
     return pids
 
 
@@ -51,6 +54,15 @@ def executor_id(pid) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         args = f.read().split(b"\0")
     return args[args.index(b"--executor-id") + 1].decode()
+
+
+def application_id(out) -> str | None:
+    """The Spark application of the run in ``out`` (its run.json, written when it starts), or None yet."""
+    try:
+        with open(os.path.join(out, "run.json")) as f:
+            return json.load(f)["application_id"]
+    except (OSError, ValueError, KeyError):         # not written yet, or being written
+        return None
 
 
 def rounds_done(out):
@@ -73,14 +85,15 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    assert executor_pids() == []
+    assert executor_pids(application_id(tmp_path / "ref")) == []        # its executors ended with it
     log = open(tmp_path / "kill.log", "w+")
     proc = subprocess.Popen(train_cmd(tmp_path / "kill", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                             stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
-        pids = executor_pids()
+        app = application_id(tmp_path / "kill")
+        pids = executor_pids(app) if app else []
         if killed is None and rounds_done(tmp_path / "kill") >= 2 and pids:
             killed, eid = pids[0], executor_id(pids[0])
             os.kill(killed, signal.SIGKILL)       # mid-training, between or during rounds
@@ -248,7 +261,8 @@ def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tm
     killed = None
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
-        pids = executor_pids()
+        app = application_id(out)
+        pids = executor_pids(app) if app else []
         if killed is None and len(metric_lines(out)) >= 3 and pids:
             killed = pids[0]
             os.kill(killed, signal.SIGKILL)

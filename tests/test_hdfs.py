@@ -4,6 +4,7 @@ DataNode lost mid-run, evaluate and generate on HDFS, and runs read back over We
 import getpass
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,10 +16,11 @@ import pytest
 from rnnlm import cli, config, runs
 from rnnlm.core import checkpoint
 from rnnlm.core.metrics import json_lines
+from rnnlm.core.model import RNNLM
 from rnnlm.spark import trainer
 from rnnlm.hadoop.minicluster import hostname_not_on_loopback
 from rnnlm.spark.hfs import HadoopFS, default_fs
-from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, set_options
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, core_nll, held_out_tokens, set_options
 from test_minicluster import LOOPBACK, listening
 
 pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
@@ -160,6 +162,11 @@ def test_evaluate_and_generate_read_a_checkpoint_on_hdfs(hadoop, webhdfs, refere
     assert ev.returncode == 0, ev.stderr[-2000:]
     ppl = float(ev.stdout.strip().splitlines()[-1].removeprefix("ppl="))
     assert ppl == pytest.approx(last["valid_ppl"], rel=1e-4)
+    # both from the core model alone: the checkpoint's mean NLL of the text's 708 tokens
+    ck = read_ck(webhdfs, f"{reference}/checkpoint")
+    total, count = core_nll(RNNLM(ck.config.model), ck.params, [held_out_tokens(ck.vocab, HARBOUR_VALID)])
+    assert count == 707 and last["valid_loss"] == pytest.approx(total / count, rel=1e-9)
+    assert ppl == pytest.approx(math.exp(total / count), rel=1e-4)
     # generate: the same text from HDFS as from a local copy of the checkpoint
     local = tmp_path / "checkpoint"
     webhdfs.download(f"{reference}/checkpoint", str(local))
@@ -175,6 +182,7 @@ def test_evaluate_and_generate_read_a_checkpoint_on_hdfs(hadoop, webhdfs, refere
 def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
     """The <name>.old protocol against the NameNode's own rename semantics: a write that dies
     after any of its steps leaves the old or the new checkpoint for the next reader, never neither."""
+    from rnnlm.core.files import backup
     sc = spark.sparkContext
     root = f"{hadoop.endpoints.fs_default}/crash"
     cfg = config.load(None, ["data.train=x", "model.vocab_size=5", "model.hidden=4"])
@@ -189,62 +197,64 @@ def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
         pass
 
     class Dying(HadoopFS):
-        """Dies before its ``budget``-th change to the filesystem."""
-        def __init__(self, budget):
+        """Dies at its ``budget``-th step: just before one of its changes through the public primitives
+        (mkdirs, write, rename), or just after a rename (to ``after``: whatever the budget). Only a rename
+        changes what a reader finds, and the protocol removes at most one thing between two changes, so
+        every state a crash can leave is one of these."""
+        def __init__(self, budget=0, after=None):
             super().__init__(sc, root)
-            self.budget, self.changes = budget, 0
+            self.budget, self.after, self.steps = budget, after, 0
 
-        def _change(self):
-            self.changes += 1
-            if self.changes == self.budget:
+        def _step(self):
+            self.steps += 1
+            if self.steps == self.budget:
                 raise Crash()
 
         def write(self, p, data):
-            self._change()
+            self._step()
             super().write(p, data)
 
         def rename(self, src, dst):
-            self._change()
+            self._step()
             super().rename(src, dst)
-
-        def _remove(self, p):
-            self._change()
-            super()._remove(p)
+            if dst == self.after:
+                raise Crash()
+            self._step()
 
         def mkdirs(self, p):
-            self._change()
+            self._step()
             super().mkdirs(p)
 
-    path = f"{root}/checkpoint"
-    HadoopFS(sc, root).write_dir_atomic(path, checkpoint.to_files(cks[0]))
-    counter = Dying(0)                            # never dies: counts the changes a replacement makes
-    counter.write_dir_atomic(path, checkpoint.to_files(cks[1]))
-    steps = counter.changes
-    # clear the temporary name, make it, one write a file, drop a stale backup, two renames, drop the backup
-    assert steps == len(checkpoint.to_files(cks[1])) + 6
-    seen = set()
-    for budget in range(1, steps + 2):
+    def replace_old_by_new(dying):
+        """Checkpoint 1.0 written whole, then ``dying`` replaces it by 2.0; whether it died."""
         fs = HadoopFS(sc, root)
         fs.delete(path)
         fs.write_dir_atomic(path, checkpoint.to_files(cks[0]))
         try:
-            Dying(budget).write_dir_atomic(path, checkpoint.to_files(cks[1]))
+            dying.write_dir_atomic(path, checkpoint.to_files(cks[1]))
         except Crash:
-            pass
+            return True
+        return False
+
+    path = f"{root}/checkpoint"
+    seen, budget = [], 0
+    while replace_old_by_new(Dying(budget + 1)):
+        budget += 1
         got = cli.read_checkpoint(sc, path)       # a new reader, as --resume would be
-        seen.add(float(got.params[0]))
-        assert float(got.params[0]) in (1.0, 2.0)
-    assert seen == {1.0, 2.0}
+        seen.append(float(got.params[0]))
+    assert float(cli.read_checkpoint(sc, path).params[0]) == 2.0       # the replacement that did not die
+    # old until the new one is renamed into place (the last change), then new
+    assert seen == [1.0] * (budget - 1) + [2.0] and budget > len(checkpoint.to_files(cks[1])), seen
     # the moment that matters: between the two renames only <name>.old exists on HDFS
     fs = HadoopFS(sc, root)
-    fs.write_dir_atomic(path, checkpoint.to_files(cks[0]))
-    try:
-        Dying(steps - 1).write_dir_atomic(path, checkpoint.to_files(cks[1]))
-    except Crash:
-        pass
-    assert not fs.exists(path) and fs.exists(f"{path}.old")
+    assert replace_old_by_new(Dying(after=backup(path)))
+    assert not fs.exists(path) and fs.exists(backup(path))
     assert float(cli.read_checkpoint(sc, path).params[0]) == 1.0
-    assert fs.exists(path) and not fs.exists(f"{path}.old")
+    assert fs.exists(path) and not fs.exists(backup(path))
+    # dead after the new one is in place, before its backup is dropped: the new one is read
+    assert replace_old_by_new(Dying(after=path))
+    assert fs.exists(path) and fs.exists(backup(path))
+    assert float(cli.read_checkpoint(sc, path).params[0]) == 2.0
 
 
 def test_a_datanode_lost_mid_run_changes_nothing(hadoop, webhdfs, reference):

@@ -9,10 +9,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from rnnlm.core import checkpoint
+from rnnlm.core.model import RNNLM
 
-from conftest import HARBOUR, ROOT, TINY, metrics, set_options
+from conftest import HARBOUR, ROOT, TINY, core_nll, held_out_tokens, metrics, set_options
 
 
 def run(*args):
@@ -52,6 +54,10 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
             *sets("train.rounds=4", "data.partitions=2", f"data.valid={held}", f"data.test={test}"))
     assert r.returncode == 0, r.stderr[-2000:]
     logged = metrics(tmp_path / "run")[-1]
+    # what the training log says, from the core model alone: the last checkpoint's mean NLL of the text's tokens
+    ck = checkpoint.load(str(tmp_path / "run" / "checkpoint"))
+    total, count = core_nll(RNNLM(ck.config.model), ck.params, [held_out_tokens(ck.vocab, str(held))])
+    assert count == 6091 and logged["valid_loss"] == pytest.approx(total / count, rel=1e-9)
     # another machine: the checkpoint alone, elsewhere; the training run's test file is gone
     shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved")
     test.unlink()

@@ -3,13 +3,11 @@ import json
 import os
 import shutil
 
-import pytest
+import nbclient
+import nbformat
 
 from rnnlm import config
-from conftest import HARBOUR, HARBOUR_VALID, ROOT
-
-nbclient = pytest.importorskip("nbclient")
-nbformat = pytest.importorskip("nbformat")
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, metrics
 
 NOTEBOOKS = sorted(f for f in os.listdir(os.path.join(ROOT, "notebooks")) if f.endswith(".ipynb"))
 
@@ -60,7 +58,21 @@ def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
     assert f"runs (relative paths from the repository root {ROOT}): {os.path.join(ROOT, relative)}\n" in text
     assert "train_loss nan " in text
     assert "local_steps=2, embed=dense" in text and "local_steps=4, embed=rows+fp16" in text
-    assert "front" in text and "'dense': [(2," in text
+    assert "'dense': [(2," in text
+    # the frontier's rows, from the runs' own metrics: bytes per token over the run, the best perplexity, and
+    # whether another run is at most as costly and as bad, and better on one
+    points = {}
+    for name, label in (("2dense", "local_steps=2, embed=dense"), ("4dense", "local_steps=4, embed=dense"),
+                        ("4rows+fp16", "local_steps=4, embed=rows+fp16")):
+        m = metrics(tmp_path / "sweep" / name)
+        points[label] = ((m[-1]["bytes_sent"] + m[-1]["bytes_broadcast"]) / m[-1]["tokens"],
+                         min(x["valid_ppl"] for x in m if "valid_ppl" in x))
+    beaten = {label for label, (c, v) in points.items()
+              if any(c2 <= c and v2 <= v and (c2, v2) != (c, v) for c2, v2 in points.values())}
+    assert beaten and len(beaten) < len(points)        # the sweep has runs on the front and off it
+    for label, (c, v) in points.items():
+        row = f"{label:45s} {c:10.0f} B/token  ppl {v:8.2f}  {'' if label in beaten else 'front'}"
+        assert row + "\n" in text, (row, text)
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 3            # the four clocks, the frontier, the sync fraction
 

@@ -1,16 +1,16 @@
 """Run loading (rnnlm.runs), the figures (rnnlm.plots) and jobs/plot.py."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from rnnlm import config, runs
+from rnnlm import config, plots, runs
+from rnnlm.cli import main
 from conftest import ROOT
-
-plots = pytest.importorskip("rnnlm.plots")       # the plots extra (part of the test extra)
 
 
 def make_run(root, name, lines, sets=(), info=True, raw_tail=""):
@@ -201,6 +201,36 @@ def test_plot_job_writes_a_png_and_refuses_a_folder_without_metrics(tmp_path):
     assert none.returncode == 2 and "test_ppl" in none.stderr and none.stderr.count("\n") == 1
     jpg = plot_job("--runs", str(a), "--out", str(tmp_path / "h.jpg"))
     assert jpg.returncode == 2 and "suffix" in jpg.stderr
+
+
+def svg_texts(path) -> list:
+    """The texts of an SVG figure: matplotlib draws each as paths after a comment holding it."""
+    return re.findall(r"<!-- (.*?) -->", open(path).read())
+
+
+def test_plot_command_draws_the_x_axis_kind_pick_and_scale_asked_for(tmp_path, capsys):
+    timed = [dict(m, round_s=1.0, compute_s=0.25 * i) for i, m in enumerate(LINES)]
+    a = str(make_run(tmp_path, "a", timed, ["train.local_steps=5"]))
+    b = str(make_run(tmp_path, "b", LINES, ["train.local_steps=6"]))
+
+    def drawn(*args):
+        out = tmp_path / "fig.svg"
+        assert main.main(["plot", "--runs", a, b, *args, "--out", str(out)]) == 0
+        assert capsys.readouterr().out == f"{out}\n"
+        return svg_texts(out)
+    by_bytes = drawn("--x", "bytes", "--y", "valid_ppl")                  # bytes 30 and 60: ticks in bytes
+    assert "bytes sent + broadcast" in by_bytes and "validation perplexity" in by_bytes
+    assert "tokens seen (all partitions)" not in by_bytes and {"30 B", "60 B"} <= set(by_bytes), by_bytes
+    linear, log = drawn(), drawn("--log-x")                                # tokens 100 .. 400
+    assert "tokens seen (all partitions)" in linear and {"100", "400"} <= set(linear), linear
+    assert "$\\mathdefault{10^{2}}$" in log and "100" not in log, log
+    front = drawn("--kind", "frontier", "--y", "valid_ppl", "--labels", "A", "B")
+    assert {"Pareto front", "bytes sent + broadcast per training token", "best validation perplexity", "A",
+            "B"} <= set(front)
+    assert "final validation perplexity" in drawn("--kind", "frontier", "--y", "valid_ppl", "--pick", "final")
+    sync = drawn("--kind", "sync")
+    assert {"sync fraction: 1 - compute_s / round_s", "local steps between all-reduces (K; 0 = one pass)",
+            "dense"} <= set(sync) and "training loss (nats/token)" not in sync
 
 
 def test_real_runs_plot_from_what_the_trainer_wrote(spark, tiny_cfg, tmp_path):

@@ -208,10 +208,15 @@ def test_softmax_sets_contents():
     assert np.array_equal(again[0], v_all) and np.array_equal(again[1], v_f)
     other = softmax_sets(targets, Vb, top=10, beta=beta, mu=0.05, rng=np.random.default_rng(6))
     assert np.array_equal(other[0], v_all) and not np.array_equal(other[1], v_f)
-    # the draw itself: exactly ceil(mu V) distinct ids
-    _, f_only = softmax_sets(np.array([-1]), Vb, top=0, beta=np.array([], int), mu=0.05,
-                             rng=np.random.default_rng(1))
-    assert len(f_only) == 50
+    # the draw itself: exactly ceil(mu V) distinct ids, whatever the seed; 99 of 100 ids drawn with
+    # replacement would repeat some (all distinct: probability 100! / 100^99 ~ 1e-42)
+    for seed in range(5):
+        _, f_only = softmax_sets(np.array([-1]), Vb, top=0, beta=np.array([], int), mu=0.05,
+                                 rng=np.random.default_rng(seed))
+        assert len(f_only) == 50
+        _, most = softmax_sets(np.array([-1]), 100, top=0, beta=np.array([], int), mu=0.99,
+                               rng=np.random.default_rng(seed))
+        assert len(most) == 99
     _, full = softmax_sets(targets, Vb, top=10, beta=beta, mu=1.0, rng=np.random.default_rng(5))
     assert np.array_equal(full, np.arange(Vb))
     v0, f0 = softmax_sets(targets, Vb, top=0, beta=np.array([], int), mu=0.0, rng=r)

@@ -14,7 +14,7 @@ from rnnlm.spark import executor
 from rnnlm.spark.rundir import TrainingError
 from rnnlm.spark.trainer import Trainer, load_corpus
 
-from conftest import ROOT, metrics
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, core_nll, held_out_tokens, metrics
 
 
 @pytest.fixture(autouse=True)
@@ -240,42 +240,51 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
     assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0]
 
 
-def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(
-        spark, tiny_cfg, tmp_path, monkeypatch):
+class _ResidualFiles:
+    """A progress report that counts, at each metrics line, the residual files of the run being trained
+    in the executors' store (``store``: :func:`rnnlm.spark.filestore.root`'s parent), and with ``lose``
+    deletes them there, as an executor lost between rounds would."""
+
+    def __init__(self, store: str, lose: bool):
+        import os
+        self.store, self.lose, self.counts = store, lose, []
+        self.before = set(os.listdir(store)) if os.path.isdir(store) else set()
+
+    def run_dirs(self) -> list:
+        import os
+        return [os.path.join(self.store, d) for d in sorted(set(os.listdir(self.store)) - self.before)]
+
+    def update(self, m, total, line):
+        import os
+        import shutil
+        (directory,) = self.run_dirs()
+        files = os.listdir(directory)
+        assert all(f.endswith(".npy") for f in files), files        # no half-written file left behind
+        self.counts.append(len(files))
+        if self.lose:
+            shutil.rmtree(directory)
+
+
+def test_residual_files_lost_between_rounds_are_recomputed_from_the_lineage(spark, tiny_cfg, tmp_path):
     """Error feedback keeps each partition's residual in a file on its executor. A round (or the final
     checkpoint) that finds no file, as on another executor or after losing one, recomputes the residual
     from the rounds since the lineage began: the same parameters, losses and checkpointed residuals."""
     import os
-    import shutil
     from rnnlm.spark import filestore
-    from rnnlm.spark.residuals import Residuals
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=rows+onebit",
         "exchange.random=0.2", "exchange.feedback=true", "train.rounds=4", "train.checkpoint_every=0"]))
     local_dirs = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first()
-    real_close, closed = Residuals.close, []
-
-    def close(self, blocking=False):
-        directory = filestore.root(self.key, local_dirs)
-        files = sorted(os.listdir(directory)) if os.path.isdir(directory) else None
-        real_close(self, blocking)
-        closed.append((files, os.path.exists(directory)))
-    monkeypatch.setattr(Residuals, "close", close)
-    kept = run(spark, cfg, tmp_path / "kept")
-    # the 3 newest rounds' files are kept per partition, and removed when the run closes
-    assert closed == [([f"{pid}.{r}.feedback.npy" for pid in (0, 1) for r in (2, 3, 4)], False)]
-    real, listed = Residuals.finished, []
-
-    def finished(self, out, ok):
-        real(self, out, ok)
-        directory = filestore.root(self.key, local_dirs)
-        listed.append(sorted(os.listdir(directory)))
-        shutil.rmtree(directory)
-    monkeypatch.setattr(Residuals, "finished", finished)
-    lost = run(spark, cfg, tmp_path / "lost")
-    # each round wrote both partitions' files, and each was deleted before the next round read it
-    assert listed == [[f"0.{r}.feedback.npy", f"1.{r}.feedback.npy"] for r in range(1, 5)]
-    assert np.array_equal(lost.params, kept.params)
+    store = os.path.dirname(filestore.root("run", local_dirs))
+    runs = {}
+    for name, lose in (("kept", False), ("lost", True)):
+        files = _ResidualFiles(store, lose)
+        runs[name] = Trainer(spark, cfg, str(tmp_path / name), log=lambda s: None, progress=files)
+        runs[name].run()
+        assert files.run_dirs() == [], name            # the run's files are removed when it closes
+        # each round writes one file per partition; the newest filestore.KEEP rounds' are kept
+        assert files.counts == ([2, 2, 2, 2] if lose else [2 * min(r, filestore.KEEP) for r in (1, 2, 3, 4)]), name
+    assert np.array_equal(runs["lost"].params, runs["kept"].params)
     losses = [[x["train_loss"] for x in metrics(tmp_path / name)] for name in ("lost", "kept")]
     assert losses[0] == losses[1]
     saved = [np.load(tmp_path / name / "checkpoint" / "optim.npz") for name in ("kept", "lost")]
@@ -325,10 +334,43 @@ def test_an_update_that_overflows_is_not_accepted(spark, tiny_cfg, tmp_path):
 
 def test_test_metrics_do_not_need_validation_data(spark, tiny_cfg, tmp_path):
     cfg = config.replace(tiny_cfg, "data", valid="", test="rnnlm/data/harbour_valid.txt")
-    run(spark, cfg, tmp_path)
+    tr = run(spark, cfg, tmp_path)
     last = metrics(tmp_path)[-1]
     assert "test_loss" in last and "test_bpc" in last and "valid_loss" not in last
-    assert 1.0 < last["test_loss"] < 4.0
+    # the text's 708 tokens (707 characters and the blank line ending them) read as one stream by the core
+    total, count = core_nll(RNNLM(tr.cfg.model), tr.params, [held_out_tokens(tr.vocab, HARBOUR_VALID)])
+    assert count == 707
+    assert last["test_loss"] == pytest.approx(total / count, rel=1e-9)
+    assert last["test_bpc"] == pytest.approx(last["test_loss"] / math.log(2), rel=1e-12)
+
+
+def test_evaluate_rdd_is_the_cores_mean_nll_of_the_held_out_tokens(spark, tiny_cfg):
+    """evaluate_rdd against the core model on the same tokens, each stream read whole in one pass: the
+    summed NLL over every predicted token, divided by their count (a stream's first token is not one).
+    Three streams, one per partition (test_test_metrics_do_not_need_validation_data reads one)."""
+    streams = 3
+    from rnnlm.core.vocab import Vocab
+    from rnnlm.spark.trainer import evaluate_rdd, load_held_out
+    sc = spark.sparkContext
+    text = HARBOUR                                                   # 20 paragraphs, 6,092 tokens
+    vocab = Vocab.build(open(text).read()[:400], "char")             # some of its characters are unknown
+    cfg = config.resolve(config.replace(tiny_cfg, "data", eval_streams=streams), len(vocab))
+    model = RNNLM(cfg.model)
+    params = np.random.default_rng(3).normal(0, 1.0, model.layout.size).astype(np.float32)
+    held = load_held_out(sc, cfg, text, sc.broadcast(vocab))
+    try:
+        parts = [tokens for _, tokens, _ in sorted(held.collect(), key=lambda r: r[0])]
+        got = evaluate_rdd(sc, cfg, params, held)
+    finally:
+        held.unpersist()
+    assert len(parts) == streams
+    assert np.array_equal(np.concatenate(parts), held_out_tokens(vocab, text))
+    total, count = core_nll(model, params, parts)
+    assert count == 6092 - streams
+    assert got == pytest.approx(total / count, rel=1e-9)      # float64 sums, in another order
+    # these weights read the text in order: backwards, its tokens cost other amounts
+    backwards, _ = core_nll(model, params, [p[::-1] for p in parts])
+    assert abs(backwards / total - 1) > 1e-3
 
 
 class _Crash(Exception):
@@ -336,14 +378,16 @@ class _Crash(Exception):
 
 
 class _CrashAt:
-    """A progress report that kills the run when round ``r``'s line is written: a driver dying after
-    the line, before that round's checkpoint (whatever would have been written then is not)."""
+    """A progress report that kills the run when round ``crash``'s line is written: a driver dying after
+    the line, before that round's checkpoint (whatever would have been written then is not). Each line
+    is marked in ``calls`` as ``("line", round)``."""
 
-    def __init__(self, r):
-        self.r = r
+    def __init__(self, crash=None, calls=None):
+        self.crash, self.calls = crash, calls if calls is not None else []
 
     def update(self, m, total, line):
-        if m["round"] == self.r:
+        self.calls.append(("line", m["round"]))
+        if m["round"] == self.crash:
             raise _Crash
 
 
@@ -559,54 +603,59 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
 def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cfg, tmp_path, monkeypatch, settings):
     """``train.results = "direct"``: the tasks send their contributions to the driver's frame server, which
     merges them in partition order; the numbers are Spark's to the bit. When the executors cannot reach the
-    driver (nothing listens), the first round recomputes through Spark, says so once, and the rest of the
-    run sends through Spark: the same numbers again."""
-    from rnnlm.spark.channel import Channel
-    base = config.apply_overrides(tiny_cfg.to_dict(), ["train.rounds=3", "train.checkpoint_every=0", *settings])
-    through_spark = run(spark, config.from_dict(base), tmp_path / "spark")
-    direct_cfg = config.from_dict(config.apply_overrides(base, ["train.results=direct"]))
-    served, real_close = [], Channel.close
-
-    def close(self):
-        served.append((self.taken, self.broken))
-        real_close(self)
-    monkeypatch.setattr(Channel, "close", close)
-    run(spark, direct_cfg, tmp_path / "direct")
-    assert served == [(3 * 2, None)]            # every round's 2 contributions came through the channel
-    real_channel = Trainer._channel
-
-    def unreachable(self, cfg, model):
-        ch = real_channel(self, cfg, model)
-        ch.server.close()                       # as behind a firewall that refuses the port
-        return ch
-    monkeypatch.setattr(Trainer, "_channel", unreachable)
-    lines = []
-    fell_back = Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append)
-    fell_back.run()
-    assert [x for x in lines if "direct result channel" in x] == [
-        "warning: the direct result channel failed (partitions [0, 1] of round 1 did not arrive); recomputed "
-        "through Spark, and the rounds submitted from now on send their results through Spark"]
-    assert served[1] == (0, "partitions [0, 1] of round 1 did not arrive")
-    # one partition's frame refused in round 1: that partition alone runs again, through Spark
-    monkeypatch.setattr(Trainer, "_channel", real_channel)
+    driver (nothing listens), the first round recomputes through Spark, says so once, and the rounds submitted
+    from then on send through Spark: the same numbers again. Each run's channel is kept to read what it took."""
     from pyspark import SparkContext
     from rnnlm.exchange.frames import Malformed
     from rnnlm.spark import channel
-    real_decode, real_run_job, reran = channel.contribution_from_wire, SparkContext.runJob, []
+    base = config.apply_overrides(tiny_cfg.to_dict(), ["train.rounds=3", "train.checkpoint_every=0", *settings])
+    through_spark = run(spark, config.from_dict(base), tmp_path / "spark")
+    direct_cfg = config.from_dict(config.apply_overrides(base, ["train.results=direct"]))
+    made, reran, real_run_job = [], [], SparkContext.runJob
+
+    class Kept(channel.Channel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    class Unreachable(Kept):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.server.close()                 # as behind a firewall that refuses the port
+
+    def run_job(self, rdd, f, partitions=None, allowLocal=False):
+        if type(partitions) is list:            # RDD.take passes ranges; the recompute its list
+            reran.append(partitions)
+        return real_run_job(self, rdd, f, partitions, allowLocal)
+    monkeypatch.setattr(SparkContext, "runJob", run_job)
+    monkeypatch.setattr(channel, "Channel", Kept)
+    run(spark, direct_cfg, tmp_path / "direct")
+    assert (made[0].taken, made[0].broken, reran) == (3 * 2, None, [])     # every contribution came through it
+    monkeypatch.setattr(channel, "Channel", Unreachable)
+    lines = []
+    Trainer(spark, direct_cfg, str(tmp_path / "fell_back"), log=lines.append).run()
+    # what was submitted before the channel broke still went to it: under train.overlap = 1, round 2's job
+    # (submitted before round 1's result was taken); the rounds submitted after it went through Spark. Each
+    # round's job takes its result on a thread of its own, so under overlap round 1 or round 2 may be the one
+    # that finds the channel failed (round 2 was, once in five runs on a loaded machine)
+    overlap = direct_cfg.train.overlap == 1
+    assert made[1].broken in [f"partitions [0, 1] of round {r} did not arrive" for r in ((1, 2) if overlap else (1,))]
+    assert [x for x in lines if "direct result channel" in x] == [
+        f"warning: the direct result channel failed ({made[1].broken}); recomputed through Spark, and the rounds "
+        "submitted from now on send their results through Spark"]
+    assert (made[1].taken, reran) == (0, [[0, 1]] * (2 if overlap else 1))
+    # one partition's frame refused in round 1: that partition alone runs again, through Spark
+    monkeypatch.setattr(channel, "Channel", Kept)
+    real_decode, reran[:] = channel.contribution_from_wire, []
 
     def refuse(fields, arrays, expect):
         if fields.get("round") == 1 and fields.get("pid") == 1:
             raise Malformed("refused by the test")
         return real_decode(fields, arrays, expect)
-
-    def run_job(self, rdd, f, partitions=None, allowLocal=False):
-        reran.append(partitions)
-        return real_run_job(self, rdd, f, partitions, allowLocal)
     monkeypatch.setattr(channel, "contribution_from_wire", refuse)
-    monkeypatch.setattr(SparkContext, "runJob", run_job)
     run(spark, direct_cfg, tmp_path / "partial")
-    assert served[2][1] == "partitions [1] of round 1 did not arrive" and served[2][0] >= 1
-    assert [p for p in reran if type(p) is list] == [[1]]     # RDD.take passes ranges; the recompute its list
+    assert (made[2].taken, made[2].broken, reran) == (
+        1 + (2 if overlap else 0), "partitions [1] of round 1 did not arrive", [[1]])
     for name in ("direct", "fell_back", "partial"):
         assert np.array_equal(checkpoint.load(str(tmp_path / name / "checkpoint")).params, through_spark.params), name
         losses = [[x["train_loss"] for x in metrics(tmp_path / n)] for n in (name, "spark")]
@@ -618,12 +667,10 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
 
 
 def recorded_releases(monkeypatch) -> list:
-    """Every broadcast destroyed and RDD unpersisted from now on, as ``(kind, blocking)``, with
-    ``("end", None)`` where the trainer's loop is left (its jobs closed)."""
+    """Every broadcast destroyed and RDD unpersisted from now on (PySpark's own methods), as ``(kind, blocking)``."""
     from pyspark.core.broadcast import Broadcast
     from pyspark.core.rdd import RDD
-    from rnnlm.spark.rounds import Jobs
-    calls, destroy, unpersist, close = [], Broadcast.destroy, RDD.unpersist, Jobs.close
+    calls, destroy, unpersist = [], Broadcast.destroy, RDD.unpersist
 
     def recording(kind, real):
         def call(self, *args, **kwargs):
@@ -632,12 +679,19 @@ def recorded_releases(monkeypatch) -> list:
         return call
     monkeypatch.setattr(Broadcast, "destroy", recording("broadcast", destroy))
     monkeypatch.setattr(RDD, "unpersist", recording("rdd", unpersist))
-
-    def end(self, *args, **kwargs):
-        calls.append(("end", None))
-        return close(self, *args, **kwargs)
-    monkeypatch.setattr(Jobs, "close", end)
     return calls
+
+
+def releases(calls) -> list:
+    """``calls`` without the lines' marks."""
+    return [c for c in calls if c[0] != "line"]
+
+
+def last_releases(calls) -> list:
+    """The releases after the last one that did not wait."""
+    calls = releases(calls)
+    waited = [i for i, (_, blocking) in enumerate(calls) if blocking is False]
+    return calls[waited[-1] + 1 if waited else 0:]
 
 
 @pytest.mark.parametrize("sets", [
@@ -648,28 +702,20 @@ def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
         spark, tiny_cfg, tmp_path, monkeypatch, sets):
     """The session stops right after a run: an executor told to stop with a release unanswered makes
     the driver log "ERROR TransportResponseHandler: Still have 1 requests outstanding" (local-cluster),
-    so every release made once the loop is left waits for the executors' answers. A failing run's
-    executors may be gone: its releases do not wait."""
+    so a run's last releases (its parameters' broadcasts and its corpus) wait for the executors' answers;
+    those of the rounds do not. A failing run's executors may be gone: its releases do not wait."""
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), sets))
     calls = recorded_releases(monkeypatch)
-    run(spark, cfg, tmp_path / "ended")
-    last = calls[calls.index(("end", None)) + 1:]
-    # the base broadcast (and, with residuals, the outputs and broadcasts the lineage kept) and the corpus
+    Trainer(spark, cfg, str(tmp_path / "ended"), log=lambda s: None, progress=_CrashAt(calls=calls)).run()
+    last = last_releases(calls)
+    # the base broadcast (and, with residuals, the broadcasts the lineage kept) and the corpus
     assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
-    assert all(blocking is True for _, blocking in last), last
-    mid_run = calls[:calls.index(("end", None))]       # round 1's broadcasts, once its aggregate arrived
-    assert mid_run and all(blocking is False for _, blocking in mid_run), mid_run
+    mid_run = releases(calls[:calls.index(("line", 2))])      # before the last round's line: round 1's
+    assert mid_run and all(blocking is False for _, blocking in mid_run), calls
 
     calls.clear()
-    real_round = Trainer._round
-
-    def failing(self, cfg, data, st, *args):
-        if st.round == 1:
-            raise RuntimeError("lost")
-        return real_round(self, cfg, data, st, *args)
-    monkeypatch.setattr(Trainer, "_round", failing)
-    with pytest.raises(RuntimeError, match="lost"):
-        run(spark, cfg, tmp_path / "failed")
-    last = calls[calls.index(("end", None)) + 1:]
-    assert {kind for kind, _ in last} == {"broadcast", "rdd"}, calls
-    assert all(blocking is False for _, blocking in last), last
+    with pytest.raises(_Crash):
+        Trainer(spark, cfg, str(tmp_path / "failed"), log=lambda s: None, progress=_CrashAt(1, calls)).run()
+    after = calls[calls.index(("line", 1)) + 1:]
+    assert {kind for kind, _ in after} == {"broadcast", "rdd"}, calls
+    assert all(blocking is False for _, blocking in after), after
