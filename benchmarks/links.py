@@ -98,7 +98,7 @@ def child(spec: dict) -> list:
     from rnnlm.netcluster import NetCluster
     from rnnlm.spark import session
     from rnnlm.spark.dryrun import measured, probe
-    from rnnlm.spark.trainer import load_corpus
+    from rnnlm.spark.corpus import load_corpus
     P, name = spec["partitions"], spec["exchange"]
     links = NetCluster.attach(spec["tag"], spec["hosts"])
     spark = session.get_spark("rnnlm-links", spec["master"], {
@@ -184,7 +184,7 @@ def bytes_at(partitions: int, exchanges: list, data: str) -> list:
     from rnnlm import config
     from rnnlm.spark import session
     from rnnlm.spark.dryrun import measured, probe
-    from rnnlm.spark.trainer import load_corpus
+    from rnnlm.spark.corpus import load_corpus
     spark = session.get_spark("rnnlm-links-bytes", "local[2]", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     rows = []

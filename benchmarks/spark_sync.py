@@ -53,7 +53,8 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
     """Run in a child process: train a few rounds per K on one corpus load."""
     from rnnlm import config
     from rnnlm.spark import session
-    from rnnlm.spark.trainer import Trainer, load_corpus
+    from rnnlm.spark.corpus import load_corpus
+    from rnnlm.spark.trainer import Trainer
     spark = session.get_spark("rnnlm-bench", master, {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     base = config.load(os.path.join(ROOT, "conf/ptb_word_small.toml"),

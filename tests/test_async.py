@@ -115,7 +115,7 @@ def adagrad_by_hand(spark, cfg, model) -> tuple:
     from rnnlm.core.local import train_steps
     from rnnlm.core.optim import make_optimizer
     from rnnlm.core.strategies import Source
-    from rnnlm.spark.trainer import load_corpus
+    from rnnlm.spark.corpus import load_corpus
     data = load_corpus(spark.sparkContext, cfg)
     (_, tokens, starts), = data.train.collect()
     data.train.unpersist()

@@ -243,7 +243,7 @@ def corpus(spark):
     module's runs (as the benchmarks share one): Spark's jobs that read it take longer than these runs'
     rounds. Each round cuts its batches by its own run's data.strategy; only a length in train.epochs
     reads the corpus' expected tokens per round."""
-    from rnnlm.spark.trainer import load_corpus, unpersist_corpus
+    from rnnlm.spark.corpus import load_corpus, unpersist_corpus
     read = {}
 
     def load(*sets):
@@ -281,7 +281,7 @@ def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_
     text with that vocabulary and is seed 7's run on it, bit for bit (round 0, fresh optimizer and
     schedule); so is an asynchronous one with one worker (its windows of 3 steps are the rounds' 3 local
     steps, as in test_async)."""
-    from rnnlm.spark.trainer import load_corpus, unpersist_corpus
+    from rnnlm.spark.corpus import load_corpus, unpersist_corpus
     one = ("data.partitions=1", "train.rounds=2")
     vocab = Vocab.build(open(HARBOUR).read() + "\u00e6\u00f8\u00e5", "char")
     cfg = config.resolve(cfg_of(*one, "train.seed=7"), len(vocab))

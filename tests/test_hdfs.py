@@ -17,7 +17,7 @@ from rnnlm import cli, config, runs
 from rnnlm.core import checkpoint
 from rnnlm.core.metrics import json_lines
 from rnnlm.core.model import RNNLM
-from rnnlm.spark import trainer
+from rnnlm.spark import corpus
 from rnnlm.hadoop.minicluster import hostname_not_on_loopback
 from rnnlm.spark.hfs import HadoopFS, default_fs
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, core_nll, held_out_tokens, set_options
@@ -131,7 +131,7 @@ def test_corpus_on_hdfs_reads_as_on_the_local_disk(spark, hadoop, webhdfs, tmp_p
             for path in (on_disk, on_hdfs):
                 cfg = config.load(None, [f"data.train={path}", f"data.level={level}", "data.partitions=2",
                                          "train.bptt=8", "train.batch=2"])
-                data = trainer.load_corpus(sc, cfg)
+                data = corpus.load_corpus(sc, cfg)
                 got.append((data.vocab, [(pid, t.tolist(), s.tolist()) for pid, t, s in data.train.collect()]))
                 data.train.unpersist()
             assert got[0][0] == got[1][0], (level, on_hdfs)

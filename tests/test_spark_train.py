@@ -12,7 +12,8 @@ from rnnlm.core.optim import make_optimizer
 from rnnlm.core.strategies import Source
 from rnnlm.spark import executor
 from rnnlm.spark.rundir import TrainingError
-from rnnlm.spark.trainer import Trainer, load_corpus
+from rnnlm.spark.corpus import load_corpus
+from rnnlm.spark.trainer import Trainer
 
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, core_nll, held_out_tokens, metrics
 
@@ -350,7 +351,7 @@ def test_evaluate_rdd_is_the_cores_mean_nll_of_the_held_out_tokens(spark, tiny_c
     Three streams, one per partition (test_test_metrics_do_not_need_validation_data reads one)."""
     streams = 3
     from rnnlm.core.vocab import Vocab
-    from rnnlm.spark.trainer import evaluate_rdd, load_held_out
+    from rnnlm.spark.corpus import evaluate_rdd, load_held_out
     sc = spark.sparkContext
     text = HARBOUR                                                   # 20 paragraphs, 6,092 tokens
     vocab = Vocab.build(open(text).read()[:400], "char")             # some of its characters are unknown
@@ -430,7 +431,7 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     """Adam at a rate of 3 makes round 2 worse than round 1: best/ keeps round 1 while checkpoint/
     moves on, in an uninterrupted run and in one resumed from round 1's checkpoint."""
     from rnnlm.cli import load_checkpoint, read_checkpoint
-    from rnnlm.spark.trainer import evaluate_rdd, load_held_out
+    from rnnlm.spark.corpus import evaluate_rdd, load_held_out
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "optim.lr=3.0", "train.eval_every=1", VALID, "train.rounds=2"]))
     logs = []

@@ -13,7 +13,8 @@ from ..core.metrics import loss_fields
 from ..spark.rundir import Init, TrainingError
 from ..spark.session import release
 from ..spark.stop import Interrupted
-from ..spark.trainer import Trainer, evaluate_rdd, load_held_out
+from ..spark.corpus import evaluate_rdd, load_held_out
+from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
 from ..progress import Progress
 from . import signals

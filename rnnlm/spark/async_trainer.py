@@ -35,7 +35,8 @@ from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host
 from .stop import Interrupted, StopRequest
-from .trainer import device_field, devices_line, load_corpus, total_rounds, unpersist_corpus
+from .corpus import load_corpus, total_rounds, unpersist_corpus
+from .executor import device_field, devices_line
 
 
 class AsyncTrainer(Driver):

@@ -1,4 +1,6 @@
-"""Corpora as Spark RDDs: paragraphs from any Hadoop path, vocabulary, encoding.
+"""Corpora as Spark RDDs: paragraphs from any Hadoop path, vocabulary, encoding, and a run's
+corpus loaded, checked and cached (:func:`load_corpus`) and held-out text scored (:func:`evaluate_rdd`)
+for both drivers and the dry run.
 
 Nothing proportional to the corpus reaches the driver: the vocabulary is built
 from ``reduceByKey`` counts (only the kept candidates are collected) and each
@@ -8,12 +10,17 @@ from __future__ import annotations
 
 import glob
 import gzip
+import math
 import os
+from dataclasses import dataclass, field
 from operator import add
 
 import numpy as np
 
+from .. import config
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
+from .executor import eval_task, probe_task
+from .session import release
 
 _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
 # Hadoop's line readers skip a record this long instead of holding it (a 100 MB line with no newline
@@ -285,3 +292,91 @@ def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partit
         .reduceByKey(lambda a, b: (a[0] + b[0], a[1] + b[1])).collect()
     grid.sort()
     return np.array([n for n, _ in grid], np.int64), np.array([s / d for _, (s, d) in grid])
+
+
+@dataclass
+class Corpus:
+    vocab: object
+    train: object            # RDD of (pid, tokens, starts), persisted
+    valid: object | None
+    test: object | None
+    tokens: int              # training tokens, all partitions
+    round_tokens: float      # tokens a round trains on (expected), all partitions
+    held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
+    devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (probe_task)
+
+
+def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
+    """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams.
+
+    Held-out text is laid out independently of ``data.partitions`` (the training layout),
+    so the training log, ``jobs/evaluate.py`` and any other run agree on the same text.
+    """
+    d = cfg.data
+    hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb)
+    return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True), bc_vocab).persist()
+
+
+def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
+    """Read, count, encode and cache the corpus; validate every partition. ``status`` (a callable, e.g.
+    :meth:`rnnlm.progress.Progress.status`) hears each phase as it starts; each phase's Spark jobs
+    carry its name in Spark's UI."""
+    d = cfg.data
+    config.check_trainable(cfg)
+
+    def phase(text: str) -> None:
+        sc.setJobDescription(f"rnnlm: {text}")
+        if status is not None:
+            status(f"{text} ...")
+    phase(f"reading {d.train}")
+    paras = paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb)
+    if d.encoding_errors == "strict":
+        bad = paras.filter(lambda p: "\ufffd" in p).count()
+        if bad:
+            raise CorpusError(f"{d.train}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict)")
+    if vocab is None:
+        phase(f"counting {d.level}s for the vocabulary")
+        vocab = build_vocab(paras, d.level, d.vocab_size, d.min_count)
+    bc_vocab = sc.broadcast(vocab)
+    phase(f"encoding and caching {d.partitions} partitions")
+    enc = encode_partitions(contiguous_partitions(paras, d.partitions), bc_vocab)
+    enc = enc.persist()
+    probe = enc.mapPartitions(probe_task(cfg)).collect()
+    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
+    if errors:
+        release(rdds=[enc])
+        raise CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, bptt {cfg.train.bptt}, "
+                          f"batch {cfg.train.batch})")
+    held_out, counts = {}, {}
+    for name, path in (("valid", d.valid), ("test", d.test)):
+        if path:
+            phase(f"reading {name} text {path}")
+            held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
+            # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
+            counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
+    sc.setJobDescription(None)
+    return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
+                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe})
+
+
+def total_rounds(cfg: config.Config, data: Corpus) -> int:
+    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
+    if cfg.train.rounds:
+        return cfg.train.rounds
+    return max(1, math.ceil(cfg.train.epochs * data.tokens / data.round_tokens))
+
+
+def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
+    release(rdds=[r for r in (data.train, data.valid, data.test) if r is not None], blocking=blocking)
+
+
+def evaluate_rdd(sc, cfg, params, rdd, last: bool = False) -> float:
+    """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream); ``last``:
+    the session's last job, whose release waits for the executors' answers if it succeeded."""
+    bc, parts = sc.broadcast(params), None
+    try:
+        parts = rdd.mapPartitions(eval_task(cfg, bc)).collect()
+    finally:
+        release([bc], blocking=last and parts is not None)
+    total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return total / max(1, count)

@@ -21,7 +21,8 @@ from ..core.models import build as build_model
 from ..exchange import plan
 from .executor import make_source
 from .linkcost import parse_latency, parse_rate, predict
-from .trainer import Trainer, load_corpus, steps_label, total_rounds, unpersist_corpus
+from .corpus import load_corpus, total_rounds, unpersist_corpus
+from .trainer import Trainer, steps_label
 
 
 def round_words_task(cfg: config.Config):

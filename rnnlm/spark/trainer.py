@@ -29,7 +29,8 @@ import numpy as np
 
 from ..core import checkpoint
 from .. import config
-from . import channel, corpus, executor
+from . import channel, executor
+from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
@@ -37,7 +38,8 @@ from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
 from .rounds import Job, Jobs, broadcast_bytes
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
-from .session import bind_host, release
+from .executor import device_field, devices_line
+from .session import bind_host
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -65,100 +67,6 @@ class RunState:
     wall_s: float = 0.0
     eval_s: float = 0.0                                # time scoring held-out text (not in wall_s)
     best: dict | None = None                           # {"round", "valid_loss"}: what best/ holds
-
-
-@dataclass
-class Corpus:
-    vocab: object
-    train: object            # RDD of (pid, tokens, starts), persisted
-    valid: object | None
-    test: object | None
-    tokens: int              # training tokens, all partitions
-    round_tokens: float      # tokens a round trains on (expected), all partitions
-    held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
-    devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (executor.probe_task)
-
-
-def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
-    """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams.
-
-    Held-out text is laid out independently of ``data.partitions`` (the training layout),
-    so the training log, ``jobs/evaluate.py`` and any other run agree on the same text.
-    """
-    d = cfg.data
-    hp = corpus.paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb)
-    return corpus.encode_partitions(corpus.contiguous_partitions(hp, d.eval_streams, shrink=True),
-                                    bc_vocab).persist()
-
-
-def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
-    """Read, count, encode and cache the corpus; validate every partition. ``status`` (a callable, e.g.
-    :meth:`rnnlm.progress.Progress.status`) hears each phase as it starts; each phase's Spark jobs
-    carry its name in Spark's UI."""
-    d = cfg.data
-    config.check_trainable(cfg)
-
-    def phase(text: str) -> None:
-        sc.setJobDescription(f"rnnlm: {text}")
-        if status is not None:
-            status(f"{text} ...")
-    phase(f"reading {d.train}")
-    paras = corpus.paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb)
-    if d.encoding_errors == "strict":
-        bad = paras.filter(lambda p: "\ufffd" in p).count()
-        if bad:
-            raise corpus.CorpusError(f"{d.train}: {bad} paragraphs hold undecodable bytes "
-                                     "(data.encoding_errors=strict)")
-    if vocab is None:
-        phase(f"counting {d.level}s for the vocabulary")
-        vocab = corpus.build_vocab(paras, d.level, d.vocab_size, d.min_count)
-    bc_vocab = sc.broadcast(vocab)
-    phase(f"encoding and caching {d.partitions} partitions")
-    enc = corpus.encode_partitions(corpus.contiguous_partitions(paras, d.partitions), bc_vocab)
-    enc = enc.persist()
-    probe = enc.mapPartitions(executor.probe_task(cfg)).collect()
-    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
-    if errors:
-        enc.unpersist()
-        raise corpus.CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, "
-                                 f"bptt {cfg.train.bptt}, batch {cfg.train.batch})")
-    held_out, counts = {}, {}
-    for name, path in (("valid", d.valid), ("test", d.test)):
-        if path:
-            phase(f"reading {name} text {path}")
-            held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
-            # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
-            counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
-    sc.setJobDescription(None)
-    return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
-                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe})
-
-
-def devices_line(devices: dict, wanted: str) -> str:
-    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
-    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
-    ``cpu`` without GPUs assigned (nothing to say)."""
-    ran = [d["ran"] for _, d in sorted(devices.items())]
-    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
-        return ""
-    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
-    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
-    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
-    if wanted == "auto" and "cpu" in ran:
-        notes.append("no CUDA device: auto runs on the CPU")
-    return line + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def device_field(gpu_partitions: int, partitions: int) -> str:
-    """A metrics line's ``device``: ``cpu``, ``gpu``, or ``gpu+cpu`` when only some partitions had one."""
-    return "cpu" if gpu_partitions == 0 else "gpu" if gpu_partitions >= partitions else "gpu+cpu"
-
-
-def total_rounds(cfg: config.Config, data: Corpus) -> int:
-    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
-    if cfg.train.rounds:
-        return cfg.train.rounds
-    return max(1, math.ceil(cfg.train.epochs * data.tokens / data.round_tokens))
 
 
 class Trainer(Driver):
@@ -471,10 +379,6 @@ def _quiet(cfg) -> tuple:
     return tuple(skip)
 
 
-def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
-    release(rdds=[r for r in (data.train, data.valid, data.test) if r is not None], blocking=blocking)
-
-
 def _description(cfg, r: int, rounds: int) -> str:
     """Spark UI's name of round ``r``'s job."""
     return f"rnnlm round {r}/{rounds}: {steps_label(cfg.train)} + treeAggregate"
@@ -524,15 +428,3 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
         for k in ("softmax_v_all", "softmax_v_f"):
             m[k] = round(agg.stats.get(k, 0) / max(1, agg.stats["steps"]), 1)
     return m
-
-
-def evaluate_rdd(sc, cfg, params, rdd, last: bool = False) -> float:
-    """Mean NLL per token of an encoded RDD under ``params`` (each partition one stream); ``last``:
-    the session's last job, whose release waits for the executors' answers if it succeeded."""
-    bc, parts = sc.broadcast(params), None
-    try:
-        parts = rdd.mapPartitions(executor.eval_task(cfg, bc)).collect()
-    finally:
-        release([bc], blocking=last and parts is not None)
-    total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return total / max(1, count)
