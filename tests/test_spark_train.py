@@ -468,7 +468,7 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
     assert last == metrics(out)[-1]
     assert {p: (out / p).read_bytes() for p in before} == before
-    Trainer(spark, cfg, str(out)).prepare_out(resume=False, overwrite=True)     # --overwrite: all of it goes
+    Trainer(spark, cfg, str(out)).dir.prepare(resume=False, overwrite=True)     # --overwrite: all of it goes
     assert sorted(p.name for p in out.iterdir()) == []
 
 

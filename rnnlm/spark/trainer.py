@@ -123,16 +123,12 @@ class Trainer(Driver):
         return ck.vocab, st
 
     # ------------------------------------------------------------ running
-    def prepare_out(self, resume: bool, overwrite: bool = False) -> None:
-        """Check ``--out`` against ``--resume`` (see :meth:`rnnlm.spark.rundir.RunDir.prepare`)."""
-        self.dir.prepare(resume, overwrite)
-
     def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False,
             init: Init | None = None) -> dict:
         """Train to the configured length; return the last metrics line.
 
         ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one);
-        ``overwrite`` starts again in an ``--out`` that holds a run (see :meth:`prepare_out`);
+        ``overwrite`` starts again in an ``--out`` that holds a run (:meth:`rnnlm.spark.rundir.RunDir.prepare`);
         ``init`` starts a new run from a checkpoint's weights and vocabulary (``--init-from``).
         """
         self._prepare(resume, overwrite, init)
@@ -183,11 +179,11 @@ class Trainer(Driver):
         stop = StopRequest(self.log)
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
         self.next = None                  # the next round's job, defined a round ahead (train.overlap)
-        self.jobs, self.channel = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth, group=group), None
+        self.jobs, self.channel = None, None
         ended = False
         try:
-            if cfg.train.results == "direct":
-                self.channel = self.jobs.channel = self._channel(cfg, model)
+            self.channel = self._channel(cfg, model) if cfg.train.results == "direct" else None
+            self.jobs = Jobs(self.sc, data.train, self.residuals, cfg.train.tree_depth, self.channel, group)
             while st.round < rounds:
                 save, best = self._round(cfg, data, st, rounds, stop)
                 if save or stop.requested:
@@ -203,7 +199,8 @@ class Trainer(Driver):
         finally:
             # a run that ended waits for the executors to answer its releases (the session may stop next);
             # the last round's broadcasts and evaluation went without waiting, answered long before in practice
-            self.jobs.close(pending=self.next, blocking=ended)
+            if self.jobs is not None:
+                self.jobs.close(pending=self.next, blocking=ended)
             if self.channel is not None:
                 self.channel.close()
             stop.release()
