@@ -1,6 +1,7 @@
 """What the tests share: fixtures, and helpers a test module imports (``from conftest import ROOT``:
 pytest puts this folder on ``sys.path``, as it does for ``from test_hdfs import ...``)."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +22,13 @@ TINY_CLUSTER = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.loca
 def set_options(*sets) -> list:
     """A command line's ``--set`` options, one for each ``section.key=value``."""
     return [a for s in sets for a in ("--set", s)]
+
+
+def train_cmd(out, *sets, master: str | None = None, resume: bool = False) -> list:
+    """``jobs/train.py`` on conf/demo.toml as a user runs it, writing ``out``, no samples printed (any cwd)."""
+    return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
+            "--out", str(out), "--samples", "0", *(["--master", master] if master else []),
+            *(["--resume"] if resume else []), *set_options(*sets)]
 
 
 def metrics(run) -> list:

@@ -14,12 +14,12 @@ from rnnlm.core.model import RNNLM
 
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, metrics
 
-# smaller than conftest.TINY: test_evaluate_overflowing_perplexity_is_not_a_traceback needs a model this small
-TINY = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
+# smaller than conftest.SMALL_RUN: test_evaluate_overflowing_perplexity_is_not_a_traceback needs a model this small
+SMALL_RUN = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
 
 
 def train(out, *sets, config="conf/demo.toml", resume=False, overwrite=False):
-    a = argparse.Namespace(config=os.path.join(ROOT, config), set=list(TINY) + list(sets), out=str(out),
+    a = argparse.Namespace(config=os.path.join(ROOT, config), set=list(SMALL_RUN) + list(sets), out=str(out),
                            resume=resume, overwrite=overwrite, master=None, samples=0, dry_run=False, verbose=False)
     return cli.guarded(lambda: cli.train(a))
 

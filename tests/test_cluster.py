@@ -15,10 +15,10 @@ import pytest
 
 from rnnlm.core import checkpoint
 
-from conftest import ROOT, TINY_CLUSTER, metrics, set_options
+from conftest import ROOT, TINY_CLUSTER, metrics, set_options, train_cmd
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-TINY = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]
+CLUSTER_RUN = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]
 
 
 def env():
@@ -27,10 +27,8 @@ def env():
     return e
 
 
-def train_cmd(out, master, *sets):
-    args = set_options(*TINY, *sets)
-    return [sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
-            "--master", master, "--samples", "0", *args]
+def cluster_cmd(out, master, *sets):
+    return train_cmd(out, *CLUSTER_RUN, *sets, master=master)
 
 
 def executor_pids(app_id: str) -> list:
@@ -82,12 +80,12 @@ def rounds_done(out):
 ], ids=["rows-fp16", "onebit-feedback"])
 def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
     master = "local-cluster[2,1,1024]"
-    ref = subprocess.run(train_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
+    ref = subprocess.run(cluster_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]
     assert executor_pids(application_id(tmp_path / "ref")) == []        # its executors ended with it
     log = open(tmp_path / "kill.log", "w+")
-    proc = subprocess.Popen(train_cmd(tmp_path / "kill", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
+    proc = subprocess.Popen(cluster_cmd(tmp_path / "kill", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
                             stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300
@@ -150,7 +148,7 @@ def test_spark_submit_with_the_properties_file_and_gpu_scheduling_logs_no_error_
     script.chmod(0o755)
     gpu = [a for k in (*GPU_SCHEDULING, f"spark.worker.resource.gpu.discoveryScript={script}") for a in ("--conf", k)]
     submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
-    args = set_options(*TINY, "train.rounds=2", "train.local_steps=2", "train.device=auto")
+    args = set_options(*CLUSTER_RUN, "train.rounds=2", "train.local_steps=2", "train.device=auto")
     r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", *gpu, "jobs/train.py",
                         "--config", "conf/demo.toml", "--out", str(tmp_path / "out"), "--samples", "0", *args],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
@@ -216,7 +214,7 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
                                        "--webui-port", str(ui2), "--work-dir", str(tmp_path / "work")],
                                       env=env(), stdout=logs, stderr=logs))
         submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
-        args = set_options(*TINY, "train.rounds=3")
+        args = set_options(*CLUSTER_RUN, "train.rounds=3")
         r = subprocess.run([submit, "--master", url, "--py-files", str(zip_path),
                             "--conf", f"spark.pyspark.python={wrapper}",
                             "--conf", f"spark.pyspark.driver.python={sys.executable}",
@@ -256,7 +254,7 @@ def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tm
     server has not applied; every window is applied exactly once and the metrics say what was redone."""
     out = tmp_path / "kill"
     log = open(tmp_path / "kill.log", "w+")
-    proc = subprocess.Popen(train_cmd(out, "local-cluster[2,1,1024]", "train.rounds=40", *ASYNC), cwd=ROOT,
+    proc = subprocess.Popen(cluster_cmd(out, "local-cluster[2,1,1024]", "train.rounds=40", *ASYNC), cwd=ROOT,
                             env=env(), stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300
@@ -287,7 +285,7 @@ def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(
     the server's last checkpoint (every 4 pushes here), and the run completes every window."""
     out = tmp_path / "run"
     every = ("server.checkpoint_pushes=4", "server.checkpoint_s=0")
-    cmd = train_cmd(out, "local[2]", "train.rounds=60", *ASYNC, *every)
+    cmd = cluster_cmd(out, "local[2]", "train.rounds=60", *ASYNC, *every)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 200
     seen = 0

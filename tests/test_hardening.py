@@ -19,13 +19,13 @@ from rnnlm.core.vocab import Vocab
 from conftest import HARBOUR, ROOT
 
 DEMO = os.path.join(ROOT, "conf", "demo.toml")
-TINY = ["--set", f"data.train={HARBOUR}", "--set", "model.hidden=4", "--set", "train.bptt=4",
-        "--set", "train.batch=2", "--set", "data.valid="]
+HARDENED_RUN = ["--set", f"data.train={HARBOUR}", "--set", "model.hidden=4", "--set", "train.bptt=4",
+                "--set", "train.batch=2", "--set", "data.valid="]
 
 
 def tiny_checkpoint(path, position, nan=False):
-    """A checkpoint of the model ``TINY`` trains, at ``position``; its parameters NaN with ``nan``."""
-    cfg = config.load(DEMO, TINY[1::2])
+    """A checkpoint of the model ``HARDENED_RUN`` trains, at ``position``; its parameters NaN with ``nan``."""
+    cfg = config.load(DEMO, HARDENED_RUN[1::2])
     vocab = Vocab.build(open(HARBOUR).read(), "char")
     cfg = config.replace(cfg, "model", vocab_size=len(vocab))
     params = build_model(cfg.model).init_params(1)
@@ -63,7 +63,7 @@ def test_resuming_a_checkpoint_without_its_position_is_one_line_before_the_jvm(t
     run = tmp_path / "run"
     tiny_checkpoint(run / "checkpoint", {"round": 1, "step": 40})          # what the one-machine trainer writes
     (run / "metrics.jsonl").write_text('{"round": 1}\n')
-    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(run), "--resume", *TINY],
+    before_the_jvm(["jobs/train.py", "--config", DEMO, "--out", str(run), "--resume", *HARDENED_RUN],
                    f"error: {run}/checkpoint: state.json's position has no tokens: not a checkpoint a sync run can "
                    "resume (rnnlm generate and evaluate can use it)\n")
 

@@ -5,7 +5,6 @@ import getpass
 import gzip
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -20,15 +19,15 @@ from rnnlm.core.model import RNNLM
 from rnnlm.spark import corpus
 from rnnlm.hadoop.minicluster import hostname_not_on_loopback
 from rnnlm.spark.hfs import HadoopFS, default_fs
-from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, core_nll, held_out_tokens, set_options
+from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, core_nll, held_out_tokens, train_cmd
 from test_minicluster import LOOPBACK, listening
 
 pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
 
 USER = getpass.getuser()
 # a small character LSTM that writes a checkpoint every round, so that HDFS is written throughout
-TINY = [*TINY_CLUSTER, "train.eval_every=3",
-        "train.checkpoint_every=1", f"data.train=file://{HARBOUR}", f"data.valid=file://{HARBOUR_VALID}"]
+HDFS_RUN = [*TINY_CLUSTER, "train.eval_every=3",
+            "train.checkpoint_every=1", f"data.train=file://{HARBOUR}", f"data.valid=file://{HARBOUR_VALID}"]
 
 
 def job_env(hadoop):
@@ -38,15 +37,9 @@ def job_env(hadoop):
     return env
 
 
-def train_cmd(out, *sets, resume=False):
-    return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
-            "--out", out, "--samples", "0", *(["--resume"] if resume else []),
-            *set_options(*TINY, *sets)]
-
-
 def train(hadoop, out, *sets, resume=False, cwd=None):
     """``jobs/train.py`` as a user runs it, with the cluster's ``HADOOP_CONF_DIR``."""
-    r = subprocess.run(train_cmd(out, *sets, resume=resume), cwd=cwd or ROOT, env=job_env(hadoop),
+    r = subprocess.run(train_cmd(out, *HDFS_RUN, *sets, resume=resume), cwd=cwd or ROOT, env=job_env(hadoop),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -261,7 +254,7 @@ def test_a_datanode_lost_mid_run_changes_nothing(hadoop, webhdfs, reference):
     """Replication 2: with one of the two DataNodes stopped after round 2, the run completes,
     writing its checkpoints to the other, with exactly the reference's result."""
     out = home("runs/dn")
-    proc = subprocess.Popen(train_cmd(out, "train.rounds=6"), cwd=ROOT, env=job_env(hadoop),
+    proc = subprocess.Popen(train_cmd(out, *HDFS_RUN, "train.rounds=6"), cwd=ROOT, env=job_env(hadoop),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped_at = None
     try:

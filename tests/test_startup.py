@@ -9,14 +9,15 @@ import time
 
 import pyspark
 
-from conftest import ROOT, set_options
+from conftest import ROOT, train_cmd
 
-TINY = set_options("model.hidden=16", "train.rounds=2", "train.eval_every=0")
+STARTUP_RUN = ("model.hidden=16", "train.rounds=2", "train.eval_every=0")
 
 
-def start(tmp_path, name, launcher=(sys.executable,)):
-    cmd = [*launcher, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / name),
-           "--samples", "0", *TINY]
+def start(tmp_path, name, launcher=None):
+    cmd = train_cmd(tmp_path / name, *STARTUP_RUN)
+    if launcher:                       # the job file under another launcher (spark-submit)
+        cmd = [*launcher, *cmd[1:]]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

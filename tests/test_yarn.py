@@ -21,8 +21,8 @@ from test_hdfs import cat, home, metrics, read_ck, rounds_written
 pytestmark = [pytest.mark.hadoop, pytest.mark.slow]
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-TINY = [*TINY_CLUSTER, "train.eval_every=0",
-        "data.valid=", "data.train=hdfs:///data/harbour.txt"]
+YARN_RUN = [*TINY_CLUSTER, "train.eval_every=0",
+            "data.valid=", "data.train=hdfs:///data/harbour.txt"]
 
 
 def fits_the_minicluster():
@@ -59,7 +59,7 @@ def submit(hadoop, mode, out, *sets):
     env = hadoop.env()
     env.update(SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("PYSPARK_GATEWAY_PORT", None)
-    args = set_options(*TINY, *sets)
+    args = set_options(*YARN_RUN, *sets)
     cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--properties-file", "conf/spark/yarn.properties",
            *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
            # in cluster mode the driver runs in a container, where --files land in the working directory
