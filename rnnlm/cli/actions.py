@@ -51,8 +51,8 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
     from pyspark.sql import SparkSession
     from ..spark.session import get_spark
     owned = SparkSession.getActiveSession() is None
-    if owned and progress is not None:
-        progress.status(f"starting Spark ({master or 'local[2]'}) ...")
+    if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
+        progress.message(f"starting Spark ({master or 'local[2]'}) ...")
     with signals.starting_jvm():
         spark = get_spark(app, master, quiet=not verbose)
     signals.install()          # in place of PySpark's SIGINT handler (see .signals)
