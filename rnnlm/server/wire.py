@@ -510,9 +510,9 @@ class FrameServer:
     ``max_connections``): the next closes the oldest of them (``refused["pending"]``), so a flood
     of idle peers delays a client with the secret by a retry or two, never keeps it out.
     ``max_connections`` connections may be authenticated at once: one more is closed before its
-    welcome (``refused["busy"]``, logged once until one ends); a client retries either. Threads:
-    one per connection, at most ``max_connections + 2 * max_pending`` (the closed ones on their
-    way out included); one more connection is closed on accept (``"busy"`` too).
+    welcome (``refused["busy"]``, logged once until an authenticated one ends); a client retries
+    either. Threads: one per connection, at most ``max_connections + 2 * max_pending`` (the
+    closed ones on their way out included); one more connection is closed on accept (``"busy"``).
     Bytes: the bodies of the frames being read or served take at most ``max_in_flight`` bytes
     together (default ``2 * max_frame``); a frame waits for room within its own time, else is
     refused (``refused["memory"]``; a body larger than the whole cap, at once: ``"size"``).
