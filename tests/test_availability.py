@@ -141,9 +141,11 @@ def test_a_client_beyond_the_authenticated_cap_is_closed_before_its_welcome_and_
     b = wire.connect(*server.address, secret, 1 << 16, timeout=2.0)
     idle = [socket.create_connection(server.address) for _ in range(3)]   # two pending slots: one made room
     try:
-        with pytest.raises(ConnectionError):
-            wire.connect(*server.address, secret, 1 << 16, timeout=2.0)
-        wait_for(lambda: server.refused.get("busy") == 1)
+        for _ in range(3):
+            with pytest.raises(ConnectionError):
+                wire.connect(*server.address, secret, 1 << 16, timeout=2.0)
+        wait_for(lambda: server.refused.get("busy") == 3)
+        assert sum("busy" in line for line in logs) == 1, logs      # logged once until a slot frees
         threading.Timer(0.3, a.close).start()
         t0 = time.monotonic()
         c = wire.connect(*server.address, secret, 1 << 16, timeout=2.0, retry_s=5.0)
@@ -158,8 +160,7 @@ def test_a_client_beyond_the_authenticated_cap_is_closed_before_its_welcome_and_
             s.close()
         b.close()
         server.close()
-    assert server.refused["busy"] >= 2 and server.refused["pending"] >= 2, server.refused
-    assert sum("busy" in line for line in logs) == 1, logs          # logged once until a connection ends
+    assert server.refused["busy"] >= 4 and server.refused["pending"] >= 2, server.refused
 
 
 def test_an_async_run_completes_every_window_under_a_flood_of_idle_and_garbage_peers(spark, tmp_path):
@@ -214,8 +215,8 @@ def test_frames_in_flight_are_capped_across_connections():
     tracemalloc.start()
     try:
         conns = [_announce(server, secret, 8 * MiB) for _ in range(4)]
-        wait_for(lambda: server.connections == 4)
-        time.sleep(0.5)                              # each server thread has read its announcement
+        wait_for(lambda: tracemalloc.get_traced_memory()[0] > 8 * MiB)     # one body is being read
+        time.sleep(0.3)                              # time for the other three to be, were they not capped
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert 8 * MiB < peak < 12 * MiB, peak / MiB
@@ -293,6 +294,8 @@ def test_two_hundred_garbage_connections_log_five_lines_and_count_every_one():
         for _ in range(200):
             with socket.create_connection(server.address, timeout=2.0) as s:
                 s.sendall(GARBAGE)
+                while s.recv(4096):                  # the server's hello, then its hang-up: refused
+                    pass
         wait_for(lambda: server.refused.get("garbage") == 200)
         assert len(logs) == 5 and all("wire: refused" in x and "garbage" in x for x in logs), logs
     finally:
