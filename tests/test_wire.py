@@ -385,39 +385,43 @@ def test_close_does_not_hang_on_live_connections(secret):
     c.close()
 
 
-def test_connections_beyond_the_cap_are_closed_at_once_and_counted(secret):
-    """300 idle peers once made 302 threads; now at most max_connections (default 64) are served at a time."""
+def test_idle_peers_hold_at_most_the_pending_slots_and_the_oldest_make_room(secret):
+    """300 idle peers once made 302 threads; now at most max_pending (default max_connections, 64) await
+    their hello at a time, and each one beyond closes the oldest, so none keeps a client with the secret out."""
     logs = []
     server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=10.0, log=logs.append).start()
     base = threading.active_count()
     peers = []
     try:
-        for _ in range(70):                                  # connected, silent: each holds its slot
+        for _ in range(70):                                  # connected, silent: each holds its slot a while
             peers.append(raw(server))
-        wait_for(lambda: server.connections == 64 and server.refused.get("busy") == 6)
-        assert threading.active_count() <= base + 64
-        assert server.refused == {"busy": 6} and len(logs) == 1 and "busy: 64 connections open" in logs[0], logs
-        for s in peers[:10]:                                 # ten leave: their slots serve real clients again
-            s.close()
-        wait_for(lambda: threading.active_count() <= base + 64 - 10 + 1)
-        assert serves(server, secret) and server.refused == {"busy": 6, "handshake": 10}   # left before a hello
+        wait_for(lambda: server.connections == 70 and server.refused.get("pending") == 6 and len(logs) == 5)
+        wait_for(lambda: threading.active_count() <= base + 64)
+        assert server.refused == {"pending": 6} and all("pending" in x for x in logs), logs
+        for s in peers[:6]:                                  # the oldest six were closed after the server's hello
+            read_frame(s)
+            assert s.recv(1) == b""
+        assert serves(server, secret)
+        wait_for(lambda: server.refused == {"pending": 7})                    # its connection made room too
     finally:
         for s in peers:
             s.close()
         server.close()
 
 
-def test_a_peer_beyond_the_cap_sees_its_connection_closed(secret):
+def test_a_client_with_the_secret_gets_in_while_idle_peers_fill_the_pending_slots(secret):
     server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=10.0, log=lambda *_: None,
                               max_connections=2).start()
     a, b = raw(server), raw(server)
     try:
         wait_for(lambda: server.connections == 2)
-        with raw(server) as c:
-            assert c.recv(1) == b""                          # closed, not left waiting for a hello
-        with pytest.raises(OSError):
-            wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
-        assert server.refused == {"busy": 2}
+        conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
+        conn.send("echo", {"n": 1})
+        assert conn.recv()[1] == {"n": 1}
+        read_frame(a)
+        assert a.recv(1) == b""                              # the oldest made room
+        wait_for(lambda: server.refused == {"pending": 1})
+        conn.close()
     finally:
         a.close()
         b.close()

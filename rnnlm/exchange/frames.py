@@ -5,7 +5,8 @@ Whatever arrives is checked against what the receiver expects before anything is
 block names and shapes from the model's layout, each codec's payload dtype and shape for the
 rows it names (so decoding allocates at most the slot's size), row ids sorted, unique and in
 range, scales finite, statistics plain finite numbers, the carried hidden state and optimizer
-state in their expected shapes. A refusal raises :class:`Malformed` with a one-line reason.
+state in their expected shapes and finite, as are the averaged optimizer state's blocks, and an
+error report one printable line. A refusal raises :class:`Malformed` with a one-line reason.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from .aggregate import Aggregate
 from .blocks import CODECS, Block, wire_shapes
-from .round import Carry
+from .round import OPT, Carry
 
 # the dtype each codec's payload must arrive in (anything else is refused); f32 blocks of a
 # float64 model travel as float64
@@ -25,6 +26,8 @@ DATA_DTYPE = {"f32": np.float32, "fp16": np.float16, "bf16": np.uint16, "int8": 
 STAT_MAX = 2 ** 53              # counts and sums: exact in float64, far above any real round's
 _STAT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,63}")
 _MAX_STATS, _MAX_ERROR = 256, 2000
+# C0 and C1 controls, DEL, line and paragraph separators, bidi and zero-width format characters
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 
 
 class Malformed(ValueError):
@@ -40,6 +43,17 @@ def real(v) -> float | None:
     except OverflowError:
         return None
     return x if math.isfinite(x) else None
+
+
+def printable(text: str) -> bool:
+    """Whether ``text`` holds no control, line-separator or bidi character (it prints as one line,
+    as itself: no forged second line, no terminal escape)."""
+    return not _UNPRINTABLE.search(text)
+
+
+def one_line(text) -> str:
+    """``text`` made :func:`printable`: those characters become spaces, runs of whitespace one space."""
+    return " ".join(_UNPRINTABLE.sub(" ", str(text)).split())
 
 
 # ------------------------------------------------------------------ blocks
@@ -131,8 +145,9 @@ def contribution_to_wire(pid: int, agg: Aggregate) -> tuple:
     """``(fields, arrays)`` of partition ``pid``'s leaf ``agg`` (from
     :meth:`rnnlm.exchange.round.SyncRound.contribution` or ``.failed``)."""
     carry = agg.local[pid]
+    error = None if carry.error is None else one_line(carry.error)[:_MAX_ERROR] or "failed"   # as the receiver takes it
     fields = {"pid": pid, "weight": agg.weight, "stats": dict(agg.stats), "blocks": {},
-              "error": carry.error, "state": carry.state is not None,
+              "error": error, "state": carry.state is not None,
               "opt": None if carry.opt is None else sorted(k for k in carry.opt if k != "t"),
               "t": None if carry.opt is None else int(carry.opt.get("t", 0))}
     arrays = {"words": np.asarray(agg.words, np.int32)}
@@ -156,6 +171,8 @@ def contribution_from_wire(fields: dict, arrays: dict, expect: Expected) -> tupl
         if (not isinstance(error, str) or not 0 < len(error) <= _MAX_ERROR or fields.get("blocks")
                 or set(arrays) - {"words"}):
             raise Malformed(f"partition {pid}: an error is a string of 1 to {_MAX_ERROR} characters, sent alone")
+        if not printable(error):        # it becomes the run's stop message
+            raise Malformed(f"partition {pid}: an error is one line without control characters")
         return pid, Aggregate.contribution(0.0, {}, {pid: Carry(error=error)})
     weight = real(fields.get("weight"))
     if weight is None or not 0 <= weight <= STAT_MAX:
@@ -171,6 +188,7 @@ def contribution_from_wire(fields: dict, arrays: dict, expect: Expected) -> tupl
     if set(arrays) - known:
         raise Malformed(f"partition {pid}: unknown arrays {sorted(set(arrays) - known)[:3]}")
     blocks = {n: block_from_wire(n, shape, meta[n], arrays, expect.dtype) for n, shape in expect.blocks.items()}
+    _finite_state(pid, blocks, carry)
     words = _row_ids(f"partition {pid}", arrays.get("words", 0), expect.vocab, "words")
     leaf = Aggregate.contribution(weight, blocks, {pid: carry})
     leaf.words, leaf.stats = words, stats
@@ -195,6 +213,20 @@ def _stats(pid: int, stats) -> dict:
         if not is_int(out.get(k)) or out[k] < 0:
             raise Malformed(f"partition {pid}: stat {k} must be a non-negative integer")
     return out
+
+
+def _finite_state(pid: int, blocks: dict, carry: Carry) -> None:
+    """Refuse non-finite values in what the driver keeps as they come: the averaged optimizer state's
+    blocks (decoded: their shapes were checked), the carried hidden and optimizer state. (The parameters'
+    change is checked once averaged and applied: a non-finite one stops the run.)"""
+    with np.errstate(over="ignore", invalid="ignore"):         # an overflow is what this looks for
+        kept = {name: b.decode() for name, b in blocks.items() if name.startswith(OPT)}
+    if carry.state is not None:
+        kept["the hidden state"] = carry.state
+    kept.update({f"optimizer slot {k}": v for k, v in (carry.opt or {}).items() if k != "t"})
+    for name, values in kept.items():
+        if not np.isfinite(values).all():
+            raise Malformed(f"partition {pid}: {name} holds non-finite values")
 
 
 def _carry(pid: int, fields: dict, arrays: dict, expect: Expected) -> Carry:

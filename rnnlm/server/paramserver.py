@@ -45,7 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..exchange.blocks import Block
-from ..exchange.frames import STAT_MAX, Malformed, block_from_wire, block_to_wire, is_int, real
+from ..exchange.frames import STAT_MAX, Malformed, block_from_wire, block_to_wire, is_int, one_line, printable, real
+from .wire import LogLimit
 
 _NO_LOCK = contextlib.nullcontext()
 
@@ -187,20 +188,22 @@ class ParameterServer:
         self.stamps = {slot.name: np.zeros(slot.shape[0], np.int64) for slot in layout}
         self.failures: list = []                                  # a worker's or an apply's error: the run stops
         self._params_lock = threading.Lock() if sv.lock else None
+        self._say = LogLimit(log, "parameter server")             # refusals: a flood of them is not logged
 
     # ------------------------------------------------------------ protocol
     def handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
         """Serve one request (for :class:`rnnlm.server.wire.FrameServer`): ``(kind, fields, arrays)``.
 
         A request the protocol refuses is answered ``("refused", {"reason": ...})``, counted
-        (``refused_protocol``) and logged; nothing of it is applied.
+        (``refused_protocol``) and logged (at most five lines a minute: :class:`~rnnlm.server.wire.LogLimit`);
+        nothing of it is applied.
         """
         try:
             return self._serve(kind, fields, arrays)
         except Refused as e:
             with self._book:
                 self.totals["refused_protocol"] += 1
-            self.log(f"parameter server: refused {kind!r} from {peer}: {e}")
+            self._say("protocol", f"parameter server: refused {kind!r:.40} from {peer}: {e}")
             return "refused", {"reason": str(e)}, {}
 
     def _serve(self, kind, fields, arrays):
@@ -259,10 +262,10 @@ class ParameterServer:
 
     def _failed(self, pid, fields):
         error = fields.get("error")
-        if not isinstance(error, str):
-            raise Refused("failed: the error must be a string")
+        if not isinstance(error, str) or not 0 < len(error) <= 2000 or not printable(error):
+            raise Refused("failed: the error must be a string of 1 to 2000 printable characters on one line")
         with self._book:
-            self.failures.append(f"partition {pid}: {' '.join(error.split())[:300]}")
+            self.failures.append(f"partition {pid}: {error[:300]}")
             self._book.notify_all()
         return "ok", {}, {}
 
@@ -457,9 +460,18 @@ def server_idle_s(sv) -> float:
 
 
 def server_connections(partitions: int) -> int:
-    """The server's cap on connections: each worker holds two (requests, heartbeats), a retried
-    attempt two more while its predecessor's are closing, and a few spare."""
+    """The server's cap on authenticated connections (and, apart, on those awaiting their hello):
+    each worker holds two (requests, heartbeats), a retried attempt two more while its
+    predecessor's are closing, and a few spare."""
     return 4 * partitions + 4
+
+
+def server_in_flight(layout, itemsize: int, partitions: int, max_frame: int) -> int:
+    """The server's cap on the bytes of pushes being read or applied at once: one push of every worker
+    and one more (a retried attempt's predecessor), each at most the whole model (``itemsize`` bytes a
+    value) with int32 row ids and a float32 scale pair a row, and 64 KiB (never above ``max_frame``)."""
+    push = sum(itemsize * slot.size + 12 * slot.shape[0] for slot in layout) + (1 << 16)
+    return (partitions + 1) * min(max_frame, push)
 
 
 class WorkerClient:
@@ -479,11 +491,12 @@ class WorkerClient:
         self.pid, self.sv, self.layout = pid, sv, layout
         max_frame = int(sv.max_frame_mb * (1 << 20))
         # a window can take longer than the server keeps an idle connection (server_idle_s): a connection
-        # idle for timeout_s is replaced before the next push rather than lost under it
+        # idle for timeout_s is replaced before the next push rather than lost under it; one closed
+        # before the server's welcome (a flood of other peers took its slot) is tried again for timeout_s
         self._rpc = wire.Client(address[0], address[1], secret, max_frame, timeout=max(60.0, sv.timeout_s),
-                                max_idle=sv.timeout_s)
+                                max_idle=sv.timeout_s, retry_s=sv.timeout_s)
         self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s,
-                                 max_idle=sv.timeout_s)
+                                 max_idle=sv.timeout_s, retry_s=sv.timeout_s)
         self.lease, self.window = None, None
         self._stop = threading.Event()
         self._thread = None
@@ -534,7 +547,7 @@ class WorkerClient:
 
     def fail(self, error: str):
         """Tell the server this partition cannot go on (a non-finite loss): the driver stops the run."""
-        self._call("failed", {"pid": self.pid, "lease": self.lease, "error": error})
+        self._call("failed", {"pid": self.pid, "lease": self.lease, "error": one_line(error)[:2000] or "failed"})
 
     def close(self):
         self._stop.set()

@@ -30,7 +30,7 @@ from ..core.metrics import log_line, loss_fields
 from ..core.models import build as build_model
 from ..core.schedule import Schedule
 from ..server import wire
-from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s
+from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s, server_in_flight
 from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host
@@ -41,7 +41,7 @@ from .executor import device_field, devices_line
 
 class AsyncTrainer(Driver):
     """The driver of one asynchronous run (the same constructor and outputs as
-    :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` as well)."""
+    :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` and its ``frames`` as well)."""
 
     def run(self, resume: bool = False, data=None, overwrite: bool = False, init: Init | None = None) -> dict:
         self._prepare(resume, overwrite, init)
@@ -89,8 +89,9 @@ class AsyncTrainer(Driver):
         secret = wire.new_secret()
         try:
             frames = wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
-                                      log=self.log, max_connections=server_connections(P),
-                                      idle=server_idle_s(sv)).start()
+                                      log=self.log, max_connections=server_connections(P), idle=server_idle_s(sv),
+                                      max_in_flight=server_in_flight(self.layout, params.itemsize, P,
+                                                                     max_frame)).start()
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
@@ -125,7 +126,7 @@ class AsyncTrainer(Driver):
             frames.close()
             if owned:       # a run that ended waits for the executors' answers (the session may stop next)
                 unpersist_corpus(data, blocking=ended)
-        self.params, self.vocab, self.server = server.params, data.vocab, server
+        self.params, self.vocab, self.server, self.frames = server.params, data.vocab, server, frames
         return self.metrics[-1]
 
     def _load_checkpoint(self):

@@ -20,9 +20,12 @@ same numbers and is dropped, as is one that arrives after its round has closed.
 Failure: a task that cannot reach the driver (a firewall between the executors and the driver,
 a refused frame) logs nothing and ends normally; the round finds the partition missing and
 recomputes it through Spark (the same numbers), and the run says so once and sends the results
-of the rounds it submits from then on through Spark. Anyone who reaches the port can cause
-that, without the secret, by holding the server's connections open; nothing else (the frames are
-authenticated and checked), and the numbers do not change.
+of the rounds it submits from then on through Spark. A peer without the secret cannot keep a
+task out by holding connections open or flooding them (:class:`~rnnlm.server.wire.FrameServer`'s
+pending slots make room for newer connections, and a task tries a connection closed before the
+server's welcome again for :data:`CONNECT_S`; one refused, as when nothing listens, it does not);
+the frames are authenticated and checked, so the numbers do not change. Refusals are logged at
+most five lines of each kind a minute.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class Sink:
         fields, arrays = contribution_to_wire(pid, agg)
         fields["round"] = self.round
         try:
-            conn = wire.connect(self.host, self.port, self.secret, self.max_frame, CONNECT_S)
+            conn = wire.connect(self.host, self.port, self.secret, self.max_frame, CONNECT_S, retry_s=CONNECT_S)
         except (OSError, wire.WireError):
             return False
         try:
@@ -128,7 +131,10 @@ class Channel:
     host : str
         The address the executors reach (:func:`rnnlm.spark.session.bind_host`).
     log : callable
-        One line per refusal and when the channel is given up.
+        A line per refusal (at most five of each kind a minute) and when the channel is given up.
+    max_frame : int
+        The largest contribution (:func:`max_frame_bytes`); the frames being read or merged at once
+        hold at most one per partition and one more.
     """
 
     def __init__(self, expect: Expected, host: str, log, max_frame: int):
@@ -136,8 +142,10 @@ class Channel:
         self._lock, self._inboxes, self.broken, self.taken = threading.Lock(), {}, None, 0
         self._merger = ThreadPoolExecutor(1, thread_name_prefix="rnnlm-merge")   # after the task has its answer
         self._secret = wire.new_secret()
+        self._say = wire.LogLimit(log, "direct results")
         self.server = wire.FrameServer(self._handle, self._secret, host, 0, max_frame, timeout=10.0, log=log,
-                                       max_connections=max(64, 4 * expect.partitions), idle=10.0).start()
+                                       max_connections=max(64, 4 * expect.partitions), idle=10.0,
+                                       max_in_flight=(expect.partitions + 1) * max_frame).start()
 
     def sink(self, rnd: int) -> Sink:
         """Open round ``rnd``'s inbox; what its tasks send through."""
@@ -179,7 +187,7 @@ class Channel:
         try:
             pid, leaf = contribution_from_wire(fields, arrays, self.expect)
         except Malformed as e:
-            self.log(f"direct results: refused a contribution from {peer}: {e}")
+            self._say("contribution", f"direct results: refused a contribution from {peer}: {e}")
             return "refused", {"reason": str(e)}, {}
         # the frame's body (its arrays) and its JSON fields
         leaf.wire_bytes = sum(a.nbytes for a in arrays.values()) + len(json.dumps(fields, separators=(",", ":")))
@@ -193,6 +201,7 @@ class Channel:
     def close(self) -> None:
         """Stop serving; drop the rounds never taken (cancelled jobs)."""
         self.server.close()
+        self._say.flush()
         self._merger.shutdown(wait=True)
         with self._lock:
             self._inboxes.clear()
