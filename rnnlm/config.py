@@ -497,7 +497,6 @@ def validate(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), key)
         if not _within(value, *bounds):
             raise _out_of_range(section, key, value)
-    check_memory(cfg)
 
 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}   # state arrays (rnnlm.core.optim)
@@ -542,7 +541,9 @@ def check_memory(cfg: Config, vocab_size: int = 0, memory: int | None = None) ->
 
 def check_trainable(cfg: Config) -> None:
     """What a training run needs beyond :func:`validate`, before any data is read (the trainers and
-    the command line's checks before Spark's JVM starts call it)."""
+    the command line's checks before Spark's JVM starts call it): the model must fit in memory to train
+    (a checkpoint of it is loaded to sample or score anywhere)."""
+    check_memory(cfg)
     if cfg.optim.schedule == "plateau" and not cfg.data.valid:
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
                           "improving: set data.valid")

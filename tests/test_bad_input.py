@@ -14,7 +14,7 @@ from rnnlm.core.model import RNNLM
 
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, metrics
 
-# smaller than conftest.SMALL_RUN: test_evaluate_overflowing_perplexity_is_not_a_traceback needs a model this small
+# smaller than conftest.TINY: test_evaluate_overflowing_perplexity_is_not_a_traceback needs a model this small
 SMALL_RUN = ["model.hidden=8", "train.bptt=8", "train.batch=2", "train.rounds=1", "data.partitions=2"]
 
 

@@ -158,6 +158,19 @@ def _corpus(path, *parts):
     return str(path)
 
 
+def test_a_paragraph_whose_first_line_ends_past_the_first_chunk_is_called_a_paragraph(tmp_path):
+    """The scan reads half the limit at a time: a first line ending after that, in a file with no blank
+    line, was called 'one huge line' (and the hint to read it line by line was left out)."""
+    from rnnlm.spark.corpus import CorpusError, check_local_records
+    mib = 1 << 20
+    path = _corpus(tmp_path / "p.txt", b"a" * (700 << 10) + b"\n", b"b" * mib)
+    with pytest.raises(CorpusError) as e:
+        check_local_records(path, "blank_line", 1, "data.train")
+    assert str(e.value) == (f"data.train: {path} has no blank line in its first 1 MiB: it is one paragraph, and "
+                            "records longer than data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N "
+                            "raises it); data.paragraphs = 'line' reads it line by line")
+
+
 def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
     from rnnlm.spark.corpus import CorpusError, check_local_records
     mib = 1 << 20

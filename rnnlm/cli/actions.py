@@ -13,7 +13,6 @@ from ..core.metrics import loss_fields
 from ..spark.rundir import Init, TrainingError
 from ..spark.session import release
 from ..spark.stop import Interrupted
-from ..spark.corpus import evaluate_rdd, load_held_out
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
 from ..progress import Progress
@@ -80,7 +79,7 @@ def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None):
 
 def train(a) -> int:
     from ..core.files import LocalFS
-    from .checks import check_device, check_init_from, check_train, finished_run, load_checkpoint
+    from .checks import check_device, check_init_from, check_train, finished_run
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -115,7 +114,7 @@ def train(a) -> int:
         with spark_session("rnnlm-train", a.master, a.verbose, progress=bar) as spark:
             try:
                 if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
-                    init = Init(load_checkpoint(init_from), init_from, keep)
+                    init = Init(read_checkpoint(spark.sparkContext, init_from), init_from, keep)
                 tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
                 last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init)
             except (Interrupted, KeyboardInterrupt):
@@ -160,9 +159,9 @@ def evaluate(a) -> int:
         cfg = ck.config
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)
-        rdd, loss = load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None
+        rdd, loss = corpus.load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None
         try:
-            loss = evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
+            loss = corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
         finally:        # the session stops next: a release that ended well waits for the executors' answers
             release(rdds=[rdd], blocking=loss is not None)
     fields = loss_fields(loss, cfg.data.level, "")
@@ -173,10 +172,16 @@ def evaluate(a) -> int:
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
-    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path."""
-    fs, path = HadoopFS(sc, path), path.rstrip("/")
-    path = checkpoint.in_run(path, fs)
-    fs.restore(path)
-    if not fs.exists(path):
-        raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
-    return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)
+    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path; what
+    Hadoop's client cannot read (an unknown scheme, an unreachable NameNode, permissions) is one line."""
+    from py4j.protocol import Py4JJavaError
+    try:
+        fs, path = HadoopFS(sc, path), path.rstrip("/")
+        path = checkpoint.in_run(path, fs)
+        fs.restore(path)
+        if not fs.exists(path):
+            raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
+        return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)
+    except Py4JJavaError as e:
+        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+        raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None

@@ -129,8 +129,9 @@ def check_device(cfg: config.Config, master: str | None) -> None:
         return
     master = master or "local[2]"
     worker = os.environ.get("PYSPARK_PYTHON")
-    if not is_local_master(master) or (worker and os.path.realpath(shutil.which(worker) or worker)
-                                       != os.path.realpath(sys.executable)):
+    # paths as given, not resolved: two virtual environments link to one interpreter with other packages
+    if not is_local_master(master) or (worker and os.path.abspath(shutil.which(worker) or worker)
+                                       != os.path.abspath(sys.executable)):
         return
     from ..core import backend
     if not backend.gpu_available():
@@ -158,14 +159,9 @@ def load_checkpoint(path: str) -> checkpoint.Checkpoint:
     is_local, local = resolve(path, default_fs())
     if is_local:
         return checkpoint.load(local)
-    from py4j.protocol import Py4JJavaError
     from .actions import read_checkpoint, spark_session
     with spark_session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
-        try:
-            return read_checkpoint(spark.sparkContext, path)
-        except Py4JJavaError as e:      # an unknown scheme, an unreachable NameNode, permissions
-            first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
-            raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
+        return read_checkpoint(spark.sparkContext, path)
 
 
 def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:

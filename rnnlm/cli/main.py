@@ -51,7 +51,7 @@ def parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:
 
 def job(command: str, argv=None, doc: str | None = None) -> int:
     """The ``main()`` of ``jobs/<file>.py``: ``doc`` (the job's docstring) is its help's description."""
-    signals.install()
+    signals.install(command=True)
     ap = parser(command, prog=COMMANDS[command][2])
     if doc:
         ap.description = doc
@@ -60,7 +60,7 @@ def job(command: str, argv=None, doc: str | None = None) -> int:
 
 def main(argv=None) -> int:
     """The ``rnnlm`` command."""
-    signals.install()
+    signals.install(command=True)
     ap = argparse.ArgumentParser(prog="rnnlm", description="Recurrent neural language models trained on Spark.",
                                  epilog=EPILOG, formatter_class=parsers.Formatter)
     ap.add_argument("--version", action="version", version=f"rnnlm {__version__}")

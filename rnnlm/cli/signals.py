@@ -77,8 +77,13 @@ def _handle(signum, frame):
     raise Stopped(signum)
 
 
-def install() -> None:
-    """Make Ctrl-C and SIGTERM raise :class:`Stopped` (the main thread only: signals reach no other)."""
+def install(command: bool = False) -> None:
+    """Make Ctrl-C and SIGTERM raise :class:`Stopped` (the main thread only: signals reach no other);
+    ``command``: a command starts, with no signal received yet and logging on (a notebook or a test
+    runs several in one process)."""
+    if command:
+        _fired.clear()
+        logging.disable(logging.NOTSET)
     if threading.current_thread() is threading.main_thread():
         for sig in NAMES:
             signal.signal(sig, _handle)

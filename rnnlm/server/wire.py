@@ -705,10 +705,3 @@ class FrameServer:
         for conn in live:
             conn.close()
         self._say.flush()
-
-
-def _peer_of(sock) -> str:
-    try:
-        return "%s:%s" % sock.getpeername()[:2]
-    except OSError:
-        return "?"

@@ -169,8 +169,8 @@ def _local_files(path: str) -> list:
 
 def _long_record(f, mode: str, limit: int) -> tuple | None:
     """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes (``alone``:
-    ``"line"`` when the stream starts with it and has no line end in its first chunk, ``"paragraph"``
-    when it has lines but no record ended before), or None. It reads in chunks of at most half
+    ``"line"`` when the stream starts with it and no line end was read before it was found too long,
+    ``"paragraph"`` when lines were but no record ended before), or None. It reads in chunks of at most half
     the limit, so a record inside one chunk is shorter than the limit: only where records meet chunk
     ends is a length measured, and a stream with no line end stops being read past the limit."""
     chunk = min(limit // 2, 8 << 20)
@@ -181,9 +181,10 @@ def _long_record(f, mode: str, limit: int) -> tuple | None:
         first = head.find(b"\n")
         delims = (b"\r\n\r\n",) if first > 0 and head[first - 1:first] == b"\r" else (b"\n\n",)
     keep = max(len(d) for d in delims) - 1
-    start, base, buf, delimited = 0, 0, head, False
-    alone = "line" if b"\n" not in head and b"\r" not in head else "paragraph"
+    start, base, buf, delimited, lines = 0, 0, head, False, False
     while buf:
+        lines = lines or b"\n" in buf or b"\r" in buf       # a line end read so far (one paragraph, not a line)
+        alone = "paragraph" if lines else "line"
         lo = max(0, start - base)
         hits = [i for i in (buf.find(d, lo) for d in delims) if i >= 0]
         if hits:

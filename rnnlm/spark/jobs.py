@@ -97,8 +97,11 @@ class Jobs:
         """Cancel the jobs still running (a run stopping early, by error or signal), wait for their
         threads, and release ``pending``, a job defined and never submitted (``blocking``: see
         :func:`rnnlm.spark.session.release`)."""
-        if self.flight:
-            self.sc.cancelAllJobs()
+        if self.flight:          # this run's jobs only: a shared session may run others
+            if self.group is None:
+                self.sc.cancelAllJobs()
+            else:
+                self.sc.cancelJobGroup(self.group)
         for job in list(self.flight):
             try:
                 self.wait(job)

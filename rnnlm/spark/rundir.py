@@ -267,7 +267,7 @@ class Driver:
 
     def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
         self.sc, self.log = spark and spark.sparkContext, log
-        self.status = progress.status if progress is not None else log
+        self.status = getattr(progress, "status", None) or log      # a progress report may say no phases
         self.dir = RunDir(out, self.sc, fs, log, progress)
         self.cfg_in = cfg
 

@@ -53,8 +53,8 @@ def _spark_default_logging() -> bool:
     """Whether the driver's JVM (started by ``spark-submit``) logs with Spark's own INFO profile: the user
     gave no log4j2 configuration (a file, ``$SPARK_CONF_DIR``) that this package must leave alone.
 
-    The one place that uses PySpark's private gateway (``SparkContext._jvm``): the JVM exists, the
-    SparkContext does not yet, and nothing public reaches log4j before it does.
+    It uses PySpark's private gateway (``SparkContext._jvm``): the JVM exists, the SparkContext does
+    not yet, and nothing public reaches log4j before it does.
     """
     from pyspark import SparkContext
     SparkContext._ensure_initialized()

@@ -20,8 +20,8 @@ class Interrupted(TrainingError):
 
 class StopRequest:
     """Ctrl-C or SIGTERM asks the run to stop after the current round (with a checkpoint); a
-    second one stops it at once (for Ctrl-C through PySpark's own handler, which cancels the
-    running jobs).
+    second one stops it at once (through the handler it replaced, :mod:`rnnlm.cli.signals` under the
+    command line, which raises; the run then cancels its jobs).
 
     SIGTERM is how ``timeout``, ``kill``, schedulers and YARN's container preemption stop a
     process: it gets the same grace as Ctrl-C. Interrupting a py4j call midway, as PySpark's

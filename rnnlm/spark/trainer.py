@@ -38,7 +38,6 @@ from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
 from .jobs import Job, Jobs, broadcast_bytes
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
-from .executor import device_field, devices_line
 from .session import bind_host
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -170,8 +169,8 @@ class Trainer(Driver):
                                             retire=retire)
         self.log(f"vocab {len(data.vocab)} | params {st.params.size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
-        if devices_line(data.devices, cfg.train.device):
-            self.log(devices_line(data.devices, cfg.train.device))
+        if executor.devices_line(data.devices, cfg.train.device):
+            self.log(executor.devices_line(data.devices, cfg.train.device))
         if resume:
             self.log(f"resumed from round {st.round}")
         elif init:
@@ -415,7 +414,7 @@ def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate,
          "tokens_per_s": round(agg.stats["tokens"] / max(1e-9, round_s)),
          "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
          "unique_words": int(len(agg.words)),
-         "device": device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
+         "device": executor.device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
     # what travelled per parameter group (Zipf's law for the exchange: unique_words against tokens)
     m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
     sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
