@@ -92,7 +92,10 @@ def test_config_errors(spark, tmp_path, capsys, sets, needle):
 
 
 @pytest.mark.skipif(backend.gpu_available(), reason="a usable GPU is present")
-def test_gpu_without_cupy_is_one_line(spark, tmp_path, capsys):
+def test_gpu_without_cupy_is_one_line(spark, tmp_path, capsys, monkeypatch):
+    """On the executors: with a local master running them in this Python the command line refuses before
+    the JVM (tests/test_continue.py); executors in another Python check for themselves."""
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/gpu-env/bin/python")      # the session's executors stay as they are
     err = one_error(capsys, train(tmp_path / "o", *demo("train.device=gpu")), "device='gpu'")
     assert "partition 0" in err
 

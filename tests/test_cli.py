@@ -121,7 +121,7 @@ def test_every_option_has_help_and_every_default_is_shown(capsys):
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, (name, action.dest)
-            if action.default not in (None, False, []):
+            if action.default not in (None, False, [], ""):
                 assert f"(default: {action.default})" in text, (name, action.dest, text)
 
 

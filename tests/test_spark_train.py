@@ -441,8 +441,8 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert m[1]["valid_loss"] > m[0]["valid_loss"] and [x["best_round"] for x in m] == [1, 1]
     assert logs.count("evaluating valid (708 tokens)...") == 2      # 707 characters and the blank line ending them
     assert [f.split(" ")[0] for f in logs[-1].split(" | ")] == [     # no syncs, no compression on a dense run
-        "round", "epoch", "tokens", "wall_s", "compute_s", "train_loss", "lr", "valid_loss", "valid_ppl",
-        "valid_bpc", "best_round", "eval_s"]
+        "round", "epoch", "tokens", "wall_s", "compute_s", "tokens_per_s", "train_loss", "lr", "valid_loss",
+        "valid_ppl", "valid_bpc", "best_round", "eval_s"]
     best = checkpoint.load(str(tmp_path / "whole" / "best"))
     assert best.position["round"] == 1 and checkpoint.load(str(tmp_path / "whole")).position["round"] == 2
     sc = spark.sparkContext
