@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pyspark
 import pytest
 
 from rnnlm.core import checkpoint
@@ -20,6 +21,15 @@ from conftest import HARBOUR, ROOT, TINY, core_nll, held_out_tokens, metrics, se
 def run(*args):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+
+
+def run_all(*commands):
+    """Commands (argument lists) side by side, as completed processes in their order: JVMs start in parallel."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for c in commands]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *o) for p, o in zip(procs, outputs)]
 
 
 def sets(*items):
@@ -61,18 +71,24 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     # another machine: the checkpoint alone, elsewhere; the training run's test file is gone
     shutil.copytree(tmp_path / "run" / "checkpoint", tmp_path / "moved")
     test.unlink()
-    for where in ("moved", "run/checkpoint", "run"):           # a checkpoint, or the run directory holding it
-        e = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / where), "--data", str(held))
+    # a checkpoint, or the run directory holding it, this one through a bare spark-submit (no properties
+    # file: Spark's own INFO profile, whose 44 start-up lines the job turns down to the SparkContext's first 3)
+    submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    *evaluated, two = run_all(*([*launcher, "jobs/evaluate.py", "--checkpoint", str(tmp_path / w), "--data", str(held)]
+                                for launcher, w in (([sys.executable], "moved"), ([submit], "run"))),
+                              [sys.executable, "jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"),
+                               "--data", str(held), "--streams", "2"])
+    for e in evaluated:
         assert e.returncode == 0, e.stderr[-2000:]
         last = e.stdout.strip().splitlines()[-1]
         assert last.startswith("ppl=") and float(last[4:]) == round(logged["valid_ppl"], 4), (last, logged)
         scored = f"loss {logged['valid_loss']:.4f} | ppl {logged['valid_ppl']:.4f} | bpc {logged['valid_bpc']:.4f}"
         assert f"{held}: {scored}" in e.stdout, e.stdout
+    assert len([x for x in (e.stdout + e.stderr).splitlines() if " INFO " in x]) <= 3, e.stderr   # spark-submit's
+    assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
     samples = [run("jobs/generate.py", "--checkpoint", str(tmp_path / where), "--length", "40", "--seed", "2")
                for where in ("run", "run/checkpoint")]
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30
-    two = run("jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"), "--data", str(held), "--streams", "2")
-    assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
 
 
 def signalled_after_three_rounds(out, sig, *items):

@@ -77,17 +77,6 @@ def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
     assert len(images) == 3            # the four clocks, the frontier, the sync fraction
 
 
-def test_zipf_notebook_counts_with_spark(tmp_path):
-    corpus = tmp_path / "c.txt"
-    corpus.write_text(open(HARBOUR).read())
-    nb = execute("zipf.ipynb", {"RNNLM_CORPUS": str(corpus), "RNNLM_ZIPF_LONGEST": "300"})
-    text = outputs(nb)
-    assert f"{corpus}: U = " in text and "N = 10 .. 300" in text
-    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
-    exponent = float(text.split(" N^")[1].split(" ")[0])
-    assert 0.4 < exponent < 1.0          # distinct words grow slower than the text
-
-
 def checkout(tmp_path):
     """A checkout as the README's first command leaves it, without its runs yet: setup.cfg (what the
     notebooks look for), notebooks/ and the shipped text; no data/ (nothing downloaded)."""
@@ -101,8 +90,8 @@ def checkout(tmp_path):
 
 def test_notebooks_run_as_they_stand_after_the_readmes_first_command(spark, tiny_cfg, tmp_path, capfd):
     """No variable set: the convergence notebook reads every run under runs/ (the README's runs/demo) and
-    says in one line what to set when there is none; the Zipf notebook counts Penn Treebank when
-    downloaded, else the shipped text, and says so. No Java stack trace reaches the output."""
+    says in one line what to set when there is none; the Zipf notebook (Spark in its kernel) counts Penn
+    Treebank when downloaded, else the shipped text, and says so. No Java stack trace reaches the output."""
     from rnnlm.spark.trainer import Trainer
     root = checkout(tmp_path)
     env = {"RNNLM_RUNS": "", "RNNLM_CORPUS": "", "RNNLM_ZIPF_LONGEST": ""}
@@ -114,9 +103,13 @@ def test_notebooks_run_as_they_stand_after_the_readmes_first_command(spark, tiny
     text = outputs(execute("convergence_vs_communication.ipynb", env, str(root)))
     assert f"runs (relative paths from the repository root {root}): {root / 'runs'}\n" in text, text
     assert text.count(" rounds     2  tokens ") == 1, text
-    text = outputs(execute("zipf.ipynb", env, str(root)))
+    nb = execute("zipf.ipynb", dict(env, RNNLM_ZIPF_LONGEST="300"), str(root))
+    text = outputs(nb)
     assert f"{root}/data/ptb.train.txt is not here (rnnlm download ptb fetches it): counting the shipped " \
            "harbour.txt" in text, text
-    assert f"{root}/rnnlm/data/harbour.txt: U = " in text, text
+    assert f"{root}/rnnlm/data/harbour.txt: U = " in text and "N = 10 .. 300" in text, text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    exponent = float(text.split(" N^")[1].split(" ")[0])
+    assert 0.4 < exponent < 1.0          # distinct words grow slower than the text
     err = capfd.readouterr().err
     assert "Exception" not in err and "\tat " not in err, err[-3000:]

@@ -7,17 +7,13 @@ import sys
 import threading
 import time
 
-import pyspark
-
 from conftest import ROOT, train_cmd
 
 STARTUP_RUN = ("model.hidden=16", "train.rounds=2", "train.eval_every=0")
 
 
-def start(tmp_path, name, launcher=None):
+def start(tmp_path, name):
     cmd = train_cmd(tmp_path / name, *STARTUP_RUN)
-    if launcher:                       # the job file under another launcher (spark-submit)
-        cmd = [*launcher, *cmd[1:]]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -65,8 +61,6 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line_and_the_shells_exit_code
              "corpus": ([signal.SIGINT], "encoding and caching", 130, "error: stopped (Ctrl-C)"),
              "twice": ([signal.SIGINT, signal.SIGINT], "counting chars", 130, "error: stopped (")}
     procs, lines, senders = {}, {}, []
-    # and beside them a bare spark-submit (no properties file): Spark's own INFO profile, 44 lines, replaced
-    submit = start(tmp_path, "submit", (os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"),))
     for name, (sigs, seen, _, _) in cases.items():
         procs[name], lines[name] = start(tmp_path, name), []
         t = threading.Thread(target=signal_when, args=(procs[name], sigs, seen, lines[name]))
@@ -85,7 +79,3 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line_and_the_shells_exit_code
             assert out.startswith("reading rnnlm/data/harbour.txt ...\ncounting chars for the vocabulary ...\n"
                                   "encoding and caching 2 partitions ...\n"), out
         assert not os.path.exists(tmp_path / name / "checkpoint"), name      # nothing was trained
-    out, err = submit.communicate(timeout=120)
-    assert submit.returncode == 0, err[-3000:]
-    # the SparkContext's first three lines come before spark.log.level takes effect
-    assert len([x for x in (out + err).splitlines() if " INFO " in x]) <= 3, err
