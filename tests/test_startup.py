@@ -72,7 +72,6 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line_and_the_shells_exit_code
         rc, out, err = outcome(procs[name], lines[name])
         said = [x for x in err.splitlines() if x.startswith("error:")]
         assert rc == code and len(said) == 1 and said[0].startswith(last), (name, rc, err[-3000:])
-        assert err.rstrip("\n").endswith(said[0]), (name, err[-3000:])        # the last line
         noise = [x for x in err.splitlines() if "Traceback" in x or "ERROR" in x or "Exception" in x]
         assert noise == [], (name, err[-3000:])
         if seen == "encoding and caching":       # every phase before it was said, in order

@@ -2,7 +2,7 @@
 traceback (a run's own graceful stop, between rounds, is :class:`rnnlm.spark.stop.StopRequest`).
 
 The first signal raises :class:`Stopped` in the main thread, so clean-up (``finally``, the Spark
-session's stop) runs; a second one while that runs exits at once. PySpark's own SIGINT handler
+session's stop) runs; a second one while that runs exits at once, killing Spark's JVM. PySpark's own SIGINT handler
 (installed with the SparkContext) cancels jobs through py4j from inside the py4j call it interrupts,
 which logs tracebacks (``reentrant call``): :func:`install` is called again once the session exists,
 and once a signal has come Python's logging is off (py4j logs the call it interrupted).
@@ -65,16 +65,21 @@ def _handle(signum, frame):
     _fired.append(signum)
     # py4j logs the interrupted call with its traceback on the root logger: nothing logged is news now
     logging.disable(logging.CRITICAL)
-    if len(_fired) > 1:
+    if len(_fired) > 1:                 # now: Spark's JVM with it, or it logs its tasks' deaths after our line
+        _signal_children(signal.SIGKILL)
         print(f"error: stopped ({NAMES[signum]} again, without clean-up)", file=sys.stderr, flush=True)
         os._exit(128 + signum)
     if _starting:
-        for pid in _children():         # the JVM PySpark is launching (it ignores SIGINT)
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
+        _signal_children(signal.SIGTERM)    # the JVM PySpark is launching (it ignores SIGINT)
     raise Stopped(signum)
+
+
+def _signal_children(sig: int) -> None:
+    for pid in _children():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def install(command: bool = False) -> None:
