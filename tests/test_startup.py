@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+from rnnlm.cli.signals import children
+
 from conftest import ROOT, train_cmd
 
 STARTUP_RUN = ("model.hidden=16", "train.rounds=2", "train.eval_every=0")
@@ -16,19 +18,6 @@ def start(tmp_path, name):
     cmd = train_cmd(tmp_path / name, *STARTUP_RUN)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def children(pid: int) -> list:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(d))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
 
 
 def signal_when(proc, signals, seen: str | None = None, lines=None):

@@ -44,9 +44,9 @@ def starting_jvm():
         _starting.pop()
 
 
-def _children() -> list:
-    """This process' children (from /proc; none where there is no /proc)."""
-    me, out = os.getpid(), []
+def children(pid: int | None = None) -> list:
+    """The processes whose parent is ``pid`` (default: this one), from /proc; none where there is none."""
+    me, out = os.getpid() if pid is None else pid, []
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -75,7 +75,7 @@ def _handle(signum, frame):
 
 
 def _signal_children(sig: int) -> None:
-    for pid in _children():
+    for pid in children():
         try:
             os.kill(pid, sig)
         except OSError:
