@@ -16,10 +16,11 @@ from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
 from ..progress import Progress
+from .. import trackers
 from . import signals
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
-            VocabError, FileNotFoundError, LinkError)
+            VocabError, FileNotFoundError, LinkError, trackers.TrackerError)
 
 
 def guarded(fn) -> int:
@@ -68,13 +69,14 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
             spark.stop()
 
 
-def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None):
+def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):
     """The driver for ``cfg.train.mode``: the synchronous :class:`Trainer` or the parameter server's
-    (``spark`` None with a LocalFS ``fs``: a resumed run already at its length, which needs no Spark)."""
+    (``spark`` None with a LocalFS ``fs``: a resumed run already at its length, which needs no Spark);
+    ``sinks``: :mod:`rnnlm.trackers` that receive its metrics lines too."""
     if cfg.train.mode == "async":
         from ..spark.async_trainer import AsyncTrainer
-        return AsyncTrainer(spark, cfg, out, log, progress, fs)
-    return Trainer(spark, cfg, out, log, progress, fs)
+        return AsyncTrainer(spark, cfg, out, log, progress, fs, sinks)
+    return Trainer(spark, cfg, out, log, progress, fs, sinks)
 
 
 def train(a) -> int:
@@ -96,6 +98,10 @@ def train(a) -> int:
                                  "the run in --out: not both")
     if keep and not init_from:
         raise config.ConfigError("--keep-optimizer goes with --init-from")
+    logs = getattr(a, "log", [])
+    if logs and a.dry_run:
+        raise trackers.TrackerError("--log goes with training, not --dry-run")
+    logs = trackers.parse(logs, a.out)
     # what can be checked without Spark is, before its JVM takes 13-16 s to start
     check_device(cfg, a.master)
     cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
@@ -110,17 +116,22 @@ def train(a) -> int:
         tr = make_trainer(None, cfg, done, fs=LocalFS())
         return _report(tr, tr.run(resume=True), a.samples)
     bar = Progress() if sys.stdout.isatty() else None
+    sinks, ok = [], False
     try:
         with spark_session("rnnlm-train", a.master, a.verbose, progress=bar) as spark:
             try:
                 if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
                     init = Init(read_checkpoint(spark.sparkContext, init_from), init_from, keep)
-                tr = make_trainer(spark, cfg, a.out, log=bar.message if bar else print, progress=bar)
-                last = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init)
+                log = bar.message if bar else print
+                sinks = trackers.start(logs, cfg, a.out, log)
+                tr = make_trainer(spark, cfg, a.out, log=log, progress=bar, sinks=sinks)
+                last, ok = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init), True
             except (Interrupted, KeyboardInterrupt):
                 spark.stop()          # cancels what runs and releases the executors before the process exits
                 raise
     finally:
+        for t in sinks:
+            t.close(ok)
         if bar:
             bar.close()
     return _report(tr, last, a.samples)

@@ -46,6 +46,9 @@ def train(ap) -> None:
     ap.add_argument("--keep-optimizer", action="store_true",
                     help="with --init-from: its optimizer state too (default: fresh)")
     ap.add_argument("--samples", type=int, default=1, metavar="N", help="text samples to print at the end")
+    ap.add_argument("--log", action="append", default=[], metavar="TRACKER",
+                    help="every metrics line also to tensorboard[:DIR] (default DIR: OUT/tensorboard) or mlflow "
+                         "(MLFLOW_TRACKING_URI; needs mlflow-skinny); repeatable")
     ap.add_argument("--dry-run", action="store_true",
                     help="print the resolved configuration, the parameter count and the bytes a round moves "
                          "(measured on four rounds in a scratch directory, then deleted); keep and write nothing")

@@ -166,10 +166,12 @@ class RunDir:
         Receives messages, and one line per metrics line unless ``progress`` is given.
     progress : rnnlm.progress.Progress, optional
         Receives each metrics line instead (a bar on a terminal).
+    trackers : list of rnnlm.trackers.Tracker, optional
+        Receive each metrics line too (``train --log``).
     """
 
-    def __init__(self, out: str, sc=None, fs=None, log=print, progress=None):
-        self.out, self.log, self.progress = out.rstrip("/"), log, progress
+    def __init__(self, out: str, sc=None, fs=None, log=print, progress=None, trackers=()):
+        self.out, self.log, self.progress, self.trackers = out.rstrip("/"), log, progress, tuple(trackers)
         self.fs = fs or HadoopFS(sc, self.out)
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
         self.best_path = f"{self.out}/{BEST}"
@@ -224,6 +226,8 @@ class RunDir:
         run's length ``total``), or as the log line ``line``."""
         self.metrics.append(m)
         self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
+        for t in self.trackers:
+            t.line(m)
         if self.progress is not None:
             self.progress.update(m, total, line)
         else:
@@ -265,10 +269,10 @@ class Driver:
     context, the log (``status``: start-up phases, transient on a terminal), the run's directory and
     the configuration as given (resolved by ``run``)."""
 
-    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
+    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None, sinks=()):
         self.sc, self.log = spark and spark.sparkContext, log
         self.status = getattr(progress, "status", None) or log      # a progress report may say no phases
-        self.dir = RunDir(out, self.sc, fs, log, progress)
+        self.dir = RunDir(out, self.sc, fs, log, progress, sinks)
         self.cfg_in = cfg
 
     def _prepare(self, resume: bool, overwrite: bool, init: Init | None) -> None:

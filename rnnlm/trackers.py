@@ -1,0 +1,202 @@
+"""Experiment trackers: every metrics line also to TensorBoard or MLflow (``train --log``).
+
+``tensorboard[:DIR]`` writes TensorBoard's event files itself (its record framing and the few
+protocol-buffer fields of a scalar), so it needs no package; ``mlflow`` logs to the tracking
+server MLflow's own client finds (``MLFLOW_TRACKING_URI``), the configuration as parameters.
+A tracker that fails (a server gone, a full disk) says so once and stops; the run goes on, as its
+metrics file is the record.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+from . import config
+
+
+class TrackerError(ValueError):
+    """A ``--log`` value that cannot be used; the message is one line."""
+
+
+KINDS = ("tensorboard[:DIR]", "mlflow")
+
+
+def parse(specs: list, out: str) -> list:
+    """``--log`` values as ``(kind, argument)``, checked before anything starts: TensorBoard's
+    directory defaults to ``OUT/tensorboard`` for a local ``--out``."""
+    parsed = []
+    for spec in specs:
+        kind, _, arg = spec.partition(":")
+        if kind == "tensorboard":
+            local = "://" not in out or out.startswith("file://")
+            if not arg and not local:
+                raise TrackerError(f"--log tensorboard: --out {out} is not a local directory; "
+                                   "name one: --log tensorboard:DIR")
+            parsed.append(("tensorboard", arg or os.path.join(out.removeprefix("file://"), "tensorboard")))
+        elif kind == "mlflow" and not arg:
+            try:
+                import mlflow  # noqa: F401
+            except ImportError:
+                raise TrackerError("--log mlflow needs MLflow's client: pip install mlflow-skinny") from None
+            parsed.append(("mlflow", ""))
+        else:
+            raise TrackerError(f"--log {spec!r}: expected one of {', '.join(KINDS)}")
+    return parsed
+
+
+def start(parsed: list, cfg: config.Config, out: str, log=print) -> list:
+    """The trackers of ``parsed`` (:func:`parse`), started for a run of ``cfg`` in ``out``."""
+    return [TensorBoard(arg, log) if kind == "tensorboard" else MLflow(cfg, out, log) for kind, arg in parsed]
+
+
+def scalars(m: dict) -> dict:
+    """The numbers of a metrics line (not its flags or labels)."""
+    return {k: float(v) for k, v in m.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "round"}
+
+
+class Tracker:
+    """A sink of metrics lines that turns itself off at its first failure."""
+
+    name = "tracker"
+
+    def __init__(self, log):
+        self.log, self.broken = log, False
+
+    def line(self, m: dict) -> None:
+        if not self.broken:
+            self._guard(self._line, m)
+
+    def close(self, ok: bool) -> None:
+        if not self.broken:
+            self._guard(self._close, ok)
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as e:        # a tracker never stops the run
+            self.broken = True
+            self.log(f"warning: --log {self.name} failed, no more lines go there (metrics.jsonl has them): "
+                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+
+    def _line(self, m: dict) -> None:
+        raise NotImplementedError
+
+    def _close(self, ok: bool) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ TensorBoard
+def _crc32c_table() -> list:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), as TFRecord frames use."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def record(data: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC, the data, its masked CRC."""
+    n = struct.pack("<Q", len(data))
+    return n + struct.pack("<I", _masked(crc32c(n))) + data + struct.pack("<I", _masked(crc32c(data)))
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, v = v & 0x7F, v >> 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protocol-buffer field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def event(wall_time: float, step: int, scalars: dict | None = None, file_version: str | None = None) -> bytes:
+    """A serialised ``tensorflow.Event``: wall_time (1), step (2), file_version (3) or a Summary (5)
+    of simple values (Summary.value (1): tag (1), simple_value (2))."""
+    out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+    if file_version is not None:
+        out += _field(3, file_version.encode())
+    if scalars:
+        values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", v))
+                          for tag, v in scalars.items())
+        out += _field(5, values)
+    return out
+
+
+class TensorBoard(Tracker):
+    """An event file in ``directory`` (``tensorboard --logdir`` reads it): a scalar per number of
+    each metrics line, at the round's step."""
+
+    name = "tensorboard"
+
+    def __init__(self, directory: str, log=print):
+        super().__init__(log)
+        os.makedirs(directory, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rnnlm"
+        self.path = os.path.join(directory, name)
+        self.f = open(self.path, "ab")
+        self._write(event(time.time(), 0, file_version="brain.Event:2"))
+
+    def _write(self, data: bytes) -> None:
+        self.f.write(record(data))
+        self.f.flush()
+
+    def _line(self, m: dict) -> None:
+        self._write(event(time.time(), int(m["round"]), scalars(m)))
+
+    def _close(self, ok: bool) -> None:
+        self.f.close()
+
+
+# ----------------------------------------------------------------------- MLflow
+class MLflow(Tracker):
+    """An MLflow run named after ``out`` (in ``MLFLOW_EXPERIMENT_NAME``, default ``rnnlm``): the
+    configuration as parameters, each metrics line's numbers as metrics at the round's step."""
+
+    name = "mlflow"
+
+    def __init__(self, cfg: config.Config, out: str, log=print):
+        super().__init__(log)
+        import mlflow
+        # a tracking server that does not answer costs seconds, not MLflow's default minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self.mlflow, self.run = mlflow, None
+        self._guard(self._start, cfg, out)
+
+    def _start(self, cfg, out: str) -> None:
+        self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
+        self.run = self.mlflow.start_run(run_name=os.path.basename(out.rstrip("/")) or out)
+        flat = {f"{s}.{k}": v for s, sec in cfg.to_dict().items() for k, v in sec.items()}
+        self.mlflow.log_params(flat)
+        self.mlflow.set_tag("rnnlm.out", out)
+
+    def _line(self, m: dict) -> None:
+        self.mlflow.log_metrics(scalars(m), step=int(m["round"]))
+
+    def _close(self, ok: bool) -> None:
+        self.mlflow.end_run("FINISHED" if ok else "FAILED")

@@ -1,0 +1,88 @@
+"""``train --log``: every metrics line in TensorBoard's event files (read back by TensorBoard's own
+reader) and in MLflow (read back by MLflow's client from its store); a tracker that fails stops
+itself, not the run."""
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+from rnnlm import config, trackers
+from rnnlm.spark.trainer import Trainer
+
+from conftest import ROOT, TINY, tensorboard_scalars, train_cmd
+
+
+def test_crc32c_is_castagnolis():
+    # the check value of CRC-32C (RFC 3720, B.4), and not zlib's CRC-32
+    assert trackers.crc32c(b"123456789") == 0xE3069283 != zlib.crc32(b"123456789")
+
+
+def _mlflow_run(store: str, name: str):
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name("rnnlm")
+    (run,) = client.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
+    return client, run
+
+
+def test_every_metrics_line_reaches_tensorboard_and_mlflow(spark, tmp_path, monkeypatch):
+    store = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")     # MLflow's own store, on disk
+    cfg = config.load(None, [*TINY, "data.train=rnnlm/data/harbour.txt", "data.valid=rnnlm/data/harbour_valid.txt",
+                             "train.rounds=3", "train.eval_every=2"])
+    out = str(tmp_path / "run")
+    parsed = trackers.parse(["tensorboard", "mlflow"], out)
+    assert parsed == [("tensorboard", os.path.join(out, "tensorboard")), ("mlflow", "")]
+    sinks = trackers.start(parsed, cfg, out, log=print)
+    tr = Trainer(spark, cfg, out, log=lambda s: None, sinks=sinks)
+    tr.run()
+    for t in sinks:
+        t.close(True)
+    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+    assert [m["round"] for m in lines] == [1, 2, 3]
+
+    tb = tensorboard_scalars(os.path.join(out, "tensorboard"))
+    assert tb["train_loss"] == [(m["round"], pytest.approx(m["train_loss"], rel=1e-6)) for m in lines]
+    assert tb["valid_ppl"] == [(m["round"], pytest.approx(m["valid_ppl"], rel=1e-6)) for m in lines
+                               if "valid_ppl" in m] and len(tb["valid_ppl"]) == 2
+    assert "rebased" not in tb and "round" not in tb          # flags and the step itself are not scalars
+
+    client, run = _mlflow_run(store, "run")
+    assert run.info.status == "FINISHED" and run.data.tags["rnnlm.out"] == out
+    assert run.data.params["model.hidden"] == "16" and run.data.params["train.rounds"] == "3"
+    history = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted((h.step, h.value) for h in history) == [(m["round"], m["train_loss"]) for m in lines]
+
+
+def test_a_tracker_that_fails_says_so_once_and_the_run_goes_on(spark, tmp_path):
+    cfg = config.load(None, [*TINY, "data.train=rnnlm/data/harbour.txt", "train.rounds=2", "train.eval_every=0"])
+    said = []
+    tb = trackers.TensorBoard(str(tmp_path / "tb"), log=said.append)
+    tb.f.close()                  # every write fails from now on
+    tr = Trainer(spark, cfg, str(tmp_path / "run"), log=lambda s: None, sinks=[tb])
+    assert tr.run()["round"] == 2
+    tb.close(True)
+    assert len(said) == 1 and said[0].startswith("warning: --log tensorboard failed, no more lines go there "
+                                                 "(metrics.jsonl has them): ValueError: ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--log", "wandb"], "error: --log 'wandb': expected one of tensorboard[:DIR], mlflow"),
+    (["--log", "tensorboard", "--out", "hdfs://nn:8020/runs/x"],
+     "error: --log tensorboard: --out hdfs://nn:8020/runs/x is not a local directory; name one: "
+     "--log tensorboard:DIR"),
+    (["--log", "mlflow", "--dry-run"], "error: --log goes with training, not --dry-run"),
+])
+def test_a_bad_log_option_is_one_line_before_spark_starts(tmp_path, args, message):
+    cmd = train_cmd(tmp_path / "run") + args
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr.strip()) == (2, message)
+    assert not (tmp_path / "run").exists()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
