@@ -78,6 +78,7 @@ class TrainConfig:
     seed: int = 1234
     bptt: int = 20                 # T
     batch: int = 20                # B streams per partition
+    global_batch: int = 0          # > 0: streams of all partitions together; sets batch = max(1, this // partitions)
     grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
     local_steps: int = 0           # optimizer steps per partition between all-reduces; 0 = one pass
     rounds: int = 0
@@ -210,6 +211,7 @@ RANGES = {
     ("train", "seed"): (0, 2 ** 63 - 1, "[]"),
     ("train", "bptt"): (1, 100_000, "[]"),
     ("train", "batch"): (1, 100_000, "[]"),
+    ("train", "global_batch"): (0, 100_000, "[]"),
     ("train", "local_steps"): (0, 10_000_000, "[]"),
     ("train", "rounds"): (0, 10_000_000, "[]"),
     ("train", "epochs"): (0, 10_000, "[]"),
@@ -338,8 +340,23 @@ def from_dict(d: dict) -> Config:
     for name in d:
         _section_class(name)
     cfg = Config(**{name: _build_section(name, vals) for name, vals in d.items()})
+    cfg = _split_global_batch(cfg, d.get("train", {}))
     validate(cfg)
     return cfg
+
+
+def _split_global_batch(cfg: Config, given: dict) -> Config:
+    """``train.global_batch`` = G streams in all, split between the partitions (strong scaling):
+    ``train.batch`` = max(1, G // P), so the global batch stays G (or the nearest below it) as P
+    grows. A ``train.batch`` given beside it must be that value (a saved configuration holds both)."""
+    t, P = cfg.train, cfg.data.partitions
+    if t.global_batch <= 0 or not _within(t.global_batch, *RANGES[("train", "global_batch")]) or P <= 0:
+        return cfg                  # off, or out of range: validate() names it
+    per = max(1, t.global_batch // P)
+    if "batch" in given and given["batch"] != per:
+        raise ConfigError(f"train.batch = {given['batch']} contradicts train.global_batch = {t.global_batch} "
+                          f"on {P} partitions ({per} streams each): set train.global_batch = 0 to use train.batch")
+    return replace(cfg, "train", batch=per)
 
 
 def _parse_value(section: str, key: str, text: str, typ):

@@ -164,3 +164,16 @@ def test_a_control_character_in_a_value_is_refused(tmp_path, overrides, text):
     with pytest.raises(ConfigError, match=r"the value holds a control character \(U\+00(0A|1B)\); refused$") as e:
         config.load(str(f), overrides)
     assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+
+
+def test_global_batch_splits_between_the_partitions_and_a_saved_config_loads_back():
+    # strong scaling: G streams in all, G // P per partition (at least one)
+    got = {P: config.load(None, [f"data.partitions={P}", "train.global_batch=20"]).train.batch
+           for P in (1, 2, 3, 8, 16, 40)}
+    assert got == {1: 20, 2: 10, 3: 6, 8: 2, 16: 1, 40: 1}
+    c = config.load(None, ["data.partitions=8", "train.global_batch=20", "train.batch=2"])   # the same, said twice
+    assert config.from_json(c.to_json()) == c and c.train.batch == 2
+    assert config.load(None, ["train.batch=7"]).train.batch == 7       # global_batch = 0: batch is per partition
+    with pytest.raises(ConfigError, match=r"^train.batch = 10 contradicts train.global_batch = 20 on 8 partitions "
+                                          r"\(2 streams each\): set train.global_batch = 0 to use train.batch$"):
+        config.load(None, ["data.partitions=8", "train.global_batch=20", "train.batch=10"])

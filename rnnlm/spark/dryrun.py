@@ -104,6 +104,10 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     log(cfg.to_json())
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
         f"train tokens {data.tokens:,}")
+    t = cfg.train
+    if t.global_batch:
+        log(f"train.global_batch = {t.global_batch} on {P} partitions: train.batch = {t.batch} streams each, "
+            f"{t.batch * P} in all")
     if not sync:
         log(f"{rounds:,} push windows of {steps_label(probe_cfg.train)} on {P} partitions")
         log(f"per push window, estimated from round 1's batches: partitions send {est['sent'] / 1e6:.3f} MB in "
