@@ -24,6 +24,14 @@ def set_options(*sets) -> list:
     return [a for s in sets for a in ("--set", s)]
 
 
+def tensorboard_scalars(directory) -> dict:
+    """``{tag: [(step, value)]}`` of every event file in ``directory``, as TensorBoard's own reader reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
 def train_cmd(out, *sets, master: str | None = None, resume: bool = False) -> list:
     """``jobs/train.py`` on conf/demo.toml as a user runs it, writing ``out``, no samples printed (any cwd)."""
     return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
@@ -83,8 +91,17 @@ def spark():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that need the Hadoop cluster run last, so its JVM is up only while they run."""
-    items.sort(key=lambda item: item.get_closest_marker("hadoop") is not None)
+    """Tests that need the Hadoop cluster run together: last in one process, so its JVM is up only while
+    they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, while the other
+    worker takes the other modules whole (a module's tests share its fixtures and their assumptions)."""
+    parallel = getattr(config.option, "dist", "no") == "loadgroup"
+
+    def hadoop(item) -> bool:
+        return item.get_closest_marker("hadoop") is not None
+    if parallel:
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group("hadoop" if hadoop(item) else item.module.__name__))
+    items.sort(key=lambda item: hadoop(item) != parallel)
 
 
 ALLOWED_SKIP = "no CUDA device"     # the one reason a test may skip in CI: the CuPy kernels on a machine without one

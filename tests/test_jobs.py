@@ -15,7 +15,7 @@ import pytest
 from rnnlm.core import checkpoint
 from rnnlm.core.model import RNNLM
 
-from conftest import HARBOUR, ROOT, TINY, core_nll, held_out_tokens, metrics, set_options
+from conftest import HARBOUR, ROOT, TINY, core_nll, held_out_tokens, metrics, set_options, tensorboard_scalars
 
 
 def run(*args):
@@ -61,9 +61,12 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     test = tmp_path / "test.txt"
     shutil.copy(held, test)
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "run"), "--samples", "0",
-            *sets("train.rounds=4", "data.partitions=2", f"data.valid={held}", f"data.test={test}"))
+            *sets("train.rounds=4", "data.partitions=2", f"data.valid={held}", f"data.test={test}"),
+            "--log", f"tensorboard:{tmp_path / 'tb'}")
     assert r.returncode == 0, r.stderr[-2000:]
     logged = metrics(tmp_path / "run")[-1]
+    # every metrics line in TensorBoard's event file too (tests/test_trackers.py has the rest)
+    assert tensorboard_scalars(tmp_path / "tb")["valid_ppl"] == [(4, pytest.approx(logged["valid_ppl"], rel=1e-6))]
     # what the training log says, from the core model alone: the last checkpoint's mean NLL of the text's tokens
     ck = checkpoint.load(str(tmp_path / "run" / "checkpoint"))
     total, count = core_nll(RNNLM(ck.config.model), ck.params, [held_out_tokens(ck.vocab, str(held))])
@@ -161,11 +164,13 @@ def _mb(pattern, text):
 
 
 def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path):
-    sparse = ("exchange.embed=rows+fp16", "exchange.softmax=rows", "exchange.frequent=0.1", "exchange.random=0.05")
+    sparse = ("exchange.embed=rows+fp16", "exchange.softmax=rows", "exchange.frequent=0.1", "exchange.random=0.05",
+              "train.global_batch=9")      # 9 // 2: TINY's batch of 4
     d = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "dry"), "--dry-run",
             "--bandwidth", "100mbit", "--latency", "2ms", *sets("data.partitions=2", *sparse))
     assert d.returncode == 0, d.stderr[-2000:]
     assert not (tmp_path / "dry").exists()
+    assert "train.global_batch = 9 on 2 partitions: train.batch = 4 streams each, 8 in all" in d.stdout, d.stdout
     # Spark's start-up INFO lines are silenced; --verbose brings them back
     assert "INFO" not in d.stderr and "log4j profile" not in d.stderr, d.stderr
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "real"), "--samples", "0",
