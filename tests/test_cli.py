@@ -165,6 +165,7 @@ def tiny_checkpoint(path, *sets):
     return cfg
 
 
+@pytest.mark.serial          # a time limit, measured with the CPU to itself
 def test_errors_before_the_jvm_starts_take_well_under_its_start(tmp_path):
     """Spark's JVM takes 13-16 s to start: each of these is found without it, one line on stderr (no
     Spark UI line, no JVM warning) and exit code 2 (the 2 s bound is loose: each takes ~0.5 s)."""

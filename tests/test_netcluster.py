@@ -5,12 +5,14 @@ import subprocess
 import sys
 
 import pyspark
+import pytest
 
 from rnnlm.netcluster import NetCluster, parse_rate
 
 from conftest import ROOT, metrics
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
+pytestmark = pytest.mark.serial        # a link's measured rate needs the CPU to itself
 
 
 def namespaces() -> set:
