@@ -85,7 +85,7 @@ class TrainConfig:
     epochs: float = 1.0            # used when rounds == 0
     tree_depth: int = 2            # treeAggregate depth (rounds with feedback or overlap merge on the driver)
     results: str = "spark"         # spark: through Spark's results | direct: frames to the driver (rnnlm.spark.channel)
-    outer: str = "average"         # average | momentum | nesterov: how the driver applies the mean
+    outer: str = "average"         # average | momentum | nesterov | auto (by data.partitions): the driver's step
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
     optim_state: str = "average"   # average | reset | local: optimizer state across rounds
@@ -162,7 +162,7 @@ _CHOICES = {
     ("optim", "schedule"): ("constant", "epoch_decay", "plateau"),
     ("train", "grad_norm"): ("batch", "token"),
     ("train", "device"): ("cpu", "gpu", "auto"),
-    ("train", "outer"): ("average", "momentum", "nesterov"),
+    ("train", "outer"): ("average", "momentum", "nesterov", "auto"),
     ("train", "optim_state"): ("average", "reset", "local"),
     ("train", "mode"): ("sync", "async"),
     ("train", "results"): ("spark", "direct"),
@@ -340,9 +340,34 @@ def from_dict(d: dict) -> Config:
     for name in d:
         _section_class(name)
     cfg = Config(**{name: _build_section(name, vals) for name, vals in d.items()})
-    cfg = _split_global_batch(cfg, d.get("train", {}))
+    cfg = _outer_by_partitions(_split_global_batch(cfg, d.get("train", {})), d.get("train", {}))
     validate(cfg)
     return cfg
+
+
+# train.outer = "auto": (outer, outer_lr, outer_momentum) from this many partitions on (docs/results.md,
+# "Adding executors": at 2 partitions the mean is best, from 4 on Nesterov's step)
+OUTER_BY_PARTITIONS = ((1, ("average", 1.0, 0.9)), (4, ("nesterov", 1.0, 0.9)))
+
+
+def outer_for(partitions: int, mode: str = "sync") -> tuple:
+    """``(outer, outer_lr, outer_momentum)`` that ``train.outer = "auto"`` resolves to (the server
+    applies each push itself in the asynchronous mode: there, the mean)."""
+    if mode == "async":
+        return OUTER_BY_PARTITIONS[0][1]
+    return [rule for low, rule in OUTER_BY_PARTITIONS if partitions >= low][-1]
+
+
+def _outer_by_partitions(cfg: Config, given: dict) -> Config:
+    """``train.outer = "auto"`` resolved once, at load: the outer step that :func:`outer_for` picks for
+    ``data.partitions``, with any of ``train.outer_lr`` and ``train.outer_momentum`` the user set kept.
+    A saved configuration holds the resolved step, so a resumed run keeps it."""
+    t = cfg.train
+    if t.outer != "auto":
+        return cfg
+    outer, lr, momentum = outer_for(cfg.data.partitions, t.mode)
+    return replace(cfg, "train", outer=outer, outer_lr=t.outer_lr if "outer_lr" in given else lr,
+                   outer_momentum=t.outer_momentum if "outer_momentum" in given else momentum)
 
 
 def _split_global_batch(cfg: Config, given: dict) -> Config:

@@ -177,3 +177,15 @@ def test_global_batch_splits_between_the_partitions_and_a_saved_config_loads_bac
     with pytest.raises(ConfigError, match=r"^train.batch = 10 contradicts train.global_batch = 20 on 8 partitions "
                                           r"\(2 streams each\): set train.global_batch = 0 to use train.batch$"):
         config.load(None, ["data.partitions=8", "train.global_batch=20", "train.batch=10"])
+
+
+def test_outer_auto_follows_the_partitions_keeps_what_the_user_set_and_loads_back_resolved():
+    def outer(*sets):
+        t = config.load(None, ["train.outer=auto", *sets]).train
+        return t.outer, t.outer_lr, t.outer_momentum
+    assert outer("data.partitions=2") == ("average", 1.0, 0.9)
+    assert outer("data.partitions=4") == outer("data.partitions=16") == ("nesterov", 1.0, 0.9)
+    assert outer("data.partitions=8", "train.outer_lr=0.7") == ("nesterov", 0.7, 0.9)
+    assert outer("data.partitions=8", "train.mode=async", "exchange.broadcast=rows") == ("average", 1.0, 0.9)
+    c = config.load(None, ["train.outer=auto", "data.partitions=8"])
+    assert config.from_json(c.to_json()) == c and c.train.outer == "nesterov"      # a checkpoint holds the step
