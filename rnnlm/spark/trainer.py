@@ -36,7 +36,7 @@ from ..exchange.aggregate import Aggregate
 from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
-from .jobs import Job, Jobs, broadcast_bytes
+from .allreduce import Job, Jobs, broadcast_bytes
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
 from .session import bind_host
 from .stop import Interrupted, StopRequest
