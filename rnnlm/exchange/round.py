@@ -176,7 +176,7 @@ class SyncRound:
 
 def view(layout, base, msg: RoundMessage, deltas, cache) -> np.ndarray:
     """The driver's parameters on an executor: ``base`` + ``msg.rows``, + the ``deltas``
-    (:class:`rnnlm.exchange.rebase.DeltaBroadcast`) in order.
+    (:class:`rnnlm.spark.broadcasts.DeltaBroadcast`) in order.
 
     ``base`` and ``deltas`` are handles whose ``.value`` is read only when needed (Spark
     broadcasts: a read may fetch). ``cache`` (the executor's memo: ``pop``, ``put``) keeps the

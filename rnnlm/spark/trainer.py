@@ -33,7 +33,7 @@ from . import channel, executor
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from ..exchange.rebase import DeltaBroadcast, ParamsBroadcast
+from .broadcasts import DeltaBroadcast, ParamsBroadcast
 from ..exchange.round import SyncRound
 from .residuals import MAX_LINEAGE, Residuals
 from .allreduce import Job, Jobs, broadcast_bytes
