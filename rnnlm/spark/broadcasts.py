@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from ..exchange.rebase import apply_delta, changed_rows, delta_blocks, size
+from .session import release
 
 
 class ParamsBroadcast:
@@ -72,8 +73,7 @@ class ParamsBroadcast:
         if self.retire is not None:
             self.retire(old)
         else:
-            for b in old:
-                b.destroy(blocking)
+            release(old, blocking=blocking)
         self.bc_base, self.deltas = None, []
 
 

@@ -66,7 +66,7 @@ from pyspark.accumulators import AccumulatorParam
 from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .filestore import Stored
-from .session import release
+from .session import release, run_in_jvm
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each
 
@@ -177,7 +177,7 @@ class Residuals:
         self.sc, self.data = sc, data
         self.partitions = data.getNumPartitions()
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
-        self.pending_broadcast = []         # per-partition broadcasts the next round measures
+        self._seeds = []                    # per-partition broadcasts the next round measures
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names this run's residual files (filestore)
         self.seq = 0                        # rounds defined, over every lineage
@@ -187,7 +187,7 @@ class Residuals:
         pids = set(saved) | set(carries)
         bcs = {pid: self.sc.broadcast((saved.get(pid), carries.get(pid))) for pid in sorted(pids)}
         self._kept += bcs.values()
-        self.pending_broadcast = list(bcs.values())
+        self._seeds = list(bcs.values())
         self._from = _from_broadcasts(bcs)
         self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
         self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
@@ -196,6 +196,12 @@ class Residuals:
     def depth(self) -> int:
         """Rounds in the current lineage."""
         return len(self._chain)
+
+    def take_seeds(self) -> list:
+        """The per-partition broadcasts the lineage was last seeded with, once: the next round counts
+        their bytes."""
+        seeds, self._seeds = self._seeds, []
+        return seeds
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
@@ -231,7 +237,7 @@ class Residuals:
             return [a for a in self.sc.runJob(src, leaves, sorted(missing)) if set(a.local) <= missing]
 
         def go():
-            out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it
+            run_in_jvm(out)            # the round runs and caches its output; no Python reads it
             if direct is not None:
                 return direct[1](recompute)
             leaves = Contributions.take(acc)
@@ -250,8 +256,7 @@ class Residuals:
             return
         self.done = out
         i = self._outs.index(out)
-        for old in self._outs[:i]:
-            old.unpersist()
+        release(rdds=self._outs[:i])
         del self._outs[:i]
 
     def collect(self) -> dict:
