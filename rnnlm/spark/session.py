@@ -120,3 +120,19 @@ def run_in_jvm(rdd) -> int:
     """Run ``rdd``'s job with its action in the JVM alone (a count), so that no Python worker reads
     its elements back: private, ``RDD.count`` would read each partition in Python."""
     return rdd._jrdd.count()
+
+
+def jvm(sc):
+    """The JVM's classes through py4j: private, and Hadoop's FileSystem and Path have no PySpark face."""
+    return sc._jvm
+
+
+def hadoop_conf(sc):
+    """The context's Hadoop ``Configuration`` (a py4j object): private, PySpark exposes none."""
+    return sc._jsc.hadoopConfiguration()
+
+
+def spark_home() -> str:
+    """Where PySpark's Spark lives (its ``bin/spark-class``): PySpark's own lookup is private."""
+    from pyspark.find_spark_home import _find_spark_home
+    return _find_spark_home()
