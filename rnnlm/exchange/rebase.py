@@ -1,26 +1,9 @@
-"""The broadcast that shrinks: a base the executors keep, and per round only the rows
-that differ from it (Xiao et al.'s row selection, applied to what the driver sends).
+"""The broadcast's maths, without Spark: the rows of the parameters that differ from a base the
+executors keep (:func:`changed_rows`, rebuilt bit for bit by :func:`rebuild`), and coded deltas
+(:func:`delta_blocks`, added by :func:`apply_delta`).
 
-Spark keeps a broadcast on every executor until it is destroyed, so the base travels
-once; each round's broadcast holds, per parameter slot, the rows whose current values
-differ from the base's (the values themselves, not differences, so an executor
-rebuilds the driver's parameters bit for bit: ``base.copy()`` with those rows
-written). A slot with more than half of its rows changed goes whole. When a round's
-rows reach ``train.rebase_fraction`` of the model, or ``train.rebase_every`` rounds
-have passed, the current parameters become the new base. With dense exchange every
-row changes every round, so every round re-bases: the broadcast is what it was.
-Tasks stay pure functions of (broadcasts, round, partition): a retried task reads the
-same base and the same rows.
-
-The delta broadcast (``exchange.broadcast = "delta+CODEC"``) sends less: per round
-only the change of the parameters since the previous round, in a codec (the blocks of
-:mod:`rnnlm.exchange.blocks`), and executors keep every such delta since the base. The
-driver keeps the executors' **view** (base plus the decoded deltas, added in the same
-order, so both sides hold it bit for bit) next to its own exact parameters; each round's
-delta is ``params - view``, so what a codec rounds away is sent in later rounds (error
-feedback with no state beyond the view). Partitions train from the view; the driver
-applies their mean change to its exact parameters, which evaluation and checkpoints use
-(a checkpoint holds the view too, so a resumed run continues the same numbers).
+The broadcasts themselves are :mod:`rnnlm.spark.broadcasts`'; docs/exchange.md ("The broadcast")
+says when a base is renewed and how a delta view catches up.
 """
 from __future__ import annotations
 
