@@ -22,7 +22,7 @@ from ..exchange.aggregate import Aggregate, merge
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
-from .residuals import MAX_LINEAGE, Residuals
+from .residuals import MAX_LINEAGE, Residuals, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
 
@@ -255,8 +255,7 @@ class AllReduce:
 
             def go():
                 run_in_jvm(self.data.mapPartitions(job.task(sink)))      # nothing returns but the frames
-                # partition i holds pid i: only the missing ones run again
-                return take(lambda missing: self.sc.runJob(self.data, job.task(), sorted(missing)))
+                return take(lambda missing: recomputed(self.sc, self.data, job.task(), missing))
             job.future = run(go)
         else:
             # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition

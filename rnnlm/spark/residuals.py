@@ -63,6 +63,14 @@ def _is_contribution(x) -> bool:
     return isinstance(x, Aggregate)
 
 
+def recomputed(sc, rdd, task, missing: set) -> list:
+    """The contributions of the ``missing`` partitions of ``rdd`` (partition i holds pid i), ``task``
+    run again on them alone through Spark (a round whose contribution never arrived)."""
+    def leaves(it):
+        return filter(_is_contribution, task(it))
+    return [a for a in sc.runJob(rdd, leaves, sorted(missing)) if set(a.local) <= missing]
+
+
 def _from_broadcasts(bcs: dict):
     def read(item):
         pid, tokens, starts = item
@@ -186,10 +194,7 @@ class Residuals:
         partitions = self.partitions
 
         def recompute(missing: set) -> list:
-            """The leaves of the ``missing`` partitions (partition i holds pid i), run again alone."""
-            def leaves(it):
-                return filter(_is_contribution, task(None)(it))
-            return [a for a in self.sc.runJob(src, leaves, sorted(missing)) if set(a.local) <= missing]
+            return recomputed(self.sc, src, task(None), missing)
 
         def go():
             run_in_jvm(out)            # the round runs and caches its output; no Python reads it
