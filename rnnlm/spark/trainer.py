@@ -57,8 +57,8 @@ class Trainer(Driver):
     After :meth:`run`: ``metrics`` (the run's lines), ``cfg`` (resolved), ``params``, ``vocab``.
     """
 
-    def __init__(self, spark, cfg: config.Config, out: str, log=print, progress=None, fs=None):
-        super().__init__(spark, cfg, out, log, progress, fs)
+    def __init__(self, *args, **kwargs):         # the Driver's arguments
+        super().__init__(*args, **kwargs)
         self.cfg = self.params = self.vocab = None
         # when the last checkpoint was written, the last round ended, and its slowest task ended
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
