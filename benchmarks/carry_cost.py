@@ -49,18 +49,19 @@ def task(way: str, n: int, rnd: int, run: str):
 
 def measure(sc, way: str, n: int, rounds: int) -> float:
     from pyspark import StorageLevel
+    from rnnlm.spark.session import release, run_in_jvm
     seed = (lambda i: (i, np.zeros(n, np.float32))) if way == "cache-read" else (lambda i: (i, None))
     prev = sc.parallelize([0, 1], 2).map(seed).persist(StorageLevel.MEMORY_AND_DISK)
-    prev._jrdd.count()
+    run_in_jvm(prev)
     first, times = prev, []
     for r in range(1, rounds + 1):
         src = first if way in ("cache-read", "cache-write") else prev     # one way only: from the seed
         t0 = time.perf_counter()
         out = src.mapPartitions(task(way, n, r, f"bench-{way}")).persist(StorageLevel.MEMORY_AND_DISK)
-        out._jrdd.count()
+        run_in_jvm(out)
         times.append(time.perf_counter() - t0 - SLEEP)
         if prev is not first:
-            prev.unpersist()
+            release(rdds=[prev])
         prev = out
     return statistics.median(times[2:])
 

@@ -184,7 +184,7 @@ def bytes_at(partitions: int, exchanges: list, data: str) -> list:
     from rnnlm import config
     from rnnlm.spark import session
     from rnnlm.spark.dryrun import measured, probe
-    from rnnlm.spark.corpus import load_corpus
+    from rnnlm.spark.corpus import load_corpus, unpersist_corpus
     spark = session.get_spark("rnnlm-links-bytes", "local[2]", {"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     rows = []
@@ -198,9 +198,7 @@ def bytes_at(partitions: int, exchanges: list, data: str) -> list:
         est = measured(probe(spark, cfg, d, rounds=3), partitions, _params(cfg))
         rows.append({"partitions": partitions, "exchange": name, "bytes_only": True,
                      "sent": est["sent"], "broadcast": est["broadcast"]})
-        d.train.unpersist()
-        if d.valid is not None:
-            d.valid.unpersist()
+        unpersist_corpus(d)
     spark.stop()
     return rows
 

@@ -246,8 +246,8 @@ class NetCluster:
     def spark_standalone(self, cores: int = 1, memory: str = "1500m", timeout: float = 90) -> str:
         """A Spark master in host 0 and a worker in every other host; returns the master's URL
         once every worker has registered."""
-        from pyspark.find_spark_home import _find_spark_home
-        spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
+        from .spark.session import spark_home
+        spark_class = os.path.join(spark_home(), "bin", "spark-class")
         master = self.address(0)
         env = dict(os.environ, SPARK_LOCAL_IP=master, SPARK_NO_DAEMONIZE="1",
                    PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))

@@ -245,10 +245,11 @@ class _FakeSC:
 def test_delta_broadcast_executors_rebuild_the_view_and_the_view_catches_up(codec):
     from rnnlm.core.layout import Layout
     from rnnlm.exchange import rebase
+    from rnnlm.spark.broadcasts import DeltaBroadcast
     layout = Layout([("embed", (50, 4)), ("W", (6, 3)), ("b", (6,))])
     rng = np.random.default_rng(2)
     params = rng.standard_normal(layout.size).astype(np.float32)
-    db = rebase.DeltaBroadcast(_FakeSC(), layout, every=0, fraction=0.5, codec=codec)
+    db = DeltaBroadcast(_FakeSC(), layout, every=0, fraction=0.5, codec=codec)
     first = db.round(params)
     assert first[2] == [] and first[3] == [first[0]] and np.array_equal(db.view, params)
     bases, lags = [first[0]], []

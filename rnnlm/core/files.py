@@ -126,8 +126,13 @@ class LocalFS(ReplaceSafely):
             os.remove(p)
 
     def _read(self, p: str) -> bytes | None:
-        try:
-            with open(p, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        return read_file(p)
+
+
+def read_file(p: str) -> bytes | None:
+    """A local file's bytes, or None when it does not exist."""
+    try:
+        with open(p, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None

@@ -2,7 +2,7 @@
 
 A round of local SGD with a periodic all-reduce (the RNN-on-Spark paper's iteration):
 
-1. driver, :meth:`SyncRound.messages`: one :class:`RoundMessage` every partition reads (the
+1. driver, :meth:`SyncRound.message` and :meth:`SyncRound.carries`: one :class:`RoundMessage` every partition reads (the
    rows that differ from the base executors keep, see :mod:`rnnlm.exchange.rebase`; the
    averaged optimizer state) and one :class:`Carry` per partition (what it alone took home
    last round: its hidden state, its own optimizer state);
@@ -79,14 +79,18 @@ class SyncRound:
         self.layout, self.t, self.partitions = layout, train, partitions
 
     # ------------------------------------------------------------ driver
-    def messages(self, st, base: str, rows: dict) -> tuple:
-        """``(RoundMessage, {pid: Carry})`` of round ``st.round + 1`` (``st``: the driver's RunState)."""
-        t = self.t
+    def message(self, st, base: str, rows: dict) -> RoundMessage:
+        """The next round's :class:`RoundMessage` (``st``: the driver's
+        :class:`~rnnlm.spark.allreduce.SyncState`; ``base``, ``rows``: its broadcast's)."""
+        return RoundMessage(base, rows, st.opt if self.t.optim_state == "average" else None)
+
+    def carries(self, st) -> dict:
+        """``{pid: Carry}``: what each partition takes into the next round."""
         carries = {pid: Carry(state=s) for pid, s in st.states.items()}
-        if t.optim_state == "local":
+        if self.t.optim_state == "local":
             for pid, o in st.opt_local.items():
                 carries[pid] = dataclasses.replace(carries.get(pid, Carry()), opt=o)
-        return RoundMessage(base, rows, st.opt if t.optim_state == "average" else None), carries
+        return carries
 
     def apply(self, st, agg: Aggregate) -> None:
         """Move ``st`` (params, outer velocity, optimizer state, carries) on by the merged ``agg``."""
@@ -158,8 +162,8 @@ class SyncRound:
 
     @staticmethod
     def from_optim(optim: dict, t: int) -> dict:
-        """The RunState fields a checkpoint's ``optim.npz`` (:meth:`to_optim`) restores:
-        ``opt``, ``opt_local``, ``velocity``, ``view``, ``held``."""
+        """The :class:`~rnnlm.spark.allreduce.SyncState` fields a checkpoint's ``optim.npz``
+        (:meth:`to_optim`) restores: ``opt``, ``opt_local``, ``velocity``, ``view``, ``held``."""
         slots = {k: v for k, v in optim.items() if StateKeys.is_slot(k)}
         opt_local: dict = {}
         for k, v in optim.items():
@@ -176,7 +180,7 @@ class SyncRound:
 
 def view(layout, base, msg: RoundMessage, deltas, cache) -> np.ndarray:
     """The driver's parameters on an executor: ``base`` + ``msg.rows``, + the ``deltas``
-    (:class:`rnnlm.exchange.rebase.DeltaBroadcast`) in order.
+    (:class:`rnnlm.spark.broadcasts.DeltaBroadcast`) in order.
 
     ``base`` and ``deltas`` are handles whose ``.value`` is read only when needed (Spark
     broadcasts: a read may fetch). ``cache`` (the executor's memo: ``pop``, ``put``) keeps the

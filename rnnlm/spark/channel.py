@@ -1,31 +1,12 @@
 """The direct result channel (``train.results = "direct"``): a round's tasks send their
-contributions to the driver as authenticated binary frames, not through Spark.
+contributions to the driver as authenticated frames (the async mode's wire, never pickle), not
+through Spark's result path.
 
-Through Spark a contribution is pickled by the task's Python worker, handed to its JVM, shipped
-as the task's result (or an accumulator update), handed to the driver's Python and unpickled:
-for the dense exchange's 2 x 18.7 MB that path cost 0.12-0.21 s a round on this machine
-(docs/results.md). Here each task opens a connection to a :class:`~rnnlm.server.wire.FrameServer`
-on the driver (the asynchronous mode's wire: HMAC-authenticated with a per-run secret, never
-pickle), sends one frame of raw arrays (:mod:`rnnlm.exchange.frames`) and waits for the
-acknowledgement before it ends, so by the time the round's job has finished every contribution
-that was sent is on the driver. The job's action runs in the JVM alone (a count of nothing).
-
-Numbers: the driver merges the contributions in partition order as they arrive (partition 0,
-then 1, ... each as soon as those before it are in), so a round's aggregate is a function of the
-partitions' values alone, whatever order they arrive in, and equals ``treeAggregate``'s wherever
-that one merges on the driver alone (depth 2 up to 4 partitions, as in every preset). A
-partition's contribution is taken once: a retried or speculative task's second copy is the
-same numbers and is dropped, as is one that arrives after its round has closed.
-
-Failure: a task that cannot reach the driver (a firewall between the executors and the driver,
-a refused frame) logs nothing and ends normally; the round finds the partition missing and
-recomputes it through Spark (the same numbers), and the run says so once and sends the results
-of the rounds it submits from then on through Spark. A peer without the secret cannot keep a
-task out by holding connections open or flooding them (:class:`~rnnlm.server.wire.FrameServer`'s
-pending slots make room for newer connections, and a task tries a connection closed before the
-server's welcome again for :data:`CONNECT_S`; one refused, as when nothing listens, it does not);
-the frames are authenticated and checked, so the numbers do not change. Refusals are logged at
-most five lines of each kind a minute.
+The driver merges them in partition order as they arrive (``treeAggregate``'s numbers wherever
+that one merges on the driver), takes each partition's once, and recomputes through Spark a
+partition that never arrived, giving the channel up for the rounds submitted from then on. Owned
+by :class:`rnnlm.spark.allreduce.AllReduce`; docs/design.md ("Results sent straight to the
+driver") says why and how.
 """
 from __future__ import annotations
 

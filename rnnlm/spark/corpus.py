@@ -20,7 +20,7 @@ import numpy as np
 from .. import config
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 from .executor import eval_task, probe_task
-from .session import release
+from .session import hadoop_conf, jvm, release
 
 _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
 # Hadoop's line readers skip a record this long instead of holding it (a 100 MB line with no newline
@@ -43,10 +43,9 @@ def check_path(sc, path: str) -> None:
     refused here rather than read recursively: a recursive read would silently take in whatever
     lies below (an old copy, a backup), and a glob names the files as precisely.
     """
-    jvm = sc._jvm
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    hpath = jvm(sc).org.apache.hadoop.fs.Path(path)
     try:
-        fs = hpath.getFileSystem(sc._jsc.hadoopConfiguration())
+        fs = hpath.getFileSystem(hadoop_conf(sc))
         matches = fs.globStatus(hpath)
         sub = next((d for st in matches or [] if st.isDirectory() for d in _subdirectories(fs, st)), None)
     except Exception as e:
@@ -117,7 +116,7 @@ def _text_file(sc, path: str, min_partitions: int, most: str):
     """``sc.textFile`` (its splits and line ends), its records bounded. ``textFile`` takes no Hadoop
     configuration of its own and reads the context's when its tasks run (not when the RDD is made):
     the limit is set there, for the session (the last one set holds for every line-mode read)."""
-    sc._jsc.hadoopConfiguration().set(MAX_LINE, most)
+    hadoop_conf(sc).set(MAX_LINE, most)
     return sc.textFile(path, min_partitions)
 
 
@@ -233,7 +232,7 @@ def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Voc
         else:
             top = cand.collect()   # distinct kept tokens: vocabulary-sized, not corpus-sized
     finally:
-        counts.unpersist()
+        release(rdds=[counts])
     return Vocab.from_counts(dict(top), level, max_size, min_count, total=total)
 
 

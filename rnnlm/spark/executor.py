@@ -115,7 +115,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the
     round's :class:`~rnnlm.exchange.round.RoundMessage`; ``deltas`` are the broadcasts of
-    :class:`rnnlm.exchange.rebase.DeltaBroadcast`, added to the base in order (an executor
+    :class:`rnnlm.spark.broadcasts.DeltaBroadcast`, added to the base in order (an executor
     caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 

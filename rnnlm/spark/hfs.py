@@ -16,7 +16,8 @@ import os
 import xml.etree.ElementTree as ET
 from urllib.parse import urlparse
 
-from ..core.files import LocalFS, ReplaceSafely
+from ..core.files import LocalFS, ReplaceSafely, read_file
+from .session import hadoop_conf, jvm
 
 
 def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
@@ -88,7 +89,7 @@ class HadoopFS(ReplaceSafely):
     """
 
     def __init__(self, sc, path: str, local: bool | None = None):
-        self._jvm, self._conf = sc._jvm, sc._jsc.hadoopConfiguration()
+        self._jvm, self._conf = jvm(sc), hadoop_conf(sc)
         self.default_fs = self._conf.get("fs.defaultFS") or "file:///"
         self._mode, self._local = local, LocalFS()
         self.local = self._local_path(path) is not None
@@ -157,7 +158,7 @@ class HadoopFS(ReplaceSafely):
     def _read(self, p: str) -> bytes | None:
         q = self._local_path(p)
         if q is not None:
-            return self._local._read(q)
+            return read_file(q)
         fs, path = self._fs(p), self._path(p)
         if not fs.exists(path):
             return None

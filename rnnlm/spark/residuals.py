@@ -1,59 +1,14 @@
-"""Where what a partition carries to its next round lives when it cannot pass through the
-driver: in Spark, as an RDD beside the corpus.
+"""What a partition carries to its next round when it cannot pass through the driver (error
+feedback's residual; with ``train.overlap = 1`` its carry as well), kept in Spark as an RDD
+beside the corpus.
 
-Two things travel this way, one ``(pid, tokens, starts, residual, carry)`` element per
-partition (the corpus partition rides along, so a round reads one cached element and no zip):
-
-* error feedback's **residual** (what a partition has not sent yet, see
-  :mod:`rnnlm.exchange.plan`), as large as the model per partition: shipping it through the
-  driver every round would cost more than the exchange saves, and an executor's memory alone
-  would lose it with the executor;
-* with ``train.overlap = 1``, the partition's :class:`~rnnlm.exchange.round.Carry` (hidden
-  state, its own optimizer state) as well: round r+1's job is submitted before round r's has
-  finished, so its tasks cannot read round r's carries from a broadcast. (Without overlap the
-  carry is None here and travels through the driver.)
-
-How:
-
-* round r's tasks read element r-1 and emit element r, persisted (memory, spilling to disk) on
-  their executor for round r+1, which usually runs there too (the cached partitions are its
-  preferred location). Their contributions do not pass through the cache: each task adds its
-  own to the round's accumulator (:class:`Contributions`), which Spark returns with the task's
-  result, once per partition however often a task is retried. The job's action runs in the JVM
-  alone (a count of the cached output), so no second Python process reads the model-sized
-  residuals back. Under overlap, round r+1's job is defined on round r's output while that is
-  still being computed: Spark's block locks make its task wait for round r's task of the same
-  partition. Should another job compute a round's partition first (a task that lost its
-  locality or was retried late), that contribution reaches the round's accumulator late or
-  never: the round then recomputes it from the same inputs, the same numbers;
-* the residual itself stays out of the cache: the element holds a
-  :class:`~rnnlm.spark.filestore.Stored` reference to a file the task wrote on its executor's
-  disk (:mod:`rnnlm.spark.filestore`), so it never crosses the Python/JVM boundary. A task that
-  finds no file (it ran on another executor, a lost one, or the file was pruned) reruns the
-  partition's rounds since the lineage's seed, whose tasks it carries, from the seed's
-  broadcast: the same numbers, the work Spark would redo for a lost cached block;
-* a lost executor costs nothing but time: Spark recomputes the lost partitions from their
-  lineage (the earlier rounds' tasks, pure functions of their broadcasts, which this class
-  keeps alive), bit for bit;
-* a checkpoint truncates the lineage: the residuals are collected (one partition at a time),
-  written into the checkpoint (``optim.npz``, under :class:`rnnlm.exchange.round.StateKeys`'
-  names), broadcast back one per partition, and the broadcasts and cached rounds before are
-  released. A resumed run starts from the same broadcasts, so resume reproduces the
-  uninterrupted run's numbers. A cut moves values, never changes them: whatever writes a
-  checkpoint and at whichever round, the numbers are the uninterrupted run's; only the bytes
-  counted move with the cuts. A cut needs no job defined on an output not yet collected: under
-  overlap, a checkpoint written while the next round runs (``train.checkpoint_s``, a signal)
-  collects the last finished round and leaves the lineage as it is;
-* a lineage also ends after :data:`MAX_LINEAGE` rounds without a checkpoint
-  (:meth:`Residuals.trim`), the same way: Spark serialises a task's whole RDD chain
-  recursively, and PTB small's 232 rounds between checkpoints overflowed the driver's stack
-  (``StackOverflowError`` at round 135).
-
-What it costs: lineage (and kept broadcasts) of at most ``MAX_LINEAGE`` rounds (a few more
-under overlap); :data:`~rnnlm.spark.filestore.KEEP` residual files per partition on its
-executor's disk; per truncation, the residuals once to the driver (counted in that round's
-bytes sent, except at a checkpoint, which any trainer pays) and once back (counted in the
-next round's broadcast bytes).
+One ``(pid, tokens, starts, residual, carry)`` element per partition: round r's tasks read
+element r-1 and emit element r, persisted on their executor. A residual itself is a file on the
+executor's disk (:mod:`rnnlm.spark.filestore`), replayed from the lineage's seed when lost; the
+contributions come back through each round's accumulator (:class:`Contributions`), each
+partition's once. Checkpoints and :data:`MAX_LINEAGE` cut the lineage. Owned by
+:class:`rnnlm.spark.allreduce.AllReduce`; docs/design.md ("Rounds whose carries stay in Spark")
+says why, and what it costs.
 """
 from __future__ import annotations
 
@@ -66,7 +21,7 @@ from pyspark.accumulators import AccumulatorParam
 from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .filestore import Stored
-from .session import release
+from .session import release, run_in_jvm
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each
 
@@ -106,6 +61,14 @@ class Contributions(AccumulatorParam):
 
 def _is_contribution(x) -> bool:
     return isinstance(x, Aggregate)
+
+
+def recomputed(sc, rdd, task, missing: set) -> list:
+    """The contributions of the ``missing`` partitions of ``rdd`` (partition i holds pid i), ``task``
+    run again on them alone through Spark (a round whose contribution never arrived)."""
+    def leaves(it):
+        return filter(_is_contribution, task(it))
+    return [a for a in sc.runJob(rdd, leaves, sorted(missing)) if set(a.local) <= missing]
 
 
 def _from_broadcasts(bcs: dict):
@@ -177,7 +140,7 @@ class Residuals:
         self.sc, self.data = sc, data
         self.partitions = data.getNumPartitions()
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
-        self.pending_broadcast = []         # per-partition broadcasts the next round measures
+        self._seeds = []                    # per-partition broadcasts the next round measures
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names this run's residual files (filestore)
         self.seq = 0                        # rounds defined, over every lineage
@@ -187,7 +150,7 @@ class Residuals:
         pids = set(saved) | set(carries)
         bcs = {pid: self.sc.broadcast((saved.get(pid), carries.get(pid))) for pid in sorted(pids)}
         self._kept += bcs.values()
-        self.pending_broadcast = list(bcs.values())
+        self._seeds = list(bcs.values())
         self._from = _from_broadcasts(bcs)
         self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
         self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
@@ -196,6 +159,12 @@ class Residuals:
     def depth(self) -> int:
         """Rounds in the current lineage."""
         return len(self._chain)
+
+    def take_seeds(self) -> list:
+        """The per-partition broadcasts the lineage was last seeded with, once: the next round counts
+        their bytes."""
+        seeds, self._seeds = self._seeds, []
+        return seeds
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
@@ -225,13 +194,10 @@ class Residuals:
         partitions = self.partitions
 
         def recompute(missing: set) -> list:
-            """The leaves of the ``missing`` partitions (partition i holds pid i), run again alone."""
-            def leaves(it):
-                return filter(_is_contribution, task(None)(it))
-            return [a for a in self.sc.runJob(src, leaves, sorted(missing)) if set(a.local) <= missing]
+            return recomputed(self.sc, src, task(None), missing)
 
         def go():
-            out._jrdd.count()          # the JVM runs the round and caches its output; no Python reads it
+            run_in_jvm(out)            # the round runs and caches its output; no Python reads it
             if direct is not None:
                 return direct[1](recompute)
             leaves = Contributions.take(acc)
@@ -250,8 +216,7 @@ class Residuals:
             return
         self.done = out
         i = self._outs.index(out)
-        for old in self._outs[:i]:
-            old.unpersist()
+        release(rdds=self._outs[:i])
         del self._outs[:i]
 
     def collect(self) -> dict:

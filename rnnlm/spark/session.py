@@ -1,7 +1,9 @@
-"""Creating the SparkSession the jobs and tests share."""
+"""Creating the SparkSession the jobs and tests share; releasing what a run cached or broadcast
+(:func:`release`); the helpers that must use PySpark's private names (each says why)."""
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import sys
 
@@ -104,3 +106,33 @@ def release(broadcasts=(), rdds=(), blocking: bool = False) -> None:
             if not blocking:
                 raise
             blocking = False
+
+
+def broadcast_bytes(bc) -> int:
+    """What a broadcast moves: PySpark writes the pickled value to a file the executors read."""
+    path = getattr(bc, "_path", None)     # private: PySpark names the file nowhere public
+    if path and os.path.exists(path):
+        return os.path.getsize(path)
+    return len(pickle.dumps(bc.value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def run_in_jvm(rdd) -> int:
+    """Run ``rdd``'s job with its action in the JVM alone (a count), so that no Python worker reads
+    its elements back: private, ``RDD.count`` would read each partition in Python."""
+    return rdd._jrdd.count()
+
+
+def jvm(sc):
+    """The JVM's classes through py4j: private, and Hadoop's FileSystem and Path have no PySpark face."""
+    return sc._jvm
+
+
+def hadoop_conf(sc):
+    """The context's Hadoop ``Configuration`` (a py4j object): private, PySpark exposes none."""
+    return sc._jsc.hadoopConfiguration()
+
+
+def spark_home() -> str:
+    """Where PySpark's Spark lives (its ``bin/spark-class``): PySpark's own lookup is private."""
+    from pyspark.find_spark_home import _find_spark_home
+    return _find_spark_home()

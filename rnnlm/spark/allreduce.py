@@ -1,0 +1,280 @@
+"""The Spark side of the synchronous round, owned by one class.
+
+:class:`AllReduce` takes the driver's parameters to the merged aggregate: it defines a round (its
+broadcasts and task), submits it, waits for it, hands back what a checkpoint holds, and closes what
+it made. It holds the broadcasts (:mod:`rnnlm.spark.broadcasts`), the protocol's state
+(:class:`SyncState`), the results path (``treeAggregate``, the direct channel of
+:mod:`rnnlm.spark.channel`, or the lineage of :mod:`rnnlm.spark.residuals`) and, under
+``train.overlap``, the next round's job, defined a round ahead. The rules of the round are
+:class:`rnnlm.exchange.round.SyncRound`'s; the loop around it is :class:`rnnlm.spark.trainer.Trainer`'s.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..exchange import plan
+from ..exchange.aggregate import Aggregate, merge
+from ..exchange.round import SyncRound
+from . import channel, executor
+from .broadcasts import DeltaBroadcast, ParamsBroadcast
+from .residuals import MAX_LINEAGE, Residuals, recomputed
+from .rundir import TrainingError
+from .session import bind_host, broadcast_bytes, release, run_in_jvm
+
+
+@dataclass
+class SyncState:
+    """The protocol's state, carried by the driver from round to round (:class:`SyncRound` moves it)."""
+
+    params: np.ndarray
+    opt: dict | None = None                            # averaged optimizer state
+    opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
+    states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
+    velocity: np.ndarray | None = None                 # outer momentum
+    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds (residuals)
+    # from a checkpoint: the executors' parameters (exchange.broadcast = delta) or, with train.overlap,
+    # those the next round trains from, and its learning rate
+    view: np.ndarray | None = None
+    pending_lr: float | None = None
+
+
+@dataclass
+class Saved:
+    """What a checkpoint holds of the round (:meth:`AllReduce.carried`)."""
+
+    optim: dict                       # ``optim.npz``'s entries (:meth:`SyncRound.to_optim`)
+    optim_t: int
+    hidden: np.ndarray | None         # the partitions' hidden states, stacked
+    pending_lr: float | None          # train.overlap: the next round's learning rate
+    held: dict | None                 # what the partitions hold, collected from Spark
+
+
+@dataclass
+class Job:
+    """One round's job: what it trains from, fixed when it is defined, and once submitted its future."""
+
+    round: int
+    lr: float
+    params: np.ndarray          # the driver's parameters its broadcast was made from
+    task: object                # sink -> the executors' function (:func:`rnnlm.spark.executor.round_task`)
+    bcs: list                   # its own broadcasts (message, carries)
+    bc_bytes: int
+    rebased: bool
+    prepare_s: float
+    submitted: float | None = None     # wall clock
+    future: object = None
+    out: object = None                 # its output RDD when carries stay in Spark
+
+
+class AllReduce:
+    """The synchronous round's Spark side for one run.
+
+    Parameters
+    ----------
+    sc : SparkContext
+    cfg : Config
+        Resolved; ``model`` is built from it.
+    data : RDD of (pid, tokens, starts), one element per partition (the corpus's, persisted)
+    state : SyncState
+        Where the run starts (fresh, ``--init-from`` or a checkpoint); moved on by :meth:`apply`.
+    rounds : int
+        The run's length (the last round's job waits for nothing; Spark's UI names jobs by it).
+    group : str, optional
+        Spark's job group of the run's jobs (cancelled by :meth:`close`).
+    log : callable
+        Where the direct channel's warnings go.
+
+    Verbs: :meth:`start` (define and submit), :meth:`wait`, :meth:`apply`, :meth:`trim`,
+    :meth:`carried` and :meth:`truncate` (around a checkpoint), :meth:`close`.
+    """
+
+    def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print):
+        t = cfg.train
+        self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
+        self.overlap = t.overlap > 0        # the driver's one reading of train.overlap
+        self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
+        self.residuals = self.broadcasts = self.channel = self.pool = None
+        self.next = None                    # the next round's job, defined a round ahead (overlap)
+        self.flight = []                    # submitted, not waited for
+        try:
+            if executor.chained(cfg):
+                self.residuals = Residuals(sc, data, state.held, self._carries())
+            retire = self.residuals.keep if self.residuals else None
+            bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
+            if cfg.exchange.broadcast == "rows":
+                self.broadcasts = ParamsBroadcast(*bc, retire=retire)
+            else:
+                self.broadcasts = DeltaBroadcast(*bc, codec=plan.parse(cfg.exchange.broadcast)[1], view=state.view,
+                                                 retire=retire)
+            if t.results == "direct":
+                self.channel = _channel(sc, cfg, model, log)
+            self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def params(self) -> np.ndarray:
+        """The driver's parameters."""
+        return self.state.params
+
+    # ------------------------------------------------------------ a round
+    def start(self, r: int, lr: float, pause: bool = False) -> Job:
+        """Round ``r``'s job, submitted: the one defined a round ahead (a resumed run's from its
+        checkpoint), else one defined now from the parameters at ``lr``. Under overlap round r+1's
+        job is defined too, from the same parameters and ``lr`` (round r's change reaches it a round
+        late), and submitted at once unless ``pause`` (an evaluation or a checkpoint by count follows
+        round r), round r is the last, or the lineage is due a cut."""
+        st = self.state
+        if self.next is None:
+            resumed = self.overlap and st.pending_lr is not None
+            self.next = self._define(r, st.view if resumed else st.params, st.pending_lr if resumed else lr)
+        job, self.next = self.next, None
+        if job.future is None:
+            self._submit(job)
+        if self.overlap:
+            self.next = self._define(r + 1, st.params, lr)
+            if not (pause or r >= self.rounds or self.residuals.depth >= MAX_LINEAGE):
+                self._submit(self.next)
+        return job
+
+    def wait(self, job: Job) -> Aggregate:
+        """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them)."""
+        ok = False
+        try:
+            agg, ok = job.future.result(), True
+            return agg
+        finally:
+            self.flight.remove(job)
+            if self.residuals is not None:
+                self.residuals.finished(job.out, ok)
+            else:
+                release(job.bcs)
+
+    def apply(self, agg: Aggregate) -> np.ndarray:
+        """Move the state on by the merged ``agg`` (:meth:`SyncRound.apply`); the new parameters."""
+        self.protocol.apply(self.state, agg)
+        return self.state.params
+
+    def trim(self) -> int:
+        """Cut a lineage grown :data:`~rnnlm.spark.residuals.MAX_LINEAGE` deep (no job in flight);
+        the bytes collected to cut it."""
+        return self.residuals.trim(self._carries()) if self.residuals is not None else 0
+
+    # -------------------------------------------------------- checkpoints
+    def carried(self) -> Saved:
+        """What a checkpoint holds of the round now: the state, what the partitions hold (the last
+        finished round's, even with the next running) and, under overlap, the next round's job (its
+        parameters, as its broadcast's executors rebuild them, and its rate)."""
+        st = self.state
+        if self.residuals is not None:
+            st.held = self.residuals.collect()
+        view, lr = self.broadcasts.view, None      # view: a delta broadcast's, else None
+        if self.overlap:
+            view, lr = (self.next.params if view is None else view), float(self.next.lr)
+        held = st.held if self.residuals is not None else None
+        optim, opt_t = SyncRound.to_optim(st, view, held)
+        hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
+        return Saved(optim, opt_t, hidden, lr, held)
+
+    def truncate(self, saved: Saved) -> None:
+        """Restart the lineage from what a checkpoint just saved (not while a round runs)."""
+        if self.residuals is not None:
+            self.residuals.truncate(saved.held, self._carries())
+
+    def close(self, blocking: bool = False) -> None:
+        """Cancel the jobs still running (a run stopping early), wait for their threads, and
+        release every broadcast, cached round and channel made (``blocking``: see
+        :func:`rnnlm.spark.session.release`)."""
+        if self.pool is not None:
+            if self.flight:          # this run's jobs only: a shared session may run others
+                if self.group is None:
+                    self.sc.cancelAllJobs()
+                else:
+                    self.sc.cancelJobGroup(self.group)
+            for job in list(self.flight):
+                try:
+                    self.wait(job)
+                except Exception:       # cancelled: what it would have computed is not needed
+                    pass
+            self.pool.shutdown(wait=True)
+            if self.next is not None and self.next.future is None:
+                release(self.next.bcs, blocking=blocking)
+        if self.channel is not None:
+            self.channel.close()
+        if self.broadcasts is not None:
+            self.broadcasts.close(blocking=blocking)
+        if self.residuals is not None:
+            self.residuals.close(blocking=blocking)
+        self.pool = self.channel = self.broadcasts = self.residuals = self.next = None
+
+    # ------------------------------------------------------------- inside
+    def _define(self, r: int, params, lr: float) -> Job:
+        """Round ``r``'s job training from ``params`` at ``lr``: its broadcasts and task."""
+        p0 = time.perf_counter()
+        # what every partition reads (the base, the rows that differ from it) and what each alone carries
+        base, rows, deltas, new = self.broadcasts.round(params)
+        msg = self.protocol.message(self.state, self.broadcasts.token, rows)
+        # under overlap the carries stay in Spark: the round before has not returned them yet
+        carries = {} if self.overlap else self.protocol.carries(self.state)
+        bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
+        carry_bcs = dict(zip(carries, bcs[1:]))
+        # sink -> the tasks' function; a partial pickles small, and rounds that replay a lineage carry one per round
+        task = functools.partial(executor.round_task, self.cfg, base, bcs[0], carry_bcs, r, lr, deltas)
+        return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
+                   any(b is base for b in new), time.perf_counter() - p0)
+
+    def _carries(self) -> dict | None:
+        """What each partition carries into the next round, for a lineage seeded from the driver."""
+        return self.protocol.carries(self.state) if self.overlap else None
+
+    def _submit(self, job: Job) -> None:
+        """Start ``job`` from a thread of its own (PySpark keeps a thread's job properties apart):
+        local steps on every partition, their changes merged through one of three paths."""
+        description = f"rnnlm round {job.round}/{self.rounds}: {steps_label(self.cfg.train)} + treeAggregate"
+
+        def run(thunk):
+            def go():
+                self.sc.setJobGroup(self.group, description)     # a thread's own job properties
+                return thunk()
+            return self.pool.submit(go)
+        job.submitted = time.time()
+        direct = None
+        if self.channel is not None and self.channel.broken is None:
+            direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
+        if self.residuals is None and direct is None:
+            job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
+                Aggregate(), merge, merge, depth=self.cfg.train.tree_depth))
+        elif self.residuals is None:
+            sink, take = direct
+
+            def go():
+                run_in_jvm(self.data.mapPartitions(job.task(sink)))      # nothing returns but the frames
+                return take(lambda missing: recomputed(self.sc, self.data, job.task(), missing))
+            job.future = run(go)
+        else:
+            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
+            job.bc_bytes += sum(broadcast_bytes(b) for b in self.residuals.take_seeds())
+            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
+            job.out, job.future = self.residuals.submit(job.task, run, direct)
+        self.flight.append(job)
+
+
+def _channel(sc, cfg, model, log) -> channel.Channel:
+    """The direct result channel's driver end, listening where the executors reach the driver."""
+    expect = channel.expected(cfg, model)
+    host = bind_host("", sc.master, sc.getConf().get("spark.driver.host"))
+    try:
+        return channel.Channel(expect, host, log, channel.max_frame_bytes(expect))
+    except OSError as e:
+        raise TrainingError(f"train.results = 'direct': cannot listen on {host}: {e.strerror or e}") from None
+
+
+def steps_label(t) -> str:
+    """What a partition trains per round (``t``: the train section), for log lines."""
+    return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"
