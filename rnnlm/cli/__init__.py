@@ -1,5 +1,6 @@
 """The ``rnnlm`` command line: its parsers (:mod:`.parsers`), what each command does
-(:mod:`.actions`, :mod:`.tools`) and the checks made before Spark starts (:mod:`.checks`).
+(:mod:`.actions`, :mod:`.tools`), the checks made before Spark starts (:mod:`.checks`) and the
+Spark session the commands start (:mod:`.session`).
 
 The names below are what the jobs, tests and benchmarks call, loaded on first use: a command that
 needs neither NumPy nor Spark (``minicluster``: Java and Maven only) must start, and fail with its
@@ -8,9 +9,8 @@ imports pyspark, so ``demo``, ``generate`` and ``plot`` run where it is not inst
 import importlib
 
 # name -> the module holding it: only .actions (Spark's commands) imports pyspark
-_NAMES = {**dict.fromkeys(("EXPECTED", "evaluate", "guarded", "make_trainer", "read_checkpoint", "train"),
-                          ".actions"),
-          "load_checkpoint": ".checks"}
+_NAMES = {**dict.fromkeys(("EXPECTED", "evaluate", "guarded", "make_trainer", "train"), ".actions"),
+          "load_checkpoint": ".checks", "read_checkpoint": ".session"}
 __all__ = list(_NAMES)
 
 

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 
 from ..core import checkpoint
 from .. import config
 from ..spark import corpus
-from ..spark.hfs import HadoopFS
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
 from ..spark.rundir import Init, TrainingError
@@ -18,6 +16,7 @@ from ..core.vocab import VocabError
 from ..progress import Progress
 from .. import trackers
 from . import signals
+from .session import read_checkpoint, spark_session
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError, LinkError, trackers.TrackerError)
@@ -37,36 +36,6 @@ def guarded(fn) -> int:
     except EXPECTED as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-@contextmanager
-def spark_session(app: str, master, verbose: bool = False, ui: bool = True, progress=None):
-    """The SparkSession, stopped on the way out when this call started it (not a test's shared one);
-    on a terminal (``progress``) the JVM's start is said while it takes its seconds.
-
-    A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
-    mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
-    for each ("Shutdown hooks cannot be modified during shutdown").
-    """
-    from pyspark.sql import SparkSession
-    from ..spark.session import get_spark
-    owned = SparkSession.getActiveSession() is None
-    if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
-        progress.message(f"starting Spark ({master or 'local[2]'}) ...")
-    with signals.starting_jvm():
-        spark = get_spark(app, master, quiet=not verbose)
-    signals.install()          # in place of PySpark's SIGINT handler (see .signals)
-    spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
-    if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
-        if progress is not None:
-            progress.message(f"Spark UI {spark.sparkContext.uiWebUrl}")
-        else:
-            print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
-    try:
-        yield spark
-    finally:
-        if owned:
-            spark.stop()
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):
@@ -180,19 +149,3 @@ def evaluate(a) -> int:
     print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))
     print(f"ppl={fields['_ppl']:.4f}")
     return 0
-
-
-def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
-    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path; what
-    Hadoop's client cannot read (an unknown scheme, an unreachable NameNode, permissions) is one line."""
-    from py4j.protocol import Py4JJavaError
-    try:
-        fs, path = HadoopFS(sc, path), path.rstrip("/")
-        path = checkpoint.in_run(path, fs)
-        fs.restore(path)
-        if not fs.exists(path):
-            raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
-        return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)
-    except Py4JJavaError as e:
-        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
-        raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None

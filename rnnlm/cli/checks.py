@@ -159,7 +159,7 @@ def load_checkpoint(path: str) -> checkpoint.Checkpoint:
     is_local, local = resolve(path, default_fs())
     if is_local:
         return checkpoint.load(local)
-    from .actions import read_checkpoint, spark_session
+    from .session import read_checkpoint, spark_session
     with spark_session("rnnlm-read-checkpoint", "local[1]", ui=False) as spark:
         return read_checkpoint(spark.sparkContext, path)
 

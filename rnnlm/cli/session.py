@@ -1,0 +1,56 @@
+"""The command line's Spark side: its SparkSession (said while the JVM starts, stopped on the way
+out, signals handled) and checkpoints read through Hadoop's client (pyspark is imported on use)."""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from ..core import checkpoint
+from ..spark.hfs import HadoopFS
+from . import signals
+
+
+@contextmanager
+def spark_session(app: str, master, verbose: bool = False, ui: bool = True, progress=None):
+    """The SparkSession, stopped on the way out when this call started it (not a test's shared one);
+    on a terminal (``progress``) the JVM's start is said while it takes its seconds.
+
+    A job that ends without stopping it leaves Spark's shutdown hooks to stop it: in local-cluster
+    mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
+    for each ("Shutdown hooks cannot be modified during shutdown").
+    """
+    from pyspark.sql import SparkSession
+    from ..spark.session import get_spark
+    owned = SparkSession.getActiveSession() is None
+    if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
+        progress.message(f"starting Spark ({master or 'local[2]'}) ...")
+    with signals.starting_jvm():
+        spark = get_spark(app, master, quiet=not verbose)
+    signals.install()          # in place of PySpark's SIGINT handler (see .signals)
+    spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
+    if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
+        if progress is not None:
+            progress.message(f"Spark UI {spark.sparkContext.uiWebUrl}")
+        else:
+            print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()
+
+
+def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
+    """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path; what
+    Hadoop's client cannot read (an unknown scheme, an unreachable NameNode, permissions) is one line."""
+    from py4j.protocol import Py4JJavaError
+    try:
+        fs, path = HadoopFS(sc, path), path.rstrip("/")
+        path = checkpoint.in_run(path, fs)
+        fs.restore(path)
+        if not fs.exists(path):
+            raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
+        return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)
+    except Py4JJavaError as e:
+        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+        raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None
