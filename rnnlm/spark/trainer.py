@@ -118,48 +118,44 @@ class Trainer(Driver):
         group = f"rnnlm train {self.dir.out}"          # every job of the run, in Spark's UI
         self.sc.setJobGroup(group, group)
         data = data or load_corpus(self.sc, self.cfg_in, vocab, self.status)
-        rounds = total_rounds(self.cfg_in, data)
-        if at is not None and at.round >= rounds:
-            if owned:
-                unpersist_corpus(data, blocking=True)
-            return self.nothing_to_do(at.round, rounds, state.params, data.vocab)
-        if at is not None:
-            try:
-                check_longer(self.cfg_in, at.round, rounds, self.metrics, at.best, self.dir.ck_path)
-            except TrainingError:
-                if owned:
-                    unpersist_corpus(data, blocking=True)
-                raise
-        cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
-        model = build_model(cfg.model)
-        at = at or RunState(schedule=Schedule(cfg.optim).state)
-        state = state or (self._start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed)))
-        self.dir.write_info(self.sc, cfg, resume, data.devices, init)
-        self._say_start(cfg, data, state.params.size, rounds, at.round if resume else None, init)
-        stop = StopRequest(self.log)
-        sync, ended = None, False
+        # idle executors answer a release at once: only a run stopped in a round releases without waiting
+        sync, ended = None, True
         try:
-            sync = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log)
-            # the loop: a round, its evaluation when due, a checkpoint when due
-            while at.round < rounds:
-                save, best = self._round(cfg, model.layout, data, sync, at, rounds, stop)
-                if save or stop.requested:
-                    self._checkpoint(cfg, data.vocab, sync, at, best)
-                if stop.requested and at.round < rounds:
-                    ended = True         # between rounds, checkpointed: the executors are there to answer
-                    raise Interrupted(f"interrupted after round {at.round}; its checkpoint is in {self.dir.ck_path} "
-                                      "(--resume continues)", stop.signum)
-            ended = True
-        except KeyboardInterrupt:
-            # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
-            raise Interrupted(f"interrupted in round {at.round + 1}; {self.dir.kept()}", stop.signum) from None
+            rounds = total_rounds(self.cfg_in, data)
+            if at is not None and at.round >= rounds:
+                return self.nothing_to_do(at.round, rounds, state.params, data.vocab)
+            if at is not None:
+                check_longer(self.cfg_in, at.round, rounds, self.metrics, at.best, self.dir.ck_path)
+            cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
+            model = build_model(cfg.model)
+            at = at or RunState(schedule=Schedule(cfg.optim).state)
+            state = state or (self._start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed)))
+            self.dir.write_info(self.sc, cfg, resume, data.devices, init)
+            self._say_start(cfg, data, state.params.size, rounds, at.round if resume else None, init)
+            stop = StopRequest(self.log)
+            try:
+                sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
+                # the loop: a round, its evaluation when due, a checkpoint when due
+                while at.round < rounds:
+                    save, best = self._round(cfg, model.layout, data, sync, at, rounds, stop)
+                    if save or stop.requested:
+                        self._checkpoint(cfg, data.vocab, sync, at, best)
+                    if stop.requested and at.round < rounds:
+                        ended = True         # between rounds, checkpointed: the executors are there to answer
+                        raise Interrupted(f"interrupted after round {at.round}; its checkpoint is in "
+                                          f"{self.dir.ck_path} (--resume continues)", stop.signum)
+                ended = True
+            except KeyboardInterrupt:
+                # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
+                raise Interrupted(f"interrupted in round {at.round + 1}; {self.dir.kept()}", stop.signum) from None
+            finally:
+                # tear down: a run that ended waits for the executors to answer its releases (the session may
+                # stop next); the last round's broadcasts and evaluation went without waiting, answered long before
+                if sync is not None:
+                    sync.close(blocking=ended)
+                stop.release()
         finally:
-            # tear down: a run that ended waits for the executors to answer its releases (the session may stop
-            # next); the last round's broadcasts and evaluation went without waiting, answered long before
-            if sync is not None:
-                sync.close(blocking=ended)
-            stop.release()
-            if owned:
+            if owned:          # a shared session keeps nothing of this run's corpus, whatever stopped it
                 unpersist_corpus(data, blocking=ended)
         self.params, self.vocab = state.params, data.vocab
         return self.metrics[-1]
