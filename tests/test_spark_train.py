@@ -556,6 +556,7 @@ def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
     assert [x["train_loss"] for x in metrics(out)] == [x["train_loss"] for x in metrics(tmp_path / "whole")]
 
 
+@pytest.mark.serial          # how many updates arrive before a round closes depends on the CPU's other work
 def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothing(
         spark, tiny_cfg, tmp_path, monkeypatch):
     """Rounds that keep their carries in Spark take the partitions' contributions from an accumulator.
