@@ -24,6 +24,7 @@ times at P > 2 say nothing about a cluster's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -42,6 +43,7 @@ RULES = {"preset": ["train.outer=average"], "auto": ["train.outer=auto"]}
 LINKS = {"1gbit": 1e9, "10gbit": 10e9}
 
 
+@functools.lru_cache(maxsize=None)
 def corpus_tokens(path: str) -> int:
     """Training tokens of a word-level corpus read line by line (an end-of-sentence token per line)."""
     with open(path, encoding="utf-8") as f:
