@@ -67,3 +67,17 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line_and_the_shells_exit_code
             assert out.startswith("reading rnnlm/data/harbour.txt ...\ncounting chars for the vocabulary ...\n"
                                   "encoding and caching 2 partitions ...\n"), out
         assert not os.path.exists(tmp_path / name / "checkpoint"), name      # nothing was trained
+
+
+def test_a_clean_up_that_fails_after_a_signal_is_still_the_signals_one_line_and_exit_code():
+    """Ctrl-C inside a call into the JVM, then the session's stop failing with py4j's "Answer from Java
+    side is empty" (seen once, under load, reading the corpus) was a traceback and exit code 1."""
+    code = ("import os, signal, sys\n"
+            "from rnnlm.cli import signals\nfrom rnnlm.cli.actions import guarded\n"
+            "signals.install(command=True)\n"
+            "def run():\n"
+            "    try:\n        os.kill(os.getpid(), signal.SIGTERM)\n        signal.pause()\n"
+            "    finally:\n        raise ConnectionError('Answer from Java side is empty')\n"
+            "sys.exit(guarded(run))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stderr) == (143, "error: stopped (SIGTERM)\n")

@@ -28,12 +28,14 @@ YARN_RUN = [*TINY_CLUSTER, "train.eval_every=0",
 def fits_the_minicluster():
     """What this 2-core machine's cluster can hold, over conf/spark/yarn.properties' sizes; and
     Spark's own jars read where they are (every 'node' is this machine) instead of uploading
-    460 MB to HDFS at each submission. Every Spark process stays on loopback."""
+    460 MB to HDFS at each submission. Every Spark process stays on loopback. No Spark UI: on YARN the
+    AM's proxy filter is added to its handlers while they start, a race inside Spark (Jetty's
+    ConcurrentModificationException in ServletHandler.initialize, which failed one submission in CI)."""
     return {"spark.executor.instances": "2", "spark.executor.cores": "1", "spark.task.cpus": "1",
             "spark.executor.memory": "512m", "spark.driver.memory": "512m", "spark.yarn.am.memory": "512m",
             "spark.yarn.jars": f"local:{SPARK_HOME}/jars/*",
             "spark.yarn.appMasterEnv.SPARK_LOCAL_IP": "127.0.0.1",
-            "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1"}
+            "spark.executorEnv.SPARK_LOCAL_IP": "127.0.0.1", "spark.ui.enabled": "false"}
 
 
 @pytest.fixture(scope="module")

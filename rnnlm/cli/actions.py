@@ -31,9 +31,12 @@ def guarded(fn) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
-        print(f"error: {signals.message(e)}", file=sys.stderr)
-        return signals.exit_code(e)
-    except EXPECTED as e:
+        return signals.report(e)
+    except Exception as e:
+        if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
+            return signals.report(stop)
+        if not isinstance(e, EXPECTED):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -37,8 +37,11 @@ def _run(command: str, a) -> int:
             return module.guarded(lambda: fn(a))
         return fn(a)
     except KeyboardInterrupt as e:                 # Ctrl-C or SIGTERM (signals.Stopped) at any other moment
-        print(f"error: {signals.message(e)}", file=sys.stderr)
-        return signals.exit_code(e)
+        return signals.report(e)
+    except Exception:
+        if (stop := signals.stopped()) is None:     # a failure of the clean-up a signal began is the signal's
+            raise
+        return signals.report(stop)
 
 
 def parser(command: str, prog: str | None = None) -> argparse.ArgumentParser:

@@ -94,6 +94,13 @@ def install(command: bool = False) -> None:
             signal.signal(sig, _handle)
 
 
+def stopped() -> Stopped | None:
+    """The signal received since the command started, as the :class:`Stopped` it raised; None if none came.
+    Clean-up after a signal can fail as Spark's JVM goes (py4j's "Answer from Java side is empty" from the
+    call it interrupted, or from the session's stop): the signal, not that failure, is what ended the command."""
+    return Stopped(_fired[0]) if _fired else None
+
+
 def exit_code(e: KeyboardInterrupt) -> int:
     """130 for Ctrl-C (a plain KeyboardInterrupt too), 143 for SIGTERM."""
     return getattr(e, "exit_code", 128 + signal.SIGINT)
@@ -101,3 +108,9 @@ def exit_code(e: KeyboardInterrupt) -> int:
 
 def message(e: KeyboardInterrupt) -> str:
     return f"stopped ({e.args[0] if e.args else 'Ctrl-C'})"
+
+
+def report(e: KeyboardInterrupt) -> int:
+    """Say the stop in one line on stderr; the shell's exit code."""
+    print(f"error: {message(e)}", file=sys.stderr)
+    return exit_code(e)
