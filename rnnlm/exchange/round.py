@@ -57,7 +57,7 @@ class StateKeys:
     LOCAL = "p{pid}/{slot}"     # a partition's own optimizer state
     VELOCITY = "outer.velocity"
     VIEW = "outer.view"         # the executors' parameters (``exchange.broadcast = "delta+..."``)
-    # what a partition keeps between rounds on its executor (:mod:`rnnlm.spark.residuals`), "<name>.p<pid>":
+    # what a partition keeps between rounds on its executor (:mod:`rnnlm.spark.lineage`), "<name>.p<pid>":
     HELD = ("feedback",         # error feedback's residual
             "eager")            # its last round's change (``train.eager``)
 

@@ -4,7 +4,7 @@
 broadcasts and task), submits it, waits for it, hands back what a checkpoint holds, and closes what
 it made. It holds the broadcasts (:mod:`rnnlm.spark.broadcasts`), the protocol's state
 (:class:`SyncState`), the results path (``treeAggregate``, the direct channel of
-:mod:`rnnlm.spark.channel`, or the lineage of :mod:`rnnlm.spark.residuals`) and, under
+:mod:`rnnlm.spark.channel`, or the lineage of :mod:`rnnlm.spark.lineage`) and, under
 ``train.overlap``, the next round's job, defined a round ahead. The rules of the round are
 :class:`rnnlm.exchange.round.SyncRound`'s; the loop around it is :class:`rnnlm.spark.trainer.Trainer`'s.
 """
@@ -22,7 +22,7 @@ from ..exchange.aggregate import Aggregate, merge
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
-from .residuals import MAX_LINEAGE, Residuals, recomputed
+from .lineage import MAX_LINEAGE, Lineage, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
 
@@ -98,13 +98,13 @@ class AllReduce:
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
         self.overlap = t.overlap > 0        # the driver's one reading of train.overlap
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
-        self.residuals = self.broadcasts = self.channel = self.pool = None
+        self.lineage = self.broadcasts = self.channel = self.pool = None
         self.next = None                    # the next round's job, defined a round ahead (overlap)
         self.flight = []                    # submitted, not waited for
         try:
             if executor.chained(cfg):
-                self.residuals = Residuals(sc, data, state.held, self._carries())
-            retire = self.residuals.keep if self.residuals else None
+                self.lineage = Lineage(sc, data, state.held, self._carries())
+            retire = self.lineage.keep if self.lineage else None
             bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
             if cfg.exchange.broadcast == "rows":
                 self.broadcasts = ParamsBroadcast(*bc, retire=retire)
@@ -139,7 +139,7 @@ class AllReduce:
             self._submit(job)
         if self.overlap:
             self.next = self._define(r + 1, st.params, lr)
-            if not (pause or r >= self.rounds or self.residuals.depth >= MAX_LINEAGE):
+            if not (pause or r >= self.rounds or self.lineage.depth >= MAX_LINEAGE):
                 self._submit(self.next)
         return job
 
@@ -151,8 +151,8 @@ class AllReduce:
             return agg
         finally:
             self.flight.remove(job)
-            if self.residuals is not None:
-                self.residuals.finished(job.out, ok)
+            if self.lineage is not None:
+                self.lineage.finished(job.out, ok)
             else:
                 release(job.bcs)
 
@@ -162,9 +162,9 @@ class AllReduce:
         return self.state.params
 
     def trim(self) -> int:
-        """Cut a lineage grown :data:`~rnnlm.spark.residuals.MAX_LINEAGE` deep (no job in flight);
+        """Cut a lineage grown :data:`~rnnlm.spark.lineage.MAX_LINEAGE` deep (no job in flight);
         the bytes collected to cut it."""
-        return self.residuals.trim(self._carries()) if self.residuals is not None else 0
+        return self.lineage.trim(self._carries()) if self.lineage is not None else 0
 
     # -------------------------------------------------------- checkpoints
     def carried(self) -> Saved:
@@ -172,20 +172,20 @@ class AllReduce:
         finished round's, even with the next running) and, under overlap, the next round's job (its
         parameters, as its broadcast's executors rebuild them, and its rate)."""
         st = self.state
-        if self.residuals is not None:
-            st.held = self.residuals.collect()
+        if self.lineage is not None:
+            st.held = self.lineage.collect()
         view, lr = self.broadcasts.view, None      # view: a delta broadcast's, else None
         if self.overlap:
             view, lr = (self.next.params if view is None else view), float(self.next.lr)
-        held = st.held if self.residuals is not None else None
+        held = st.held if self.lineage is not None else None
         optim, opt_t = SyncRound.to_optim(st, view, held)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
         return Saved(optim, opt_t, hidden, lr, held)
 
     def truncate(self, saved: Saved) -> None:
         """Restart the lineage from what a checkpoint just saved (not while a round runs)."""
-        if self.residuals is not None:
-            self.residuals.truncate(saved.held, self._carries())
+        if self.lineage is not None:
+            self.lineage.truncate(saved.held, self._carries())
 
     def close(self, blocking: bool = False) -> None:
         """Cancel the jobs still running (a run stopping early), wait for their threads, and
@@ -209,9 +209,9 @@ class AllReduce:
             self.channel.close()
         if self.broadcasts is not None:
             self.broadcasts.close(blocking=blocking)
-        if self.residuals is not None:
-            self.residuals.close(blocking=blocking)
-        self.pool = self.channel = self.broadcasts = self.residuals = self.next = None
+        if self.lineage is not None:
+            self.lineage.close(blocking=blocking)
+        self.pool = self.channel = self.broadcasts = self.lineage = self.next = None
 
     # ------------------------------------------------------------- inside
     def _define(self, r: int, params, lr: float) -> Job:
@@ -247,10 +247,10 @@ class AllReduce:
         direct = None
         if self.channel is not None and self.channel.broken is None:
             direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
-        if self.residuals is None and direct is None:
+        if self.lineage is None and direct is None:
             job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
                 Aggregate(), merge, merge, depth=self.cfg.train.tree_depth))
-        elif self.residuals is None:
+        elif self.lineage is None:
             sink, take = direct
 
             def go():
@@ -259,9 +259,9 @@ class AllReduce:
             job.future = run(go)
         else:
             # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
-            job.bc_bytes += sum(broadcast_bytes(b) for b in self.residuals.take_seeds())
-            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
-            job.out, job.future = self.residuals.submit(job.task, run, direct)
+            job.bc_bytes += sum(broadcast_bytes(b) for b in self.lineage.take_seeds())
+            self.lineage.keep(job.bcs)       # the lineage reads them until the next truncation
+            job.out, job.future = self.lineage.submit(job.task, run, direct)
         self.flight.append(job)
 
 

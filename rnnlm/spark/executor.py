@@ -105,7 +105,7 @@ def probe_task(cfg: config.Config):
 
 
 def chained(cfg: config.Config) -> bool:
-    """Whether a round's tasks read and emit :class:`rnnlm.spark.residuals.Residuals`' elements:
+    """Whether a round's tasks read and emit :class:`rnnlm.spark.lineage.Lineage`' elements:
     error feedback's residuals, and with ``train.overlap`` the carries as well."""
     return cfg.exchange.feedback or cfg.train.overlap > 0
 
@@ -119,7 +119,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
-    When :func:`chained`, the task reads :class:`rnnlm.spark.residuals.Residuals`' elements
+    When :func:`chained`, the task reads :class:`rnnlm.spark.lineage.Lineage`' elements
     ``(pid, tokens, starts, held, carry)`` and yields the next round's, which stay in Spark;
     its contribution goes to the accumulator ``sink`` (with None it is yielded before the
     element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD` names to what the

@@ -8,7 +8,7 @@ every round: with tasks that sleep, 2 x 18.6 MB cost a round 0.133 s beyond the 
 carrying nothing (``benchmarks/carry_cost.py``).
 The cached element keeps a :class:`Stored` reference instead; where the file is not (the task
 ran on another executor, the executor was lost, the file was pruned), the caller rebuilds the
-residual from its lineage (:mod:`rnnlm.spark.residuals`).
+residual from its lineage (:mod:`rnnlm.spark.lineage`).
 
 Files live in the executor's block manager directory (``SPARK_LOCAL_DIRS``, which Spark sets
 for its Python workers), which Spark deletes when the context stops, a standalone worker when

@@ -122,7 +122,7 @@ def _residuals(seed, base: int, chain: tuple):
     return go
 
 
-class Residuals:
+class Lineage:
     """Owns the carried RDD, its lineage, the broadcasts that lineage reads and each round's accumulator.
 
     Parameters
