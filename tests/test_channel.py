@@ -144,7 +144,7 @@ def test_the_inbox_merges_in_partition_order_whatever_the_arrival_order():
 
 
 def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
-    """Rounds whose carries stay in Spark without the channel: the accumulator keeps each partition's
+    """Rounds whose carryover stays in Spark without the channel: the accumulator keeps each partition's
     contribution and the round merges them in partition order."""
     from rnnlm.exchange.aggregate import in_order
     from rnnlm.spark.lineage import Contributions

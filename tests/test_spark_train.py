@@ -542,8 +542,8 @@ def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
     cuts = []
     real = Lineage.truncate
 
-    def truncate(self, saved, carries=None):
-        cuts.append(real(self, saved, carries))
+    def truncate(self, held, carries=None):
+        cuts.append(real(self, held, carries))
         return cuts[-1]
     monkeypatch.setattr(Lineage, "truncate", truncate)
     cfg = config.from_dict(config.apply_overrides(base, ["train.checkpoint_s=1e-9"]))
@@ -598,7 +598,7 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
 @pytest.mark.parametrize("settings", [
     # dense, through treeAggregate: Adam's slots averaged, hidden state carried through the driver
     ["train.local_steps=4", "train.optim_state=average"],
-    # carries in Spark (error feedback's residuals, overlap's carries), Adam's slots kept per partition
+    # carryover in Spark (error feedback's residuals, overlap's carries), Adam's slots kept per partition
     ["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
      "exchange.feedback=true", "train.overlap=1", "train.optim_state=local"],
 ], ids=["tree", "carried"])

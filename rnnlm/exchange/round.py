@@ -42,8 +42,10 @@ class RoundMessage:
 
 @dataclass(frozen=True)
 class Carry:
-    """What one partition alone carries from a round to the next (each its own broadcast, so an
-    executor fetches only its own partitions' share), or the error that stopped it."""
+    """A partition's carry: what it alone takes from a round to the next through the driver (each
+    its own broadcast, so an executor fetches only its own partitions' share; under
+    ``train.overlap`` it stays in Spark), or the error that stopped it. What it holds on its
+    executor (:attr:`StateKeys.HELD`) is the rest of its carryover."""
 
     state: np.ndarray | None = None     # hidden state (L, S, H, B), for strategies that carry it
     opt: dict | None = None             # optimizer state (``train.optim_state = "local"``)
@@ -57,7 +59,7 @@ class StateKeys:
     LOCAL = "p{pid}/{slot}"     # a partition's own optimizer state
     VELOCITY = "outer.velocity"
     VIEW = "outer.view"         # the executors' parameters (``exchange.broadcast = "delta+..."``)
-    # what a partition keeps between rounds on its executor (:mod:`rnnlm.spark.lineage`), "<name>.p<pid>":
+    # what a partition holds between rounds on its executor (:mod:`rnnlm.spark.lineage`), "<name>.p<pid>":
     HELD = ("feedback",         # error feedback's residual
             "eager")            # its last round's change (``train.eager``)
 

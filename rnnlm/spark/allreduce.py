@@ -36,7 +36,7 @@ class SyncState:
     opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
-    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds (residuals)
+    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds
     # from a checkpoint: the executors' parameters (exchange.broadcast = delta) or, with train.overlap,
     # those the next round trains from, and its learning rate
     view: np.ndarray | None = None
@@ -44,8 +44,8 @@ class SyncState:
 
 
 @dataclass
-class Saved:
-    """What a checkpoint holds of the round (:meth:`AllReduce.carried`)."""
+class Snapshot:
+    """What a checkpoint holds of the round (:meth:`AllReduce.snapshot`)."""
 
     optim: dict                       # ``optim.npz``'s entries (:meth:`SyncRound.to_optim`)
     optim_t: int
@@ -68,7 +68,7 @@ class Job:
     prepare_s: float
     submitted: float | None = None     # wall clock
     future: object = None
-    out: object = None                 # its output RDD when carries stay in Spark
+    out: object = None                 # its output RDD when the carryover stays in Spark
 
 
 class AllReduce:
@@ -90,7 +90,7 @@ class AllReduce:
         Where the direct channel's warnings go.
 
     Verbs: :meth:`start` (define and submit), :meth:`wait`, :meth:`apply`, :meth:`trim`,
-    :meth:`carried` and :meth:`truncate` (around a checkpoint), :meth:`close`.
+    :meth:`snapshot` and :meth:`truncate` (around a checkpoint), :meth:`close`.
     """
 
     def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print):
@@ -167,7 +167,7 @@ class AllReduce:
         return self.lineage.trim(self._carries()) if self.lineage is not None else 0
 
     # -------------------------------------------------------- checkpoints
-    def carried(self) -> Saved:
+    def snapshot(self) -> Snapshot:
         """What a checkpoint holds of the round now: the state, what the partitions hold (the last
         finished round's, even with the next running) and, under overlap, the next round's job (its
         parameters, as its broadcast's executors rebuild them, and its rate)."""
@@ -180,12 +180,12 @@ class AllReduce:
         held = st.held if self.lineage is not None else None
         optim, opt_t = SyncRound.to_optim(st, view, held)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
-        return Saved(optim, opt_t, hidden, lr, held)
+        return Snapshot(optim, opt_t, hidden, lr, held)
 
-    def truncate(self, saved: Saved) -> None:
+    def truncate(self, snapshot: Snapshot) -> None:
         """Restart the lineage from what a checkpoint just saved (not while a round runs)."""
         if self.lineage is not None:
-            self.lineage.truncate(saved.held, self._carries())
+            self.lineage.truncate(snapshot.held, self._carries())
 
     def close(self, blocking: bool = False) -> None:
         """Cancel the jobs still running (a run stopping early), wait for their threads, and
@@ -230,7 +230,8 @@ class AllReduce:
                    any(b is base for b in new), time.perf_counter() - p0)
 
     def _carries(self) -> dict | None:
-        """What each partition carries into the next round, for a lineage seeded from the driver."""
+        """Each partition's carry into the next round, for a lineage seeded from the driver (under
+        overlap; else None: carries travel in each round's own broadcasts)."""
         return self.protocol.carries(self.state) if self.overlap else None
 
     def _submit(self, job: Job) -> None:
@@ -258,7 +259,7 @@ class AllReduce:
                 return take(lambda missing: recomputed(self.sc, self.data, job.task(), missing))
             job.future = run(go)
         else:
-            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
+            # the carryover re-seeded from a checkpoint travels now, one broadcast per partition
             job.bc_bytes += sum(broadcast_bytes(b) for b in self.lineage.take_seeds())
             self.lineage.keep(job.bcs)       # the lineage reads them until the next truncation
             job.out, job.future = self.lineage.submit(job.task, run, direct)

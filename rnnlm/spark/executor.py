@@ -105,8 +105,9 @@ def probe_task(cfg: config.Config):
 
 
 def chained(cfg: config.Config) -> bool:
-    """Whether a round's tasks read and emit :class:`rnnlm.spark.lineage.Lineage`' elements:
-    error feedback's residuals, and with ``train.overlap`` the carries as well."""
+    """Whether a round's tasks read and emit :class:`rnnlm.spark.lineage.Lineage`' elements (the
+    partitions' carryover in Spark): with error feedback or ``train.eager`` what they hold, and with
+    ``train.overlap`` their carries as well."""
     return cfg.exchange.feedback or cfg.train.overlap > 0
 
 
@@ -123,7 +124,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     ``(pid, tokens, starts, held, carry)`` and yields the next round's, which stay in Spark;
     its contribution goes to the accumulator ``sink`` (with None it is yielded before the
     element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD` names to what the
-    partition keeps between rounds: error feedback's residual (``"feedback"``) and with
+    partition holds between rounds: error feedback's residual (``"feedback"``) and with
     ``train.eager`` its last change (``"eager"``); the carry is None without ``train.overlap``
     (it comes from ``bc_carry`` then). Otherwise the task reads ``(pid, tokens, starts)`` and
     yields its contribution.
@@ -158,13 +159,13 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
         v0 = time.perf_counter()
         host = view(model.layout, bc_base, msg, deltas, memo.MEMO)      # the parameters the driver sent
         view_s = time.perf_counter() - v0
-        for pid, tokens, starts, held, carried in items:
+        for pid, tokens, starts, held, spark_carry in items:
             t0 = time.perf_counter()
             held = held or {}
             opt = make_optimizer(cfg.optim)
             start = host + held["eager"] / cfg.data.partitions if t.eager and "eager" in held else host    # (P,)
             params = xp.array(start)
-            carry = carried if carried is not None else bc_carry[pid].value if pid in bc_carry else Carry()
+            carry = spark_carry if spark_carry is not None else bc_carry[pid].value if pid in bc_carry else Carry()
             opt_state = protocol.start(msg, carry, opt, params, xp.array)
             src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
                                 lambda: make_source(cfg, pid, tokens, starts))
@@ -175,7 +176,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                     cfg, model, src, opt, params, opt_state, state, start, rnd, pid, lr, t.local_steps,
                     held.get("feedback"))
             except FloatingPointError as e:
-                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, carried)
+                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, spark_carry)
                 continue
             block_stats.update(task_start=started, task_end=time.time(), view_s=view_s,
                                gpu_partitions=int(xp is not np))

@@ -7,8 +7,8 @@ every round: with tasks that sleep, 2 x 18.6 MB cost a round 0.133 s beyond the 
 ``local[2]``, against 0.053 s in files the tasks' own processes write and read, and 0.056 s
 carrying nothing (``benchmarks/carry_cost.py``).
 The cached element keeps a :class:`Stored` reference instead; where the file is not (the task
-ran on another executor, the executor was lost, the file was pruned), the caller rebuilds the
-residual from its lineage (:mod:`rnnlm.spark.lineage`).
+ran on another executor, the executor was lost, the file was pruned), the caller rebuilds what
+the partition held from its lineage (:mod:`rnnlm.spark.lineage`).
 
 Files live in the executor's block manager directory (``SPARK_LOCAL_DIRS``, which Spark sets
 for its Python workers), which Spark deletes when the context stops, a standalone worker when
@@ -21,7 +21,7 @@ whole file or none; only numbers are stored (``allow_pickle=False``).
 
 The run's directory is named by the run's random id; a reader takes only the very file its
 writer made (the same inode, size and modification time, and the same shape and dtype), so a file
-put there under the same name by anything else is not used (the residual is rebuilt instead), and
+put there under the same name by anything else is not used (what it held is rebuilt instead), and
 pruning touches only names of the form this module writes.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ their changes (the Spark RNN report, sections 3-5).
 
 :class:`Trainer` reads as phases: set up (the run directory, where it starts, the corpus), the loop
 (a round, its evaluation and checkpoint when due), tear down (one close of the round's owner). A
-round's Spark side (broadcasts, jobs, results, what partitions carry, ``train.overlap``'s job a round
+round's Spark side (broadcasts, jobs, results, the partitions' carryover, ``train.overlap``'s job a round
 ahead) is :class:`rnnlm.spark.allreduce.AllReduce`'s; docs/design.md says how a round runs.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Trainer(Driver):
     def _start_from(init: Init) -> SyncState:
         """Round 0 of a new run from ``init``'s weights and, with ``keep_optimizer``, its optimizer
         state (the inner optimizer's, averaged or per partition, and the outer momentum): nothing
-        else of its run (position, schedule, hidden states, residuals, the executors' view)."""
+        else of its run (position, schedule, the partitions' carryover, the executors' view)."""
         kept = {}
         if init.keep_optimizer:
             kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
@@ -205,7 +205,7 @@ class Trainer(Driver):
         applied = time.perf_counter()
         save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
         if not save:
-            agg.wire_bytes += sync.trim()      # residuals collected to cut their lineage, if due
+            agg.wire_bytes += sync.trim()      # what partitions hold, collected to cut their lineage, if due
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         at.bytes_sent += agg.wire_bytes
         at.bytes_broadcast += job.bc_bytes
@@ -258,17 +258,17 @@ class Trainer(Driver):
 
     def _checkpoint(self, cfg, vocab, sync: AllReduce, at: RunState, best: bool = False):
         """Write the checkpoint of round ``at.round`` (and, with ``best``, the same files to ``best/``)."""
-        saved = sync.carried()
+        snapshot = sync.snapshot()
         position = {"round": at.round, "tokens": at.tokens, "bytes_sent": at.bytes_sent,
                     "bytes_broadcast": at.bytes_broadcast, "wall_s": at.wall_s, "eval_s": at.eval_s, "best": at.best}
-        if saved.pending_lr is not None:
-            position["pending_lr"] = saved.pending_lr
+        if snapshot.pending_lr is not None:
+            position["pending_lr"] = snapshot.pending_lr
         ck = checkpoint.Checkpoint(
-            params=sync.params, config=cfg, vocab=vocab, optim=saved.optim, optim_t=saved.optim_t,
-            hidden=saved.hidden, schedule=at.schedule, position=position)
+            params=sync.params, config=cfg, vocab=vocab, optim=snapshot.optim, optim_t=snapshot.optim_t,
+            hidden=snapshot.hidden, schedule=at.schedule, position=position)
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
-        sync.truncate(saved)            # not while a round runs
+        sync.truncate(snapshot)            # not while a round runs
 
 
 def _quiet(cfg) -> tuple:
