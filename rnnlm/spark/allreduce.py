@@ -11,6 +11,7 @@ it made. It holds the broadcasts (:mod:`rnnlm.spark.broadcasts`), the protocol's
 from __future__ import annotations
 
 import functools
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,6 +42,35 @@ class SyncState:
     # those the next round trains from, and its learning rate
     view: np.ndarray | None = None
     pending_lr: float | None = None
+
+    @classmethod
+    def start_from(cls, init) -> SyncState:
+        """Round 0 of a new run from ``init``'s weights (:class:`rnnlm.spark.rundir.Init`) and, with
+        ``keep_optimizer``, its optimizer state (the inner optimizer's, averaged or per partition, and
+        the outer momentum): nothing else of its run (position, schedule, the partitions' carryover,
+        the executors' view)."""
+        kept = {}
+        if init.keep_optimizer:
+            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
+            kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
+        return cls(params=np.array(init.checkpoint.params), **kept)
+
+    @classmethod
+    def resumed(cls, ck, cfg, where: str) -> SyncState:
+        """The state checkpoint ``ck`` (read from ``where``) holds for a run configured as ``cfg``."""
+        state = cls(params=ck.params, **SyncRound.from_optim(ck.optim, ck.optim_t))
+        if cfg.train.overlap:
+            state.pending_lr = ck.position.get("pending_lr")
+            if (type(state.pending_lr) is not float or not math.isfinite(state.pending_lr) or state.pending_lr < 0
+                    or state.view is None or state.view.shape != state.params.shape):
+                raise TrainingError(f"cannot resume: {where} lacks the next round's parameters or "
+                                    "learning rate that train.overlap = 1 needs")
+        if ck.hidden is not None:
+            if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
+                raise TrainingError(f"cannot resume: {where} holds one stream's hidden state (a one-machine "
+                                    "run's), not one per partition")
+            state.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
+        return state
 
 
 @dataclass

@@ -21,7 +21,6 @@ from .allreduce import AllReduce, SyncState, steps_label
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from ..exchange.round import SyncRound
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -64,17 +63,6 @@ class Trainer(Driver):
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
 
     # ------------------------------------------------------------- set-up
-    @staticmethod
-    def _start_from(init: Init) -> SyncState:
-        """Round 0 of a new run from ``init``'s weights and, with ``keep_optimizer``, its optimizer
-        state (the inner optimizer's, averaged or per partition, and the outer momentum): nothing
-        else of its run (position, schedule, the partitions' carryover, the executors' view)."""
-        kept = {}
-        if init.keep_optimizer:
-            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
-            kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
-        return SyncState(params=np.array(init.checkpoint.params), **kept)
-
     def _resume(self) -> tuple:
         """``(vocabulary, RunState, SyncState)`` of the checkpoint in ``--out``."""
         ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
@@ -82,18 +70,7 @@ class Trainer(Driver):
         at = RunState(schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"], bytes_sent=pos["bytes_sent"],
                       bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"], eval_s=pos.get("eval_s", 0.0),
                       best=best_record(pos.get("best")))
-        state = SyncState(params=ck.params, **SyncRound.from_optim(ck.optim, ck.optim_t))
-        if self.cfg_in.train.overlap:
-            state.pending_lr = pos.get("pending_lr")
-            if (type(state.pending_lr) is not float or not math.isfinite(state.pending_lr) or state.pending_lr < 0
-                    or state.view is None or state.view.shape != state.params.shape):
-                raise TrainingError(f"cannot resume: {self.dir.ck_path} lacks the next round's parameters or "
-                                    "learning rate that train.overlap = 1 needs")
-        if ck.hidden is not None:
-            if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
-                raise TrainingError(f"cannot resume: {self.dir.ck_path} holds one stream's hidden state (a one-machine "
-                                    "run's), not one per partition")
-            state.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
+        state = SyncState.resumed(ck, self.cfg_in, self.dir.ck_path)
         old = self.dir.saved_lines()
         if old is not None:
             self.dir.keep_lines([m for m in old if m["round"] <= at.round])
@@ -129,7 +106,8 @@ class Trainer(Driver):
             cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
             model = build_model(cfg.model)
             at = at or RunState(schedule=Schedule(cfg.optim).state)
-            state = state or (self._start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed)))
+            if state is None:
+                state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
             self.dir.write_info(self.sc, cfg, resume, data.devices, init)
             self._say_start(cfg, data, state.params.size, rounds, at.round if resume else None, init)
             stop = StopRequest(self.log)
