@@ -164,8 +164,10 @@ class SyncRound:
 
     @staticmethod
     def from_optim(optim: dict, t: int) -> dict:
-        """The :class:`~rnnlm.spark.allreduce.SyncState` fields a checkpoint's ``optim.npz``
-        (:meth:`to_optim`) restores: ``opt``, ``opt_local``, ``velocity``, ``view``, ``held``."""
+        """What a checkpoint's ``optim.npz`` (:meth:`to_optim`) restores: the
+        :class:`~rnnlm.spark.allreduce.SyncState` fields ``opt``, ``opt_local``, ``velocity`` and
+        ``held``, and ``view``, the stored ``outer.view`` (:meth:`~rnnlm.spark.allreduce.SyncState.resumed`
+        says whose it is)."""
         slots = {k: v for k, v in optim.items() if StateKeys.is_slot(k)}
         opt_local: dict = {}
         for k, v in optim.items():

@@ -38,10 +38,9 @@ class SyncState:
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
     held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds
-    # from a checkpoint: the executors' parameters (exchange.broadcast = delta) or, with train.overlap,
-    # those the next round trains from, and its learning rate
-    view: np.ndarray | None = None
-    pending_lr: float | None = None
+    view: np.ndarray | None = None             # a delta broadcast's: the executors' parameters (from a checkpoint)
+    next_params: np.ndarray | None = None      # train.overlap: what the next round trains from (from a checkpoint),
+    next_lr: float | None = None               # and at which rate
 
     @classmethod
     def start_from(cls, init) -> SyncState:
@@ -57,12 +56,19 @@ class SyncState:
 
     @classmethod
     def resumed(cls, ck, cfg, where: str) -> SyncState:
-        """The state checkpoint ``ck`` (read from ``where``) holds for a run configured as ``cfg``."""
-        state = cls(params=ck.params, **SyncRound.from_optim(ck.optim, ck.optim_t))
+        """The state checkpoint ``ck`` (read from ``where``) holds for a run configured as ``cfg``.
+
+        Its ``outer.view`` is a delta broadcast's view and, under overlap, what the next round trains
+        from (with a delta broadcast the two are the same parameters)."""
+        kept = SyncRound.from_optim(ck.optim, ck.optim_t)
+        stored = kept.pop("view")
+        state = cls(params=ck.params, **kept)
+        if cfg.exchange.broadcast != "rows":
+            state.view = stored
         if cfg.train.overlap:
-            state.pending_lr = ck.position.get("pending_lr")
-            if (type(state.pending_lr) is not float or not math.isfinite(state.pending_lr) or state.pending_lr < 0
-                    or state.view is None or state.view.shape != state.params.shape):
+            state.next_params, state.next_lr = stored, ck.position.get("pending_lr")
+            if (type(state.next_lr) is not float or not math.isfinite(state.next_lr) or state.next_lr < 0
+                    or stored is None or stored.shape != state.params.shape):
                 raise TrainingError(f"cannot resume: {where} lacks the next round's parameters or "
                                     "learning rate that train.overlap = 1 needs")
         if ck.hidden is not None:
@@ -80,7 +86,7 @@ class Snapshot:
     optim: dict                       # ``optim.npz``'s entries (:meth:`SyncRound.to_optim`)
     optim_t: int
     hidden: np.ndarray | None         # the partitions' hidden states, stacked
-    pending_lr: float | None          # train.overlap: the next round's learning rate
+    next_lr: float | None             # train.overlap: the next round's learning rate
     held: dict | None                 # what the partitions hold, collected from Spark
 
 
@@ -161,9 +167,11 @@ class AllReduce:
         late), and submitted at once unless ``pause`` (an evaluation or a checkpoint by count follows
         round r), round r is the last, or the lineage is due a cut."""
         st = self.state
-        if self.next is None:
-            resumed = self.overlap and st.pending_lr is not None
-            self.next = self._define(r, st.view if resumed else st.params, st.pending_lr if resumed else lr)
+        if self.next is None and st.next_lr is not None:       # a resumed run's, from its checkpoint
+            self.next = self._define(r, st.next_params, st.next_lr)
+            st.next_params = st.next_lr = None
+        elif self.next is None:
+            self.next = self._define(r, st.params, lr)
         job, self.next = self.next, None
         if job.future is None:
             self._submit(job)
@@ -204,7 +212,9 @@ class AllReduce:
         st = self.state
         if self.lineage is not None:
             st.held = self.lineage.collect()
-        view, lr = self.broadcasts.view, None      # view: a delta broadcast's, else None
+        # outer.view: a delta broadcast's view, and under overlap what the next round trains from (the
+        # same parameters with a delta broadcast; the next job's own with rows)
+        view, lr = self.broadcasts.view, None
         if self.overlap:
             view, lr = (self.next.params if view is None else view), float(self.next.lr)
         held = st.held if self.lineage is not None else None

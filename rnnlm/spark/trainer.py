@@ -239,8 +239,8 @@ class Trainer(Driver):
         snapshot = sync.snapshot()
         position = {"round": at.round, "tokens": at.tokens, "bytes_sent": at.bytes_sent,
                     "bytes_broadcast": at.bytes_broadcast, "wall_s": at.wall_s, "eval_s": at.eval_s, "best": at.best}
-        if snapshot.pending_lr is not None:
-            position["pending_lr"] = snapshot.pending_lr
+        if snapshot.next_lr is not None:
+            position["pending_lr"] = snapshot.next_lr
         ck = checkpoint.Checkpoint(
             params=sync.params, config=cfg, vocab=vocab, optim=snapshot.optim, optim_t=snapshot.optim_t,
             hidden=snapshot.hidden, schedule=at.schedule, position=position)
