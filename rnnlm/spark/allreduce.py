@@ -65,7 +65,7 @@ class SyncState:
         state = cls(params=ck.params, **kept)
         if cfg.exchange.broadcast != "rows":
             state.view = stored
-        if cfg.train.overlap:
+        if overlapped(cfg.train):
             state.next_params, state.next_lr = stored, ck.position.get("pending_lr")
             if (type(state.next_lr) is not float or not math.isfinite(state.next_lr) or state.next_lr < 0
                     or stored is None or stored.shape != state.params.shape):
@@ -132,13 +132,14 @@ class AllReduce:
     def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print):
         t = cfg.train
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
-        self.overlap = t.overlap > 0        # the driver's one reading of train.overlap
+        self.overlap = overlapped(t)
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
         self.lineage = self.broadcasts = self.channel = self.pool = None
         self.next = None                    # the next round's job, defined a round ahead (overlap)
         self.flight = []                    # submitted, not waited for
         try:
-            if executor.chained(cfg):
+            # the partitions' carryover stays in Spark where it cannot pass through the driver
+            if cfg.exchange.feedback or self.overlap:
                 self.lineage = Lineage(sc, data, state.held, self._carries())
             retire = self.lineage.keep if self.lineage else None
             bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
@@ -265,7 +266,8 @@ class AllReduce:
         bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
         carry_bcs = dict(zip(carries, bcs[1:]))
         # sink -> the tasks' function; a partial pickles small, and rounds that replay a lineage carry one per round
-        task = functools.partial(executor.round_task, self.cfg, base, bcs[0], carry_bcs, r, lr, deltas)
+        task = functools.partial(executor.round_task, self.cfg, base, bcs[0], carry_bcs, r, lr, deltas,
+                                 chained=self.lineage is not None, carries_in_spark=self.overlap)
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
@@ -314,6 +316,12 @@ def _channel(sc, cfg, model, log) -> channel.Channel:
         return channel.Channel(expect, host, log, channel.max_frame_bytes(expect))
     except OSError as e:
         raise TrainingError(f"train.results = 'direct': cannot listen on {host}: {e.strerror or e}") from None
+
+
+def overlapped(train) -> bool:
+    """``train.overlap``'s rule, read here alone: whether round r+1's job is defined from the
+    parameters round r trains from, a round ahead, so that the partitions' carries stay in Spark."""
+    return train.overlap > 0
 
 
 def steps_label(t) -> str:

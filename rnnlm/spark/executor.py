@@ -104,14 +104,8 @@ def probe_task(cfg: config.Config):
     return run
 
 
-def chained(cfg: config.Config) -> bool:
-    """Whether a round's tasks read and emit :class:`rnnlm.spark.lineage.Lineage`' elements (the
-    partitions' carryover in Spark): with error feedback or ``train.eager`` what they hold, and with
-    ``train.overlap`` their carries as well."""
-    return cfg.exchange.feedback or cfg.train.overlap > 0
-
-
-def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None):
+def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None, *,
+               chained: bool = False, carries_in_spark: bool = False):
     """One round on one partition from the broadcast state (:mod:`rnnlm.exchange.round`).
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the
@@ -120,14 +114,16 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
-    When :func:`chained`, the task reads :class:`rnnlm.spark.lineage.Lineage`' elements
-    ``(pid, tokens, starts, held, carry)`` and yields the next round's, which stay in Spark;
-    its contribution goes to the accumulator ``sink`` (with None it is yielded before the
-    element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD` names to what the
-    partition holds between rounds: error feedback's residual (``"feedback"``) and with
-    ``train.eager`` its last change (``"eager"``); the carry is None without ``train.overlap``
-    (it comes from ``bc_carry`` then). Otherwise the task reads ``(pid, tokens, starts)`` and
-    yields its contribution.
+    With ``chained`` (the partitions' carryover stays in Spark, as
+    :class:`rnnlm.spark.allreduce.AllReduce` decides) the task reads
+    :class:`rnnlm.spark.lineage.Lineage`' elements ``(pid, tokens, starts, held, carry)`` and
+    yields the next round's; its contribution goes to the accumulator ``sink`` (with None it is
+    yielded before the element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD`
+    names to what the partition holds between rounds: error feedback's residual
+    (``"feedback"``) and with ``train.eager`` its last change (``"eager"``). The carry is read
+    from the element and the next one emitted into it with ``carries_in_spark`` (under
+    ``train.overlap``), else it comes from ``bc_carry`` and the element's is None. Without
+    ``chained`` the task reads ``(pid, tokens, starts)`` and yields its contribution.
 
     ``train.eager`` (Kale et al. 2025, "Eager Updates for Overlapped Communication and
     Computation in DiLoCo"): under overlap a round trains from parameters that lack the round
@@ -137,15 +133,15 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     """
     def run(it):
         started = time.time()       # wall clock: the driver sets it against the job's submission
-        t, chain, overlap = cfg.train, chained(cfg), cfg.train.overlap > 0
-        items = (x if chain else (*x, None, None) for x in it)
+        t = cfg.train
+        items = (x if chained else (*x, None, None) for x in it)
 
         def emit(contribution, pid, tokens, starts, held, carry):
             if sink is not None:
                 sink.add(contribution)
             else:
                 yield contribution
-            if chain:
+            if chained:
                 yield pid, tokens, starts, held, carry
         try:
             xp = task_xp(t.device)
@@ -184,7 +180,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                                         time.perf_counter() - t0, backend.to_numpy)
             keep = {"feedback": left, "eager": change if t.eager else None}
             yield from emit(agg, pid, tokens, starts, {k: v for k, v in keep.items() if v is not None},
-                            agg.local[pid] if overlap else None)
+                            agg.local[pid] if carries_in_spark else None)
     return run
 
 
