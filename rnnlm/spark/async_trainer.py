@@ -32,11 +32,11 @@ from ..core.schedule import Schedule
 from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s, server_in_flight
 from .async_task import worker_task
-from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
+from .rundir import Driver, Init, RunDir, TrainingError, best_record, devices_line, improves, resume_keys
 from .session import bind_host
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, total_rounds, unpersist_corpus
-from .executor import device_field, devices_line
+from .executor import device_field
 
 
 class AsyncTrainer(Driver):

@@ -56,21 +56,6 @@ def device_label(xp) -> str:
     return "cpu" if key == "numpy" else "gpu " + key.split(":")[1]
 
 
-def devices_line(devices: dict, wanted: str) -> str:
-    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
-    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
-    ``cpu`` without GPUs assigned (nothing to say)."""
-    ran = [d["ran"] for _, d in sorted(devices.items())]
-    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
-        return ""
-    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
-    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
-    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
-    if wanted == "auto" and "cpu" in ran:
-        notes.append("no CUDA device: auto runs on the CPU")
-    return line + (f" ({'; '.join(notes)})" if notes else "")
-
-
 def device_field(gpu_partitions: int, partitions: int) -> str:
     """A metrics line's ``device``: ``cpu``, ``gpu``, or ``gpu+cpu`` when only some partitions had one."""
     return "cpu" if gpu_partitions == 0 else "gpu" if gpu_partitions >= partitions else "gpu+cpu"

@@ -149,6 +149,21 @@ def improves(best: dict | None, valid_loss: float) -> bool:
     return best is None or valid_loss < best["valid_loss"]
 
 
+def devices_line(devices: dict, wanted: str) -> str:
+    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
+    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
+    ``cpu`` without GPUs assigned (nothing to say)."""
+    ran = [d["ran"] for _, d in sorted(devices.items())]
+    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
+        return ""
+    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
+    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
+    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
+    if wanted == "auto" and "cpu" in ran:
+        notes.append("no CUDA device: auto runs on the CPU")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
 class RunDir:
     """The output directory of one run, and where its lines are reported.
 

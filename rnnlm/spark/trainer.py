@@ -21,7 +21,7 @@ from .allreduce import AllReduce, SyncState, steps_label
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
+from .rundir import Driver, Init, TrainingError, best_record, check_longer, devices_line, improves, resume_keys
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -142,8 +142,8 @@ class Trainer(Driver):
         """The run's first lines: its size, its devices, where it starts."""
         self.log(f"vocab {len(data.vocab)} | params {size:,} | train tokens {data.tokens:,} | "
                  f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
-        if executor.devices_line(data.devices, cfg.train.device):
-            self.log(executor.devices_line(data.devices, cfg.train.device))
+        if devices_line(data.devices, cfg.train.device):
+            self.log(devices_line(data.devices, cfg.train.device))
         if resumed is not None:
             self.log(f"resumed from round {resumed}")
         elif init:
