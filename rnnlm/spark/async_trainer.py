@@ -32,7 +32,7 @@ from ..core.schedule import Schedule
 from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s, server_in_flight
 from .async_task import worker_task
-from .rundir import Driver, Init, RunDir, TrainingError, best_record, devices_line, improves, resume_keys
+from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, total_rounds, unpersist_corpus
@@ -95,15 +95,13 @@ class AsyncTrainer(Driver):
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
-        self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
-                 f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
-                 f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
-        if devices_line(data.devices, cfg.train.device):
-            self.log(devices_line(data.devices, cfg.train.device))
-        if ck is not None:
-            self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
-        elif init:
-            self.log(init.line())
+        self.dir.say_start(
+            f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
+            f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
+            f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})",
+            data.devices, cfg.train.device,
+            None if ck is None else f"resumed from round {ck.position['round']} (version {ck.position['version']})",
+            init)
         run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))

@@ -251,6 +251,18 @@ class RunDir:
     def _metrics_bytes(self) -> bytes:
         return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
 
+    def say_start(self, size: str, devices: dict, wanted: str, resumed: str | None, init: Init | None) -> None:
+        """The run's first lines: its ``size``, where its partitions compute (as the corpus's probe
+        found, ``train.device`` being ``wanted``: :func:`devices_line`), where it starts (``resumed``
+        from a checkpoint, or ``init``'s weights)."""
+        self.log(size)
+        if devices_line(devices, wanted):
+            self.log(devices_line(devices, wanted))
+        if resumed is not None:
+            self.log(resumed)
+        elif init:
+            self.log(init.line())
+
     def say_evaluating(self, name: str, tokens: int | None) -> None:
         """A pass over held-out text can take longer than a round: say what the silence is."""
         self.log(f"evaluating {name}" + (f" ({tokens:,} tokens)..." if tokens is not None else "..."))

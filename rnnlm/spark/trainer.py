@@ -21,7 +21,7 @@ from .allreduce import AllReduce, SyncState, steps_label
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from .rundir import Driver, Init, TrainingError, best_record, check_longer, devices_line, improves, resume_keys
+from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -109,7 +109,10 @@ class Trainer(Driver):
             if state is None:
                 state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
             self.dir.write_info(self.sc, cfg, resume, data.devices, init)
-            self._say_start(cfg, data, state.params.size, rounds, at.round if resume else None, init)
+            size = (f"vocab {len(data.vocab)} | params {state.params.size:,} | train tokens {data.tokens:,} | "
+                    f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
+            resumed = f"resumed from round {at.round}" if resume else None
+            self.dir.say_start(size, data.devices, cfg.train.device, resumed, init)
             stop = StopRequest(self.log)
             try:
                 sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
@@ -137,17 +140,6 @@ class Trainer(Driver):
                 unpersist_corpus(data, blocking=ended)
         self.params, self.vocab = state.params, data.vocab
         return self.metrics[-1]
-
-    def _say_start(self, cfg, data: Corpus, size: int, rounds: int, resumed: int | None, init: Init | None) -> None:
-        """The run's first lines: its size, its devices, where it starts."""
-        self.log(f"vocab {len(data.vocab)} | params {size:,} | train tokens {data.tokens:,} | "
-                 f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
-        if devices_line(data.devices, cfg.train.device):
-            self.log(devices_line(data.devices, cfg.train.device))
-        if resumed is not None:
-            self.log(f"resumed from round {resumed}")
-        elif init:
-            self.log(init.line())
 
     def nothing_to_do(self, at: int, rounds: int, params, vocab) -> dict:
         """A resumed run already at its length: no training, the checkpoint's model; the last line."""
