@@ -1,21 +1,15 @@
-"""The synchronous round, owned in one place (no Spark here).
+"""The synchronous round's rules, owned in one place (no Spark here): a round of local SGD with a
+periodic all-reduce (the RNN-on-Spark paper's iteration).
 
-A round of local SGD with a periodic all-reduce (the RNN-on-Spark paper's iteration):
-
-1. driver, :meth:`SyncRound.message` and :meth:`SyncRound.carries`: one :class:`RoundMessage` every partition reads (the
-   rows that differ from the base executors keep, see :mod:`rnnlm.exchange.rebase`; the
-   averaged optimizer state) and one :class:`Carry` per partition (what it alone took home
-   last round: its hidden state, its own optimizer state);
-2. executor, :func:`view` and :meth:`SyncRound.start`: the driver's parameters rebuilt bit for
-   bit, and the partition's optimizer state;
-3. executor, :meth:`SyncRound.contribution`: its change, encoded by
-   :func:`rnnlm.exchange.plan.encode`, as an :class:`~rnnlm.exchange.aggregate.Aggregate` leaf
-   under the block names :data:`PARAMS` and :data:`OPT` (or :meth:`SyncRound.failed`);
-4. driver, :meth:`SyncRound.apply`: the merged aggregate's mean change through the outer
-   optimizer, the averaged optimizer state, the carries for the next round.
-
-What a resumed run needs of all this lives in a checkpoint's ``optim.npz`` under the key names
-of :class:`StateKeys`, written and read here only.
+1. driver, :meth:`SyncRound.message` and :meth:`SyncRound.carries`: a :class:`RoundMessage` all
+   partitions read, and a :class:`Carry` each (its hidden state, its own optimizer state);
+2. executor, :func:`view` and :meth:`SyncRound.start`: the driver's parameters rebuilt bit for bit
+   (the base executors keep plus rows, :mod:`rnnlm.exchange.rebase`), the optimizer state;
+3. executor, :meth:`SyncRound.contribution` (or :meth:`SyncRound.failed`): its change, encoded by
+   :func:`rnnlm.exchange.plan.encode`, as an aggregate leaf under :data:`PARAMS` and :data:`OPT`;
+4. driver, :meth:`SyncRound.apply`: the mean change through the outer optimizer, the averaged
+   optimizer state, the carries for the next round. A checkpoint's ``optim.npz`` keys are
+   :class:`StateKeys`', written and read here only.
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Asynchronous training (``train.mode = "async"``): a parameter server on the driver.
 
-The driver starts :class:`rnnlm.server.paramserver.ParameterServer` behind an
-authenticated :class:`rnnlm.server.wire.FrameServer` bound to the address the
-executors reach (``server.host``; by default loopback with a local master,
-``spark.driver.host`` on a cluster: :func:`bind_host`), then runs one
-Spark job with one long-running task per partition
-(:func:`rnnlm.spark.async_task.worker_task`). While the job runs, the driver writes
-one metrics line per ``data.partitions`` applied pushes (a push window of every
-worker, on average), evaluates on held-out text (locally: the job holds the
-executors' cores) and checkpoints the server's state every ``server.checkpoint_s``
-seconds or ``server.checkpoint_pushes`` pushes.
-
-What a driver failure loses: the server lives in the driver, so when the driver
-dies the updates applied since its last checkpoint are lost (at most
-``checkpoint_s`` seconds or ``checkpoint_pushes`` pushes of work, plus the pushes in
-flight); ``--resume`` restarts the server from that checkpoint and every
-partition from its first window the checkpoint does not hold.
+The driver serves :class:`rnnlm.server.paramserver.ParameterServer` behind an authenticated
+:class:`rnnlm.server.wire.FrameServer` where the executors reach it (``server.host``, else
+:func:`bind_host`'s choice), runs one Spark job of one long-running task per partition
+(:func:`rnnlm.spark.async_task.worker_task`), and meanwhile writes a metrics line per
+``data.partitions`` pushes, evaluates held-out text locally and checkpoints the server's state.
+docs/async.md says what this guarantees and what a driver failure loses.
 """
 from __future__ import annotations
 
