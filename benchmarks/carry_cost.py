@@ -3,7 +3,7 @@
     python benchmarks/carry_cost.py [--mb 18.6] [--rounds 12] [--master "local[2]"]
 
 Tasks that sleep 0.3 s instead of training, 2 partitions, each round a job over the last
-round's output, as the trainer's chained rounds (:mod:`rnnlm.spark.residuals`) run them. Per
+round's output, as the trainer's chained rounds (:mod:`rnnlm.spark.lineage`) run them. Per
 way of carrying, the median of rounds 3..N of the round's time beyond the sleep:
 
 * ``nothing``: the job alone (Spark's floor for a round of 2 tasks);

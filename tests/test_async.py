@@ -160,9 +160,10 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
     import threading
     import time
+    from rnnlm.server import paramserver
     from rnnlm.server.paramserver import ParameterServer
-    release, original, calls = threading.Event(), ParameterServer._apply, []
-    push, pushes, first = ParameterServer._push, [], tmp_path / "run" / "checkpoint" / "state.json"
+    release, original, calls = threading.Event(), ParameterServer.apply, []
+    decode, pushes, first = paramserver.blocks_from_wire, [], tmp_path / "run" / "checkpoint" / "state.json"
 
     def second_hangs(self, decoded, scale):
         calls.append(1)
@@ -170,16 +171,17 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
             release.wait(120)
         original(self, decoded, scale)
 
-    def second_after_the_first_checkpoint(self, *args):
-        # the driver checkpoints push 1 before push 2 is reserved (else it waits for push 2 instead: a race)
+    def second_after_the_first_checkpoint(*args):
+        # the driver checkpoints push 1 before push 2 is reserved (else it waits for push 2 instead: a race);
+        # a push is decoded before it is reserved
         pushes.append(1)
         deadline = time.monotonic() + 60
         while len(pushes) == 2 and not first.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        return push(self, *args)
+        return decode(*args)
 
-    monkeypatch.setattr(ParameterServer, "_apply", second_hangs)
-    monkeypatch.setattr(ParameterServer, "_push", second_after_the_first_checkpoint)
+    monkeypatch.setattr(ParameterServer, "apply", second_hangs)
+    monkeypatch.setattr(paramserver, "blocks_from_wire", second_after_the_first_checkpoint)
     cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
                  "server.timeout_s=1", "server.checkpoint_pushes=1")
     tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)

@@ -144,10 +144,10 @@ def test_the_inbox_merges_in_partition_order_whatever_the_arrival_order():
 
 
 def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
-    """Rounds whose carries stay in Spark without the channel: the accumulator keeps each partition's
+    """Rounds whose carryover stays in Spark without the channel: the accumulator keeps each partition's
     contribution and the round merges them in partition order."""
     from rnnlm.exchange.aggregate import in_order
-    from rnnlm.spark.residuals import Contributions
+    from rnnlm.spark.lineage import Contributions
     values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0}
     for order in ([0, 1, 2], [2, 0, 1], [0, 2, 1]):
         param, acc = Contributions(), {}

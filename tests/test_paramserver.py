@@ -8,7 +8,7 @@ import pytest
 from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
-from rnnlm.server import wire
+from rnnlm.server import paramserver, wire
 from rnnlm.server.paramserver import ParameterServer, WorkerClient, blocks_to_wire, patch
 
 LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
@@ -200,20 +200,20 @@ def test_lock_free_pushes_from_threads_all_land_once():
     assert ps.params.max() <= P * W and ps.params.min() > 0
 
 
-def test_a_push_decoded_while_a_newer_attempt_says_hello_is_not_applied():
+def test_a_push_decoded_while_a_newer_attempt_says_hello_is_not_applied(monkeypatch):
     """The lease is checked again when the window is reserved: an attempt superseded while its push
     was being decoded cannot apply it (the zombie race)."""
     ps = server()
     hello(ps, 0)
     fields, arrays = push_msg(np.ones(LAYOUT.size))
     fields.update(pid=0, lease=1, window=0, version=0)
-    original = ps._push
+    decode = paramserver.blocks_from_wire
 
-    def hello_during_decode(pid, lease, f, a):
+    def hello_during_decode(layout, f, a):
         hello(ps, 0)                     # the retry announces itself between the first check and the claim
-        return original(pid, lease, f, a)
+        return decode(layout, f, a)
 
-    ps._push = hello_during_decode
+    monkeypatch.setattr(paramserver, "blocks_from_wire", hello_during_decode)
     kind, _, _ = ps.handle("t", "push", fields, arrays)
     assert kind == "stop" and ps.done == [0, 0] and not ps.params.any()
 
@@ -247,14 +247,14 @@ def test_a_snapshot_waits_for_a_push_being_applied():
     exactly the windows it names, so a snapshot taken mid-apply waits for that push to land."""
     ps = server()
     hello(ps, 0)
-    applying, original = threading.Event(), ps._apply
+    applying, original = threading.Event(), ps.apply
 
     def slow_apply(decoded, scale):
         applying.set()
         threading.Event().wait(0.3)
         original(decoded, scale)
 
-    ps._apply = slow_apply
+    ps.apply = slow_apply
     th = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32)))
     th.start()
     assert applying.wait(5)
@@ -299,19 +299,19 @@ def test_a_push_in_flight_during_a_pull_is_sent_by_the_next_pull():
     ps = server()
     f0, p0 = hello(ps, 0)
     hello(ps, 1)
-    applying, release, original = threading.Event(), threading.Event(), ps._apply
+    applying, release, original = threading.Event(), threading.Event(), ps.apply
 
     def held_apply(decoded, scale):
         applying.set()
         release.wait(5)
         original(decoded, scale)
 
-    ps._apply = held_apply
+    ps.apply = held_apply
     one = np.ones(LAYOUT.size, np.float32)
     th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one * 2))
     th.start()
     assert applying.wait(5)
-    ps._apply = original
+    ps.apply = original
     kind, r, a = push(ps, 0, 1, 0, 0, one)             # lands while worker 1's push is held mid-apply
     patch(LAYOUT, p0, r["pulled"], a)
     assert r["version"] == 0                           # claim 1 (worker 1's) has not landed: watermark 0
@@ -381,7 +381,7 @@ def test_a_snapshot_waits_for_a_push_that_never_lands_at_most_timeout_s():
     ps = server(heartbeat_s=0.1, timeout_s=0.5)
     hello(ps, 0)
     hello(ps, 1)
-    applying, release, original = threading.Event(), threading.Event(), ps._apply
+    applying, release, original = threading.Event(), threading.Event(), ps.apply
 
     def stuck(decoded, scale):
         if not applying.is_set():
@@ -389,7 +389,7 @@ def test_a_snapshot_waits_for_a_push_that_never_lands_at_most_timeout_s():
             release.wait(20)
         original(decoded, scale)
 
-    ps._apply = stuck
+    ps.apply = stuck
     th = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32)), daemon=True)
     th.start()
     try:

@@ -227,12 +227,12 @@ def test_sampled_softmax_moves_only_target_rows_and_over_the_whole_vocabulary_is
 
 def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbers(
         spark, tiny_cfg, tmp_path, monkeypatch):
-    from rnnlm.spark import residuals
+    from rnnlm.spark import lineage
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=dense+onebit",
         "exchange.feedback=true", "train.rounds=5", "train.checkpoint_every=0"]))
     long = run(spark, cfg, tmp_path / "long")
-    monkeypatch.setattr(residuals, "MAX_LINEAGE", 2)
+    monkeypatch.setattr(lineage, "MAX_LINEAGE", 2)
     cut = run(spark, cfg, tmp_path / "cut")
     assert np.array_equal(long.params, cut.params)
     pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / "cut"))
@@ -529,7 +529,7 @@ def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
     job's parameters and rate, and the last finished round's residuals (and with ``train.eager`` the
     partitions' last changes); resuming reproduces the uninterrupted run bit for bit, and so does a run
     that waits at every round (checkpoint_every=1)."""
-    from rnnlm.spark.residuals import Residuals
+    from rnnlm.spark.lineage import Lineage
     base = config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
         "exchange.random=0.2", "exchange.feedback=true", "exchange.broadcast=delta+int8", "optim.name=sgd",
@@ -540,12 +540,12 @@ def test_overlap_resumes_from_a_checkpoint_written_while_the_next_round_ran(
                   tmp_path / "drained")
     assert np.array_equal(drained.params, whole.params)
     cuts = []
-    real = Residuals.truncate
+    real = Lineage.truncate
 
-    def truncate(self, saved, carries=None):
-        cuts.append(real(self, saved, carries))
+    def truncate(self, held, carries=None):
+        cuts.append(real(self, held, carries))
         return cuts[-1]
-    monkeypatch.setattr(Residuals, "truncate", truncate)
+    monkeypatch.setattr(Lineage, "truncate", truncate)
     cfg = config.from_dict(config.apply_overrides(base, ["train.checkpoint_s=1e-9"]))
     out = tmp_path / "time"
     assert crashed_at(spark, cfg, out, 3) == 2
@@ -563,7 +563,7 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
     Dropped on arrival (as when another job computed the partition first), a contribution is
     recomputed from the round's inputs; delivered twice (a partition computed twice), it counts once."""
     import copy
-    from rnnlm.spark.residuals import Contributions
+    from rnnlm.spark.lineage import Contributions
     base = config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
         "exchange.feedback=true", "train.rounds=3", "train.overlap=1", "train.optim_state=local"])
@@ -598,7 +598,7 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
 @pytest.mark.parametrize("settings", [
     # dense, through treeAggregate: Adam's slots averaged, hidden state carried through the driver
     ["train.local_steps=4", "train.optim_state=average"],
-    # carries in Spark (error feedback's residuals, overlap's carries), Adam's slots kept per partition
+    # carryover in Spark (error feedback's residuals, overlap's carries), Adam's slots kept per partition
     ["exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
      "exchange.feedback=true", "train.overlap=1", "train.optim_state=local"],
 ], ids=["tree", "carried"])

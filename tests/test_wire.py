@@ -268,8 +268,8 @@ def test_a_frame_recorded_on_another_connection(server, secret, recorded):
 
 def test_a_reordered_frame(server, secret):
     conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
-    conn._seq_out += 1                                       # skips a sequence number
-    conn.send("echo", {}, {})
+    # seq 1 is what the server expects next: a frame that skips it
+    conn.sock.sendall(frame(conn._key, wire._TO_SERVER, {"kind": "echo", "seq": 2, "fields": {}, "arrays": []}))
     refused_once(server, secret, "replay")
 
 

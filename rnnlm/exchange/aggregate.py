@@ -1,17 +1,10 @@
 """The value that ``treeAggregate`` combines: a small structure of blocks.
 
-Each partition contributes named **blocks** (:mod:`rnnlm.exchange.blocks`: its
-change to each parameter slot, all rows or some, in a codec; optimizer
-accumulators), a weight (tokens processed), the ids of the words it read, and
-scalar statistics; merging two values forms the weight-averaged blocks. Merged
-values hold float64 weighted sums, so the average does not depend on the order in
-which Spark happens to merge (float32 rounding would). A partition that fails (a
-non-finite loss) sends no blocks, only its error, and merges with healthy
-partitions at any level of the tree.
-
-``wire_bytes`` is measured, not estimated: every time a value is pickled to
-cross a process boundary (executor to executor in the tree, or to the driver)
-its serialised size is added, so the driver's final value carries the total.
+Each partition contributes named blocks (:mod:`rnnlm.exchange.blocks`), a weight (tokens), the
+ids of the words it read, its carry and scalar statistics, or only its error; merged values hold
+float64 weighted sums, so the mean does not depend on Spark's merge order. ``wire_bytes`` is
+measured each time a value is pickled to cross a process boundary. docs/design.md ("How
+distributed training works") and docs/exchange.md ("Merging in the tree") say more.
 """
 from __future__ import annotations
 

@@ -1,39 +1,10 @@
 """Blocks: one parameter slot's change as it travels, and the sums merging forms.
 
-A slot is seen as a matrix (R, C) (a vector (n,) as (n, 1)). A :class:`Block`
-carries all its rows or only some (sorted ``ids``), with the values in a codec:
-
-=========  ===================================================================
-``f32``    float32 as computed
-``fp16``   multiplied by a power of two F, cast to float16, divided by F on
-           arrival (Patwary et al. 2018, section III-C). F is the largest power of two that
-           keeps the block's largest magnitude below 2^15, so nothing overflows;
-           an element comes back within ``|v| 2^-11 + max|v| 2^-24`` of ``v``
-``bf16``   float32 truncated to its upper 16 bits (no scale needed: bfloat16
-           keeps float32's exponent); within ``|v| 2^-7``
-``int8``   per row a float32 scale ``max|row| / 127`` and the values divided by
-           it, rounded to int8 (a vector is one row); an element comes back
-           within ``max|row| / 254`` of ``v``: half fp16's bytes
-``onebit`` one sign bit per value and, per row, two floats: the means of the
-           row's non-negative and of its negative values (Seide et al.'s 1-bit
-           SGD; a vector is one row). Only useful with error feedback
-           (``exchange.feedback``): the quantisation error is carried to the next
-           round, see :func:`rnnlm.exchange.plan.encode`
-=========  ===================================================================
-
-Merging never happens in a codec: a leaf's block is decoded once into a
-float64 weighted :class:`Sum`; sums of row blocks merge as the union of their ids
-with the values of shared rows added (Patwary et al.'s all-gather of indices followed
-by an all-reduce over the union), so a level of the tree never holds more rows
-than the union of what its partitions sent.
-
-A merged sum that crosses a process boundary (an intermediate level of a deep
-``treeAggregate``) travels in its blocks' codec, not in float64 (``onebit`` sums
-as ``fp16``: a sum of signs is no longer two-valued). Within a node sums add in
-float64, so the node's result does not depend on the order Spark merges in; it is
-rounded to the codec once, when it leaves. Which partitions meet at a node is
-fixed by Spark's tree (partition index modulo the level's width), so the result
-is a function of the partitions' values, the partition count and the tree depth.
+A slot is seen as a matrix (R, C) (a vector (n,) as (n, 1)). A :class:`Block` carries all its
+rows or only some (sorted ``ids``) in a codec (``f32``, ``fp16``, ``bf16``, ``int8``, ``onebit``);
+merging is in float64 sums (:class:`Sum`), never in a codec. docs/exchange.md ("What travels",
+"Merging in the tree") gives each codec's rule and error bound, and why merges do not depend on
+Spark's order.
 """
 from __future__ import annotations
 

@@ -1,30 +1,10 @@
 """What each partition sends of its change: per parameter group, all rows or some, in a codec.
 
-Groups (the ``[exchange]`` configuration section): ``embed`` (the input table),
-``softmax`` (``Wo`` and ``bo``), ``hidden`` (every other slot). A group's spec is
-``dense`` or ``rows``, optionally with a codec: ``dense+fp16``, ``rows+bf16``...
-Rows are chosen per matrix kind as Xiao et al. (2017, section 3) say:
-
-``embed``    the rows that changed this round (the words the partition read, and
-             with a momentum or Adam optimizer the rows its state still moves):
-             exact, nothing is left behind
-``softmax``  V_all = the words of the round's batches (V_base) U the
-             ``exchange.frequent`` most frequent words (ids are frequency ranks:
-             V_alpha) U a seeded ``exchange.random`` fraction (V_beta)
-``hidden``   a seeded ``exchange.random`` fraction of each matrix's rows
-
-What a partition does not send is dropped by default (Xiao et al.'s choice: rows not
-sent are averaged as unchanged, codec rounding is lost). With ``exchange.feedback``
-it is kept instead, as the partition's **residual** (error feedback, Seide et al.):
-the change of rows not sent and the codec's error on the rows sent are added to the
-next round's change, so over rounds the whole change arrives. Rows are still chosen
-from this round's change (the embedding's touched rows, the round's words), so a
-row's residual waits until the row is sent again. ``onebit`` requires feedback.
-Random rows are drawn from ``(seed, round, group)``
-where partitions in the same shared-seed group (Patwary et al. 2018, section III-B) draw the
-same rows, so the union that travels stays small: ``exchange.seed_groups`` = ``one``
-(all partitions alike), ``partition`` (each its own), ``log2`` (ceil(log2 P)
-groups) or ``pow064`` (ceil(P^0.64), Patwary et al.'s power law).
+Groups (the ``[exchange]`` configuration section): ``embed``, ``softmax`` (``Wo`` and ``bo``),
+``hidden`` (every other slot), each ``dense`` or ``rows`` with an optional codec; what is not sent
+is dropped, or with ``exchange.feedback`` kept as the partition's **residual**. docs/exchange.md
+("What travels", "Error feedback", "Merging in the tree") says how rows are chosen (Xiao et al.
+2017), how a residual catches up, and how seed groups draw random rows (Patwary et al. 2018).
 """
 from __future__ import annotations
 

@@ -1,21 +1,15 @@
-"""The synchronous round, owned in one place (no Spark here).
+"""The synchronous round's rules, owned in one place (no Spark here): a round of local SGD with a
+periodic all-reduce (the RNN-on-Spark paper's iteration).
 
-A round of local SGD with a periodic all-reduce (the RNN-on-Spark paper's iteration):
-
-1. driver, :meth:`SyncRound.message` and :meth:`SyncRound.carries`: one :class:`RoundMessage` every partition reads (the
-   rows that differ from the base executors keep, see :mod:`rnnlm.exchange.rebase`; the
-   averaged optimizer state) and one :class:`Carry` per partition (what it alone took home
-   last round: its hidden state, its own optimizer state);
-2. executor, :func:`view` and :meth:`SyncRound.start`: the driver's parameters rebuilt bit for
-   bit, and the partition's optimizer state;
-3. executor, :meth:`SyncRound.contribution`: its change, encoded by
-   :func:`rnnlm.exchange.plan.encode`, as an :class:`~rnnlm.exchange.aggregate.Aggregate` leaf
-   under the block names :data:`PARAMS` and :data:`OPT` (or :meth:`SyncRound.failed`);
-4. driver, :meth:`SyncRound.apply`: the merged aggregate's mean change through the outer
-   optimizer, the averaged optimizer state, the carries for the next round.
-
-What a resumed run needs of all this lives in a checkpoint's ``optim.npz`` under the key names
-of :class:`StateKeys`, written and read here only.
+1. driver, :meth:`SyncRound.message` and :meth:`SyncRound.carries`: a :class:`RoundMessage` all
+   partitions read, and a :class:`Carry` each (its hidden state, its own optimizer state);
+2. executor, :func:`view` and :meth:`SyncRound.start`: the driver's parameters rebuilt bit for bit
+   (the base executors keep plus rows, :mod:`rnnlm.exchange.rebase`), the optimizer state;
+3. executor, :meth:`SyncRound.contribution` (or :meth:`SyncRound.failed`): its change, encoded by
+   :func:`rnnlm.exchange.plan.encode`, as an aggregate leaf under :data:`PARAMS` and :data:`OPT`;
+4. driver, :meth:`SyncRound.apply`: the mean change through the outer optimizer, the averaged
+   optimizer state, the carries for the next round. A checkpoint's ``optim.npz`` keys are
+   :class:`StateKeys`', written and read here only.
 """
 from __future__ import annotations
 
@@ -42,8 +36,10 @@ class RoundMessage:
 
 @dataclass(frozen=True)
 class Carry:
-    """What one partition alone carries from a round to the next (each its own broadcast, so an
-    executor fetches only its own partitions' share), or the error that stopped it."""
+    """A partition's carry: what it alone takes from a round to the next through the driver (each
+    its own broadcast, so an executor fetches only its own partitions' share; under
+    ``train.overlap`` it stays in Spark), or the error that stopped it. What it holds on its
+    executor (:attr:`StateKeys.HELD`) is the rest of its carryover."""
 
     state: np.ndarray | None = None     # hidden state (L, S, H, B), for strategies that carry it
     opt: dict | None = None             # optimizer state (``train.optim_state = "local"``)
@@ -57,7 +53,7 @@ class StateKeys:
     LOCAL = "p{pid}/{slot}"     # a partition's own optimizer state
     VELOCITY = "outer.velocity"
     VIEW = "outer.view"         # the executors' parameters (``exchange.broadcast = "delta+..."``)
-    # what a partition keeps between rounds on its executor (:mod:`rnnlm.spark.residuals`), "<name>.p<pid>":
+    # what a partition holds between rounds on its executor (:mod:`rnnlm.spark.lineage`), "<name>.p<pid>":
     HELD = ("feedback",         # error feedback's residual
             "eager")            # its last round's change (``train.eager``)
 
@@ -162,8 +158,10 @@ class SyncRound:
 
     @staticmethod
     def from_optim(optim: dict, t: int) -> dict:
-        """The :class:`~rnnlm.spark.allreduce.SyncState` fields a checkpoint's ``optim.npz``
-        (:meth:`to_optim`) restores: ``opt``, ``opt_local``, ``velocity``, ``view``, ``held``."""
+        """What a checkpoint's ``optim.npz`` (:meth:`to_optim`) restores: the
+        :class:`~rnnlm.spark.allreduce.SyncState` fields ``opt``, ``opt_local``, ``velocity`` and
+        ``held``, and ``view``, the stored ``outer.view`` (:meth:`~rnnlm.spark.allreduce.SyncState.resumed`
+        says whose it is)."""
         slots = {k: v for k, v in optim.items() if StateKeys.is_slot(k)}
         opt_local: dict = {}
         for k, v in optim.items():

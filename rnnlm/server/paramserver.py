@@ -348,7 +348,7 @@ class ParameterServer:
             with lock:
                 with self._book:
                     stale = max(0, self.applied - base)
-                self._apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
+                self.apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
         except Exception as e:
             with self._book:
                 self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
@@ -377,7 +377,10 @@ class ParameterServer:
             self.window["steps"] += stats.steps
             self.window["pushes"] += 1
 
-    def _apply(self, decoded, scale: float):
+    def apply(self, decoded, scale: float):
+        """The update rule (``server.update``: add, or AdaGrad's step) on the parameters, for a push's
+        decoded rows (:func:`blocks_from_wire`) weighted by ``scale``; a reserved push lands through it,
+        under the parameters' lock where ``server.lock`` asks for one."""
         for slot, ids, values in decoded:
             R = slot.shape[0]
             view = self.params[slot.offset:slot.end].reshape(R, -1)             # (R, C)

@@ -4,13 +4,14 @@
 broadcasts and task), submits it, waits for it, hands back what a checkpoint holds, and closes what
 it made. It holds the broadcasts (:mod:`rnnlm.spark.broadcasts`), the protocol's state
 (:class:`SyncState`), the results path (``treeAggregate``, the direct channel of
-:mod:`rnnlm.spark.channel`, or the lineage of :mod:`rnnlm.spark.residuals`) and, under
+:mod:`rnnlm.spark.channel`, or the lineage of :mod:`rnnlm.spark.lineage`) and, under
 ``train.overlap``, the next round's job, defined a round ahead. The rules of the round are
 :class:`rnnlm.exchange.round.SyncRound`'s; the loop around it is :class:`rnnlm.spark.trainer.Trainer`'s.
 """
 from __future__ import annotations
 
 import functools
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from ..exchange.aggregate import Aggregate, merge
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
-from .residuals import MAX_LINEAGE, Residuals, recomputed
+from .lineage import MAX_LINEAGE, Lineage, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
 
@@ -36,21 +37,56 @@ class SyncState:
     opt_local: dict = field(default_factory=dict)      # pid -> optimizer state
     states: dict = field(default_factory=dict)         # pid -> hidden state (L, S, H, B)
     velocity: np.ndarray | None = None                 # outer momentum
-    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds (residuals)
-    # from a checkpoint: the executors' parameters (exchange.broadcast = delta) or, with train.overlap,
-    # those the next round trains from, and its learning rate
-    view: np.ndarray | None = None
-    pending_lr: float | None = None
+    held: dict = field(default_factory=dict)           # pid -> {name: array} it holds between rounds
+    view: np.ndarray | None = None             # a delta broadcast's: the executors' parameters (from a checkpoint)
+    next_params: np.ndarray | None = None      # train.overlap: what the next round trains from (from a checkpoint),
+    next_lr: float | None = None               # and at which rate
+
+    @classmethod
+    def start_from(cls, init) -> SyncState:
+        """Round 0 of a new run from ``init``'s weights (:class:`rnnlm.spark.rundir.Init`) and, with
+        ``keep_optimizer``, its optimizer state (the inner optimizer's, averaged or per partition, and
+        the outer momentum): nothing else of its run (position, schedule, the partitions' carryover,
+        the executors' view)."""
+        kept = {}
+        if init.keep_optimizer:
+            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
+            kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
+        return cls(params=np.array(init.checkpoint.params), **kept)
+
+    @classmethod
+    def resumed(cls, ck, cfg, where: str) -> SyncState:
+        """The state checkpoint ``ck`` (read from ``where``) holds for a run configured as ``cfg``.
+
+        Its ``outer.view`` is a delta broadcast's view and, under overlap, what the next round trains
+        from (with a delta broadcast the two are the same parameters)."""
+        kept = SyncRound.from_optim(ck.optim, ck.optim_t)
+        stored = kept.pop("view")
+        state = cls(params=ck.params, **kept)
+        if cfg.exchange.broadcast != "rows":
+            state.view = stored
+        if overlapped(cfg.train):
+            state.next_params, state.next_lr = stored, ck.position.get("pending_lr")
+            if (type(state.next_lr) is not float or not math.isfinite(state.next_lr) or state.next_lr < 0
+                    or stored is None or stored.shape != state.params.shape):
+                raise TrainingError(f"cannot resume: {where} lacks the next round's parameters or "
+                                    "learning rate that train.overlap = 1 needs")
+        if ck.hidden is not None:
+            if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
+                raise TrainingError(f"cannot resume: {where} holds one stream's hidden state (a one-machine "
+                                    "run's), not one per partition")
+            state.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
+        return state
 
 
 @dataclass
-class Saved:
-    """What a checkpoint holds of the round (:meth:`AllReduce.carried`)."""
+class Snapshot:
+    """What a checkpoint holds of the round (:meth:`AllReduce.snapshot`)."""
 
     optim: dict                       # ``optim.npz``'s entries (:meth:`SyncRound.to_optim`)
     optim_t: int
     hidden: np.ndarray | None         # the partitions' hidden states, stacked
-    pending_lr: float | None          # train.overlap: the next round's learning rate
+    next_lr: float | None             # train.overlap: the next round's learning rate
     held: dict | None                 # what the partitions hold, collected from Spark
 
 
@@ -68,7 +104,7 @@ class Job:
     prepare_s: float
     submitted: float | None = None     # wall clock
     future: object = None
-    out: object = None                 # its output RDD when carries stay in Spark
+    out: object = None                 # its output RDD when the carryover stays in Spark
 
 
 class AllReduce:
@@ -90,21 +126,22 @@ class AllReduce:
         Where the direct channel's warnings go.
 
     Verbs: :meth:`start` (define and submit), :meth:`wait`, :meth:`apply`, :meth:`trim`,
-    :meth:`carried` and :meth:`truncate` (around a checkpoint), :meth:`close`.
+    :meth:`snapshot` and :meth:`truncate` (around a checkpoint), :meth:`close`.
     """
 
     def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print):
         t = cfg.train
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
-        self.overlap = t.overlap > 0        # the driver's one reading of train.overlap
+        self.overlap = overlapped(t)
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
-        self.residuals = self.broadcasts = self.channel = self.pool = None
+        self.lineage = self.broadcasts = self.channel = self.pool = None
         self.next = None                    # the next round's job, defined a round ahead (overlap)
         self.flight = []                    # submitted, not waited for
         try:
-            if executor.chained(cfg):
-                self.residuals = Residuals(sc, data, state.held, self._carries())
-            retire = self.residuals.keep if self.residuals else None
+            # the partitions' carryover stays in Spark where it cannot pass through the driver
+            if cfg.exchange.feedback or self.overlap:
+                self.lineage = Lineage(sc, data, state.held, self._carries())
+            retire = self.lineage.keep if self.lineage else None
             bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
             if cfg.exchange.broadcast == "rows":
                 self.broadcasts = ParamsBroadcast(*bc, retire=retire)
@@ -131,15 +168,17 @@ class AllReduce:
         late), and submitted at once unless ``pause`` (an evaluation or a checkpoint by count follows
         round r), round r is the last, or the lineage is due a cut."""
         st = self.state
-        if self.next is None:
-            resumed = self.overlap and st.pending_lr is not None
-            self.next = self._define(r, st.view if resumed else st.params, st.pending_lr if resumed else lr)
+        if self.next is None and st.next_lr is not None:       # a resumed run's, from its checkpoint
+            self.next = self._define(r, st.next_params, st.next_lr)
+            st.next_params = st.next_lr = None
+        elif self.next is None:
+            self.next = self._define(r, st.params, lr)
         job, self.next = self.next, None
         if job.future is None:
             self._submit(job)
         if self.overlap:
             self.next = self._define(r + 1, st.params, lr)
-            if not (pause or r >= self.rounds or self.residuals.depth >= MAX_LINEAGE):
+            if not (pause or r >= self.rounds or self.lineage.depth >= MAX_LINEAGE):
                 self._submit(self.next)
         return job
 
@@ -151,8 +190,8 @@ class AllReduce:
             return agg
         finally:
             self.flight.remove(job)
-            if self.residuals is not None:
-                self.residuals.finished(job.out, ok)
+            if self.lineage is not None:
+                self.lineage.finished(job.out, ok)
             else:
                 release(job.bcs)
 
@@ -162,30 +201,32 @@ class AllReduce:
         return self.state.params
 
     def trim(self) -> int:
-        """Cut a lineage grown :data:`~rnnlm.spark.residuals.MAX_LINEAGE` deep (no job in flight);
+        """Cut a lineage grown :data:`~rnnlm.spark.lineage.MAX_LINEAGE` deep (no job in flight);
         the bytes collected to cut it."""
-        return self.residuals.trim(self._carries()) if self.residuals is not None else 0
+        return self.lineage.trim(self._carries()) if self.lineage is not None else 0
 
     # -------------------------------------------------------- checkpoints
-    def carried(self) -> Saved:
+    def snapshot(self) -> Snapshot:
         """What a checkpoint holds of the round now: the state, what the partitions hold (the last
         finished round's, even with the next running) and, under overlap, the next round's job (its
         parameters, as its broadcast's executors rebuild them, and its rate)."""
         st = self.state
-        if self.residuals is not None:
-            st.held = self.residuals.collect()
-        view, lr = self.broadcasts.view, None      # view: a delta broadcast's, else None
+        if self.lineage is not None:
+            st.held = self.lineage.collect()
+        # outer.view: a delta broadcast's view, and under overlap what the next round trains from (the
+        # same parameters with a delta broadcast; the next job's own with rows)
+        view, lr = self.broadcasts.view, None
         if self.overlap:
             view, lr = (self.next.params if view is None else view), float(self.next.lr)
-        held = st.held if self.residuals is not None else None
+        held = st.held if self.lineage is not None else None
         optim, opt_t = SyncRound.to_optim(st, view, held)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
-        return Saved(optim, opt_t, hidden, lr, held)
+        return Snapshot(optim, opt_t, hidden, lr, held)
 
-    def truncate(self, saved: Saved) -> None:
+    def truncate(self, snapshot: Snapshot) -> None:
         """Restart the lineage from what a checkpoint just saved (not while a round runs)."""
-        if self.residuals is not None:
-            self.residuals.truncate(saved.held, self._carries())
+        if self.lineage is not None:
+            self.lineage.truncate(snapshot.held, self._carries())
 
     def close(self, blocking: bool = False) -> None:
         """Cancel the jobs still running (a run stopping early), wait for their threads, and
@@ -209,9 +250,9 @@ class AllReduce:
             self.channel.close()
         if self.broadcasts is not None:
             self.broadcasts.close(blocking=blocking)
-        if self.residuals is not None:
-            self.residuals.close(blocking=blocking)
-        self.pool = self.channel = self.broadcasts = self.residuals = self.next = None
+        if self.lineage is not None:
+            self.lineage.close(blocking=blocking)
+        self.pool = self.channel = self.broadcasts = self.lineage = self.next = None
 
     # ------------------------------------------------------------- inside
     def _define(self, r: int, params, lr: float) -> Job:
@@ -225,12 +266,14 @@ class AllReduce:
         bcs = [self.sc.broadcast(msg)] + [self.sc.broadcast(c) for c in carries.values()]
         carry_bcs = dict(zip(carries, bcs[1:]))
         # sink -> the tasks' function; a partial pickles small, and rounds that replay a lineage carry one per round
-        task = functools.partial(executor.round_task, self.cfg, base, bcs[0], carry_bcs, r, lr, deltas)
+        task = functools.partial(executor.round_task, self.cfg, base, bcs[0], carry_bcs, r, lr, deltas,
+                                 chained=self.lineage is not None, carries_in_spark=self.overlap)
         return Job(r, lr, params, task, bcs, sum(broadcast_bytes(b) for b in bcs + new),
                    any(b is base for b in new), time.perf_counter() - p0)
 
     def _carries(self) -> dict | None:
-        """What each partition carries into the next round, for a lineage seeded from the driver."""
+        """Each partition's carry into the next round, for a lineage seeded from the driver (under
+        overlap; else None: carries travel in each round's own broadcasts)."""
         return self.protocol.carries(self.state) if self.overlap else None
 
     def _submit(self, job: Job) -> None:
@@ -247,10 +290,10 @@ class AllReduce:
         direct = None
         if self.channel is not None and self.channel.broken is None:
             direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
-        if self.residuals is None and direct is None:
+        if self.lineage is None and direct is None:
             job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
                 Aggregate(), merge, merge, depth=self.cfg.train.tree_depth))
-        elif self.residuals is None:
+        elif self.lineage is None:
             sink, take = direct
 
             def go():
@@ -258,10 +301,10 @@ class AllReduce:
                 return take(lambda missing: recomputed(self.sc, self.data, job.task(), missing))
             job.future = run(go)
         else:
-            # residuals and carries re-seeded from a checkpoint travel now, one broadcast per partition
-            job.bc_bytes += sum(broadcast_bytes(b) for b in self.residuals.take_seeds())
-            self.residuals.keep(job.bcs)       # the lineage reads them until the next truncation
-            job.out, job.future = self.residuals.submit(job.task, run, direct)
+            # the carryover re-seeded from a checkpoint travels now, one broadcast per partition
+            job.bc_bytes += sum(broadcast_bytes(b) for b in self.lineage.take_seeds())
+            self.lineage.keep(job.bcs)       # the lineage reads them until the next truncation
+            job.out, job.future = self.lineage.submit(job.task, run, direct)
         self.flight.append(job)
 
 
@@ -273,6 +316,12 @@ def _channel(sc, cfg, model, log) -> channel.Channel:
         return channel.Channel(expect, host, log, channel.max_frame_bytes(expect))
     except OSError as e:
         raise TrainingError(f"train.results = 'direct': cannot listen on {host}: {e.strerror or e}") from None
+
+
+def overlapped(train) -> bool:
+    """``train.overlap``'s rule, read here alone: whether round r+1's job is defined from the
+    parameters round r trains from, a round ahead, so that the partitions' carries stay in Spark."""
+    return train.overlap > 0
 
 
 def steps_label(t) -> str:

@@ -1,16 +1,10 @@
 """The long-running Spark task of the asynchronous mode: one per partition.
 
-It announces itself to the parameter server, then for each window from the
-first one the server has not applied: ``train.push_every`` local steps (the same
-batches, samplers and encoding as round ``window + 1`` of the synchronous
-trainer), a push of the change, and training continues from the parameters in
-the reply. The optimizer state, the carried hidden state and the error-feedback
-residual stay in the task. A retried task starts again from the server's
-parameters at its first window not applied, with a fresh optimizer state and
-hidden state (what the dead attempt held is lost with it).
-
-The task captures plain values only: the configuration (resolved on the driver), the
-server's address and the run's secret.
+Per window from the first one the server has not applied: ``train.push_every`` local steps (as
+round ``window + 1`` of the synchronous trainer), a push of the change, and training on from the
+parameters in the reply; optimizer state, hidden state and residual stay in the task, and a retry
+starts afresh from the server's (docs/async.md, "Worker failure"). The task captures plain values
+only: the configuration (resolved on the driver), the server's address and the run's secret.
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Asynchronous training (``train.mode = "async"``): a parameter server on the driver.
 
-The driver starts :class:`rnnlm.server.paramserver.ParameterServer` behind an
-authenticated :class:`rnnlm.server.wire.FrameServer` bound to the address the
-executors reach (``server.host``; by default loopback with a local master,
-``spark.driver.host`` on a cluster: :func:`bind_host`), then runs one
-Spark job with one long-running task per partition
-(:func:`rnnlm.spark.async_task.worker_task`). While the job runs, the driver writes
-one metrics line per ``data.partitions`` applied pushes (a push window of every
-worker, on average), evaluates on held-out text (locally: the job holds the
-executors' cores) and checkpoints the server's state every ``server.checkpoint_s``
-seconds or ``server.checkpoint_pushes`` pushes.
-
-What a driver failure loses: the server lives in the driver, so when the driver
-dies the updates applied since its last checkpoint are lost (at most
-``checkpoint_s`` seconds or ``checkpoint_pushes`` pushes of work, plus the pushes in
-flight); ``--resume`` restarts the server from that checkpoint and every
-partition from its first window the checkpoint does not hold.
+The driver serves :class:`rnnlm.server.paramserver.ParameterServer` behind an authenticated
+:class:`rnnlm.server.wire.FrameServer` where the executors reach it (``server.host``, else
+:func:`bind_host`'s choice), runs one Spark job of one long-running task per partition
+(:func:`rnnlm.spark.async_task.worker_task`), and meanwhile writes a metrics line per
+``data.partitions`` pushes, evaluates held-out text locally and checkpoints the server's state.
+docs/async.md says what this guarantees and what a driver failure loses.
 """
 from __future__ import annotations
 
@@ -36,7 +26,7 @@ from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, 
 from .session import bind_host
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, total_rounds, unpersist_corpus
-from .executor import device_field, devices_line
+from .executor import device_field
 
 
 class AsyncTrainer(Driver):
@@ -95,15 +85,13 @@ class AsyncTrainer(Driver):
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
-        self.log(f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
-                 f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
-                 f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})")
-        if devices_line(data.devices, cfg.train.device):
-            self.log(devices_line(data.devices, cfg.train.device))
-        if ck is not None:
-            self.log(f"resumed from round {ck.position['round']} (version {ck.position['version']})")
-        elif init:
-            self.log(init.line())
+        self.dir.say_start(
+            f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
+            f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
+            f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})",
+            data.devices, cfg.train.device,
+            None if ck is None else f"resumed from round {ck.position['round']} (version {ck.position['version']})",
+            init)
         run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
                    ck.position if ck else {})
         job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))

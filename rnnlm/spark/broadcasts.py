@@ -25,7 +25,7 @@ class ParamsBroadcast:
         Re-base when a round's rows would reach this fraction of the model.
     retire : callable, optional
         Receives a replaced base instead of it being destroyed (error feedback's
-        lineage may still read it, see :mod:`rnnlm.spark.residuals`).
+        lineage may still read it, see :mod:`rnnlm.spark.lineage`).
     """
 
     def __init__(self, sc, layout, every: int, fraction: float, retire=None):

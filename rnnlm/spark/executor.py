@@ -56,21 +56,6 @@ def device_label(xp) -> str:
     return "cpu" if key == "numpy" else "gpu " + key.split(":")[1]
 
 
-def devices_line(devices: dict, wanted: str) -> str:
-    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
-    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
-    ``cpu`` without GPUs assigned (nothing to say)."""
-    ran = [d["ran"] for _, d in sorted(devices.items())]
-    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
-        return ""
-    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
-    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
-    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
-    if wanted == "auto" and "cpu" in ran:
-        notes.append("no CUDA device: auto runs on the CPU")
-    return line + (f" ({'; '.join(notes)})" if notes else "")
-
-
 def device_field(gpu_partitions: int, partitions: int) -> str:
     """A metrics line's ``device``: ``cpu``, ``gpu``, or ``gpu+cpu`` when only some partitions had one."""
     return "cpu" if gpu_partitions == 0 else "gpu" if gpu_partitions >= partitions else "gpu+cpu"
@@ -104,13 +89,8 @@ def probe_task(cfg: config.Config):
     return run
 
 
-def chained(cfg: config.Config) -> bool:
-    """Whether a round's tasks read and emit :class:`rnnlm.spark.residuals.Residuals`' elements:
-    error feedback's residuals, and with ``train.overlap`` the carries as well."""
-    return cfg.exchange.feedback or cfg.train.overlap > 0
-
-
-def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None):
+def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None, *,
+               chained: bool = False, carries_in_spark: bool = False):
     """One round on one partition from the broadcast state (:mod:`rnnlm.exchange.round`).
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the
@@ -119,14 +99,16 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     caches its sum, the view, per base); ``bc_carry`` maps a partition to a broadcast of its
     :class:`~rnnlm.exchange.round.Carry`, so an executor fetches only its own partitions' share.
 
-    When :func:`chained`, the task reads :class:`rnnlm.spark.residuals.Residuals`' elements
-    ``(pid, tokens, starts, held, carry)`` and yields the next round's, which stay in Spark;
-    its contribution goes to the accumulator ``sink`` (with None it is yielded before the
-    element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD` names to what the
-    partition keeps between rounds: error feedback's residual (``"feedback"``) and with
-    ``train.eager`` its last change (``"eager"``); the carry is None without ``train.overlap``
-    (it comes from ``bc_carry`` then). Otherwise the task reads ``(pid, tokens, starts)`` and
-    yields its contribution.
+    With ``chained`` (the partitions' carryover stays in Spark, as
+    :class:`rnnlm.spark.allreduce.AllReduce` decides) the task reads
+    :class:`rnnlm.spark.lineage.Lineage`' elements ``(pid, tokens, starts, held, carry)`` and
+    yields the next round's; its contribution goes to the accumulator ``sink`` (with None it is
+    yielded before the element). ``held`` maps :attr:`rnnlm.exchange.round.StateKeys.HELD`
+    names to what the partition holds between rounds: error feedback's residual
+    (``"feedback"``) and with ``train.eager`` its last change (``"eager"``). The carry is read
+    from the element and the next one emitted into it with ``carries_in_spark`` (under
+    ``train.overlap``), else it comes from ``bc_carry`` and the element's is None. Without
+    ``chained`` the task reads ``(pid, tokens, starts)`` and yields its contribution.
 
     ``train.eager`` (Kale et al. 2025, "Eager Updates for Overlapped Communication and
     Computation in DiLoCo"): under overlap a round trains from parameters that lack the round
@@ -136,15 +118,15 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
     """
     def run(it):
         started = time.time()       # wall clock: the driver sets it against the job's submission
-        t, chain, overlap = cfg.train, chained(cfg), cfg.train.overlap > 0
-        items = (x if chain else (*x, None, None) for x in it)
+        t = cfg.train
+        items = (x if chained else (*x, None, None) for x in it)
 
         def emit(contribution, pid, tokens, starts, held, carry):
             if sink is not None:
                 sink.add(contribution)
             else:
                 yield contribution
-            if chain:
+            if chained:
                 yield pid, tokens, starts, held, carry
         try:
             xp = task_xp(t.device)
@@ -158,13 +140,13 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
         v0 = time.perf_counter()
         host = view(model.layout, bc_base, msg, deltas, memo.MEMO)      # the parameters the driver sent
         view_s = time.perf_counter() - v0
-        for pid, tokens, starts, held, carried in items:
+        for pid, tokens, starts, held, spark_carry in items:
             t0 = time.perf_counter()
             held = held or {}
             opt = make_optimizer(cfg.optim)
             start = host + held["eager"] / cfg.data.partitions if t.eager and "eager" in held else host    # (P,)
             params = xp.array(start)
-            carry = carried if carried is not None else bc_carry[pid].value if pid in bc_carry else Carry()
+            carry = spark_carry if spark_carry is not None else bc_carry[pid].value if pid in bc_carry else Carry()
             opt_state = protocol.start(msg, carry, opt, params, xp.array)
             src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
                                 lambda: make_source(cfg, pid, tokens, starts))
@@ -175,7 +157,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                     cfg, model, src, opt, params, opt_state, state, start, rnd, pid, lr, t.local_steps,
                     held.get("feedback"))
             except FloatingPointError as e:
-                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, carried)
+                yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, spark_carry)
                 continue
             block_stats.update(task_start=started, task_end=time.time(), view_s=view_s,
                                gpu_partitions=int(xp is not np))
@@ -183,7 +165,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
                                         time.perf_counter() - t0, backend.to_numpy)
             keep = {"feedback": left, "eager": change if t.eager else None}
             yield from emit(agg, pid, tokens, starts, {k: v for k, v in keep.items() if v is not None},
-                            agg.local[pid] if overlap else None)
+                            agg.local[pid] if carries_in_spark else None)
     return run
 
 

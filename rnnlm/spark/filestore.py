@@ -1,28 +1,9 @@
 """What a partition holds between its rounds (error feedback's residual, ``train.eager``'s last
-change), on the executor's local disk.
-
-Each is as large as the model (18.6 MB for PTB small) and each round of a partition reads its
-own and writes the next. Held in Spark's cache, it crossed the Python/JVM boundary both ways
-every round: with tasks that sleep, 2 x 18.6 MB cost a round 0.133 s beyond the sleep on
-``local[2]``, against 0.053 s in files the tasks' own processes write and read, and 0.056 s
-carrying nothing (``benchmarks/carry_cost.py``).
-The cached element keeps a :class:`Stored` reference instead; where the file is not (the task
-ran on another executor, the executor was lost, the file was pruned), the caller rebuilds the
-residual from its lineage (:mod:`rnnlm.spark.residuals`).
-
-Files live in the executor's block manager directory (``SPARK_LOCAL_DIRS``, which Spark sets
-for its Python workers), which Spark deletes when the context stops, a standalone worker when
-the application ends, YARN with the container. (An earlier version used
-``SparkFiles.getRootDirectory()``, an executor's working directory, which standalone workers
-keep after the application: 1.1 GB of residuals stayed behind after a day of benchmarks.) The
-run's last files are removed when it closes, by a job over the corpus partitions, which run
-where the rounds ran. Files are written under a temporary name and renamed, so a reader sees a
-whole file or none; only numbers are stored (``allow_pickle=False``).
-
-The run's directory is named by the run's random id; a reader takes only the very file its
-writer made (the same inode, size and modification time, and the same shape and dtype), so a file
-put there under the same name by anything else is not used (the residual is rebuilt instead), and
-pruning touches only names of the form this module writes.
+change), on the executor's local disk: each round of a partition reads its own file and writes the
+next, and the cached element keeps a :class:`Stored` reference (where the file is not, the caller
+rebuilds what the partition held from its lineage, :mod:`rnnlm.spark.lineage`). docs/design.md
+("Rounds whose carryover stays in Spark") says why files, where they live and how a reader knows
+its own.
 """
 from __future__ import annotations
 

@@ -149,6 +149,21 @@ def improves(best: dict | None, valid_loss: float) -> bool:
     return best is None or valid_loss < best["valid_loss"]
 
 
+def devices_line(devices: dict, wanted: str) -> str:
+    """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
+    ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for
+    ``cpu`` without GPUs assigned (nothing to say)."""
+    ran = [d["ran"] for _, d in sorted(devices.items())]
+    if wanted == "cpu" and not any(d["assigned"] for d in devices.values()):
+        return ""
+    line = "devices: " + ", ".join(f"{r} x {ran.count(r)}" for r in sorted(set(ran)))
+    assigned = sorted({a for d in devices.values() for a in d["assigned"]}, key=lambda a: (len(a), a))
+    notes = [f"Spark assigned gpu {', '.join(assigned)}"] if assigned else []
+    if wanted == "auto" and "cpu" in ran:
+        notes.append("no CUDA device: auto runs on the CPU")
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
 class RunDir:
     """The output directory of one run, and where its lines are reported.
 
@@ -235,6 +250,18 @@ class RunDir:
 
     def _metrics_bytes(self) -> bytes:
         return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
+
+    def say_start(self, size: str, devices: dict, wanted: str, resumed: str | None, init: Init | None) -> None:
+        """The run's first lines: its ``size``, where its partitions compute (as the corpus's probe
+        found, ``train.device`` being ``wanted``: :func:`devices_line`), where it starts (``resumed``
+        from a checkpoint, or ``init``'s weights)."""
+        self.log(size)
+        if devices_line(devices, wanted):
+            self.log(devices_line(devices, wanted))
+        if resumed is not None:
+            self.log(resumed)
+        elif init:
+            self.log(init.line())
 
     def say_evaluating(self, name: str, tokens: int | None) -> None:
         """A pass over held-out text can take longer than a round: say what the silence is."""

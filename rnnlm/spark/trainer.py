@@ -3,7 +3,7 @@ their changes (the Spark RNN report, sections 3-5).
 
 :class:`Trainer` reads as phases: set up (the run directory, where it starts, the corpus), the loop
 (a round, its evaluation and checkpoint when due), tear down (one close of the round's owner). A
-round's Spark side (broadcasts, jobs, results, what partitions carry, ``train.overlap``'s job a round
+round's Spark side (broadcasts, jobs, results, the partitions' carryover, ``train.overlap``'s job a round
 ahead) is :class:`rnnlm.spark.allreduce.AllReduce`'s; docs/design.md says how a round runs.
 """
 from __future__ import annotations
@@ -21,7 +21,6 @@ from .allreduce import AllReduce, SyncState, steps_label
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from ..exchange.round import SyncRound
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -64,17 +63,6 @@ class Trainer(Driver):
         self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
 
     # ------------------------------------------------------------- set-up
-    @staticmethod
-    def _start_from(init: Init) -> SyncState:
-        """Round 0 of a new run from ``init``'s weights and, with ``keep_optimizer``, its optimizer
-        state (the inner optimizer's, averaged or per partition, and the outer momentum): nothing
-        else of its run (position, schedule, hidden states, residuals, the executors' view)."""
-        kept = {}
-        if init.keep_optimizer:
-            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
-            kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
-        return SyncState(params=np.array(init.checkpoint.params), **kept)
-
     def _resume(self) -> tuple:
         """``(vocabulary, RunState, SyncState)`` of the checkpoint in ``--out``."""
         ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
@@ -82,18 +70,7 @@ class Trainer(Driver):
         at = RunState(schedule=ck.schedule, round=pos["round"], tokens=pos["tokens"], bytes_sent=pos["bytes_sent"],
                       bytes_broadcast=pos["bytes_broadcast"], wall_s=pos["wall_s"], eval_s=pos.get("eval_s", 0.0),
                       best=best_record(pos.get("best")))
-        state = SyncState(params=ck.params, **SyncRound.from_optim(ck.optim, ck.optim_t))
-        if self.cfg_in.train.overlap:
-            state.pending_lr = pos.get("pending_lr")
-            if (type(state.pending_lr) is not float or not math.isfinite(state.pending_lr) or state.pending_lr < 0
-                    or state.view is None or state.view.shape != state.params.shape):
-                raise TrainingError(f"cannot resume: {self.dir.ck_path} lacks the next round's parameters or "
-                                    "learning rate that train.overlap = 1 needs")
-        if ck.hidden is not None:
-            if ck.hidden.ndim != 5:          # the loader also accepts one stream's (L, S, H, B)
-                raise TrainingError(f"cannot resume: {self.dir.ck_path} holds one stream's hidden state (a one-machine "
-                                    "run's), not one per partition")
-            state.states = {pid: ck.hidden[pid] for pid in range(len(ck.hidden))}
+        state = SyncState.resumed(ck, self.cfg_in, self.dir.ck_path)
         old = self.dir.saved_lines()
         if old is not None:
             self.dir.keep_lines([m for m in old if m["round"] <= at.round])
@@ -129,9 +106,13 @@ class Trainer(Driver):
             cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
             model = build_model(cfg.model)
             at = at or RunState(schedule=Schedule(cfg.optim).state)
-            state = state or (self._start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed)))
+            if state is None:
+                state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
             self.dir.write_info(self.sc, cfg, resume, data.devices, init)
-            self._say_start(cfg, data, state.params.size, rounds, at.round if resume else None, init)
+            size = (f"vocab {len(data.vocab)} | params {state.params.size:,} | train tokens {data.tokens:,} | "
+                    f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
+            resumed = f"resumed from round {at.round}" if resume else None
+            self.dir.say_start(size, data.devices, cfg.train.device, resumed, init)
             stop = StopRequest(self.log)
             try:
                 sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
@@ -159,17 +140,6 @@ class Trainer(Driver):
                 unpersist_corpus(data, blocking=ended)
         self.params, self.vocab = state.params, data.vocab
         return self.metrics[-1]
-
-    def _say_start(self, cfg, data: Corpus, size: int, rounds: int, resumed: int | None, init: Init | None) -> None:
-        """The run's first lines: its size, its devices, where it starts."""
-        self.log(f"vocab {len(data.vocab)} | params {size:,} | train tokens {data.tokens:,} | "
-                 f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
-        if executor.devices_line(data.devices, cfg.train.device):
-            self.log(executor.devices_line(data.devices, cfg.train.device))
-        if resumed is not None:
-            self.log(f"resumed from round {resumed}")
-        elif init:
-            self.log(init.line())
 
     def nothing_to_do(self, at: int, rounds: int, params, vocab) -> dict:
         """A resumed run already at its length: no training, the checkpoint's model; the last line."""
@@ -205,7 +175,7 @@ class Trainer(Driver):
         applied = time.perf_counter()
         save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
         if not save:
-            agg.wire_bytes += sync.trim()      # residuals collected to cut their lineage, if due
+            agg.wire_bytes += sync.trim()      # what partitions hold, collected to cut their lineage, if due
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         at.bytes_sent += agg.wire_bytes
         at.bytes_broadcast += job.bc_bytes
@@ -258,17 +228,17 @@ class Trainer(Driver):
 
     def _checkpoint(self, cfg, vocab, sync: AllReduce, at: RunState, best: bool = False):
         """Write the checkpoint of round ``at.round`` (and, with ``best``, the same files to ``best/``)."""
-        saved = sync.carried()
+        snapshot = sync.snapshot()
         position = {"round": at.round, "tokens": at.tokens, "bytes_sent": at.bytes_sent,
                     "bytes_broadcast": at.bytes_broadcast, "wall_s": at.wall_s, "eval_s": at.eval_s, "best": at.best}
-        if saved.pending_lr is not None:
-            position["pending_lr"] = saved.pending_lr
+        if snapshot.next_lr is not None:
+            position["pending_lr"] = snapshot.next_lr
         ck = checkpoint.Checkpoint(
-            params=sync.params, config=cfg, vocab=vocab, optim=saved.optim, optim_t=saved.optim_t,
-            hidden=saved.hidden, schedule=at.schedule, position=position)
+            params=sync.params, config=cfg, vocab=vocab, optim=snapshot.optim, optim_t=snapshot.optim_t,
+            hidden=snapshot.hidden, schedule=at.schedule, position=position)
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
-        sync.truncate(saved)            # not while a round runs
+        sync.truncate(snapshot)            # not while a round runs
 
 
 def _quiet(cfg) -> tuple:

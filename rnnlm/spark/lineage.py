@@ -1,13 +1,13 @@
-"""What a partition carries to its next round when it cannot pass through the driver (error
-feedback's residual; with ``train.overlap = 1`` its carry as well), kept in Spark as an RDD
-beside the corpus.
+"""A partition's carryover when it cannot pass through the driver (what it holds: error feedback's
+residual, ``train.eager``'s last change; under ``train.overlap`` its carry as well), kept in Spark as
+an RDD beside the corpus.
 
-One ``(pid, tokens, starts, residual, carry)`` element per partition: round r's tasks read
-element r-1 and emit element r, persisted on their executor. A residual itself is a file on the
+One ``(pid, tokens, starts, held, carry)`` element per partition: round r's tasks read element r-1
+and emit element r, persisted on their executor. What a partition holds is a file on the
 executor's disk (:mod:`rnnlm.spark.filestore`), replayed from the lineage's seed when lost; the
 contributions come back through each round's accumulator (:class:`Contributions`), each
 partition's once. Checkpoints and :data:`MAX_LINEAGE` cut the lineage. Owned by
-:class:`rnnlm.spark.allreduce.AllReduce`; docs/design.md ("Rounds whose carries stay in Spark")
+:class:`rnnlm.spark.allreduce.AllReduce`; docs/design.md ("Rounds whose carryover stays in Spark")
 says why, and what it costs.
 """
 from __future__ import annotations
@@ -74,13 +74,13 @@ def recomputed(sc, rdd, task, missing: set) -> list:
 def _from_broadcasts(bcs: dict):
     def read(item):
         pid, tokens, starts = item
-        residual, carry = bcs[pid].value if pid in bcs else (None, None)
-        return pid, tokens, starts, residual, carry
+        held, carry = bcs[pid].value if pid in bcs else (None, None)
+        return pid, tokens, starts, held, carry
     return read
 
 
 def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
-    """The arrays ``ref`` names, recomputed: the partition's rounds since the lineage's seed
+    """What ``ref`` names the partition held, recomputed: the partition's rounds since the lineage's seed
     (``chain``: their task factories, called with no sink) run again in this process, the same
     numbers (each round is a pure function of its broadcasts and its input element)."""
     pid, tokens, starts = item
@@ -88,8 +88,8 @@ def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
     for make_task in chain[:ref.seq - base]:
         out = list(make_task(None)(iter([element])))
         errors = [e for x in out if _is_contribution(x) for e in x.errors()]
-        if errors:      # a round that cannot be redone here (no usable device): never a stale residual
-            raise RuntimeError(f"recomputing a lost residual: {errors[0]}")
+        if errors:      # a round that cannot be redone here (no usable device): never stale arrays
+            raise RuntimeError(f"recomputing what a partition held: {errors[0]}")
         element = out[-1]
     return element[3]
 
@@ -114,7 +114,7 @@ def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
     return go
 
 
-def _residuals(seed, base: int, chain: tuple):
+def _held(seed, base: int, chain: tuple):
     def go(it):
         for pid, _, _, held, _ in _resolve(it, seed, base, chain):
             if held:
@@ -122,33 +122,34 @@ def _residuals(seed, base: int, chain: tuple):
     return go
 
 
-class Residuals:
-    """Owns the carried RDD, its lineage, the broadcasts that lineage reads and each round's accumulator.
+class Lineage:
+    """Owns the RDD of the partitions' carryover, its lineage, the broadcasts that lineage reads and
+    each round's accumulator.
 
     Parameters
     ----------
     sc : SparkContext
     data : RDD of (pid, tokens, starts), one element per partition (persisted)
-    saved : dict of int -> dict of str -> array, optional
+    held : dict of int -> dict of str -> array, optional
         What each partition holds, from a checkpoint (None: nothing yet).
     carries : dict of int -> Carry, optional
-        What each partition carries into the next round (``train.overlap``; None: carries
+        Each partition's carry into the next round (``train.overlap``; None: carries
         travel through the driver).
     """
 
-    def __init__(self, sc, data, saved: dict | None = None, carries: dict | None = None):
+    def __init__(self, sc, data, held: dict | None = None, carries: dict | None = None):
         self.sc, self.data = sc, data
         self.partitions = data.getNumPartitions()
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self._seeds = []                    # per-partition broadcasts the next round measures
         self.in_flight = 0                  # jobs submitted and not finished
-        self.key = uuid.uuid4().hex         # names this run's residual files (filestore)
+        self.key = uuid.uuid4().hex         # names the files of what this run's partitions hold (filestore)
         self.seq = 0                        # rounds defined, over every lineage
-        self._seed(saved or {}, carries or {})
+        self._seed(held or {}, carries or {})
 
-    def _seed(self, saved: dict, carries: dict):
-        pids = set(saved) | set(carries)
-        bcs = {pid: self.sc.broadcast((saved.get(pid), carries.get(pid))) for pid in sorted(pids)}
+    def _seed(self, held: dict, carries: dict):
+        pids = set(held) | set(carries)
+        bcs = {pid: self.sc.broadcast((held.get(pid), carries.get(pid))) for pid in sorted(pids)}
         self._kept += bcs.values()
         self._seeds = list(bcs.values())
         self._from = _from_broadcasts(bcs)
@@ -222,17 +223,17 @@ class Residuals:
     def collect(self) -> dict:
         """pid -> what it holds ({name: array}) after the last finished round, one partition at a time
         (for a checkpoint)."""
-        read = _residuals(self._from, self._base, self._chain)
+        read = _held(self._from, self._base, self._chain)
         return dict(self.done.mapPartitions(read).toLocalIterator())
 
-    def truncate(self, saved: dict, carries: dict | None = None) -> bool:
-        """Restart the lineage from ``saved`` (what :meth:`collect` returned and a checkpoint holds)
+    def truncate(self, held: dict, carries: dict | None = None) -> bool:
+        """Restart the lineage from ``held`` (what :meth:`collect` returned and a checkpoint holds)
         and ``carries``; only when no job is in flight (returns whether it did)."""
         if self.in_flight:
             return False
         old, outs = self._kept, self._outs
         self._kept, self._outs = [], []
-        self._seed(saved, carries or {})
+        self._seed(held, carries or {})
         release(old, outs)
         return True
 
@@ -241,13 +242,13 @@ class Residuals:
         return the bytes collected."""
         if self.depth < MAX_LINEAGE or self.in_flight:
             return 0
-        saved = self.collect()
-        self.truncate(saved, carries)
-        return sum(a.nbytes for held in saved.values() for a in held.values())
+        held = self.collect()
+        self.truncate(held, carries)
+        return sum(a.nbytes for arrays in held.values() for a in arrays.values())
 
     def close(self, blocking: bool = False) -> None:
         """Release every output and broadcast held (``blocking``: see :func:`rnnlm.spark.session.release`)
-        and remove the residual files."""
+        and remove the files of what partitions hold."""
         release(self._kept, self._outs, blocking)
         self._kept, self._outs = [], []
         try:        # on the executors that hold the corpus partitions, where the rounds ran
