@@ -345,17 +345,15 @@ def from_dict(d: dict) -> Config:
     return cfg
 
 
-# train.outer = "auto": (outer, outer_lr, outer_momentum) from this many partitions on (docs/results.md,
-# "Adding executors": at 2 partitions the mean is best, from 4 on Nesterov's step)
-OUTER_BY_PARTITIONS = ((1, ("average", 1.0, 0.9)), (4, ("nesterov", 1.0, 0.9)))
-
-
 def outer_for(partitions: int, mode: str = "sync") -> tuple:
-    """``(outer, outer_lr, outer_momentum)`` that ``train.outer = "auto"`` resolves to (the server
-    applies each push itself in the asynchronous mode: there, the mean)."""
-    if mode == "async":
-        return OUTER_BY_PARTITIONS[0][1]
-    return [rule for low, rule in OUTER_BY_PARTITIONS if partitions >= low][-1]
+    """``(outer, outer_lr, outer_momentum)`` that ``train.outer = "auto"`` resolves to: the mean up to 2
+    partitions, from 3 on Nesterov's outer step with ``outer_lr`` 1 and momentum ``1 - 2/P``. Its steady
+    step, ``1 / (1 - momentum) = P/2`` means, moves the weights as far per token as the mean does at 2
+    partitions, reached over a few rounds (docs/results.md, "Adding executors"). In the asynchronous
+    mode the server applies each push itself: there, the mean."""
+    if mode == "async" or partitions <= 2:
+        return "average", 1.0, 0.9
+    return "nesterov", 1.0, round(1.0 - 2.0 / partitions, 4)
 
 
 def _outer_by_partitions(cfg: Config, given: dict) -> Config:

@@ -183,9 +183,11 @@ def test_outer_auto_follows_the_partitions_keeps_what_the_user_set_and_loads_bac
     def outer(*sets):
         t = config.load(None, ["train.outer=auto", *sets]).train
         return t.outer, t.outer_lr, t.outer_momentum
-    assert outer("data.partitions=2") == ("average", 1.0, 0.9)
-    assert outer("data.partitions=4") == outer("data.partitions=16") == ("nesterov", 1.0, 0.9)
-    assert outer("data.partitions=8", "train.outer_lr=0.7") == ("nesterov", 0.7, 0.9)
+    assert outer("data.partitions=1") == outer("data.partitions=2") == ("average", 1.0, 0.9)
+    assert [outer(f"data.partitions={p}") for p in (3, 4, 8, 16)] == [
+        ("nesterov", 1.0, 0.3333), ("nesterov", 1.0, 0.5), ("nesterov", 1.0, 0.75), ("nesterov", 1.0, 0.875)]
+    assert outer("data.partitions=8", "train.outer_lr=0.7") == ("nesterov", 0.7, 0.75)
+    assert outer("data.partitions=8", "train.outer_momentum=0.9") == ("nesterov", 1.0, 0.9)
     assert outer("data.partitions=8", "train.mode=async", "exchange.broadcast=rows") == ("average", 1.0, 0.9)
     c = config.load(None, ["train.outer=auto", "data.partitions=8"])
     assert config.from_json(c.to_json()) == c and c.train.outer == "nesterov"      # a checkpoint holds the step
