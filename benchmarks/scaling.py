@@ -20,10 +20,16 @@ the sync's fixed overhead (scheduling, the driver's own work) are P = 2's, measu
 partition (``--round-s`` gives figures measured alone), the compute scaled by the tokens a partition
 trains per round: with more partitions than cores ``local[2]`` runs tasks in waves, so its own round
 times at P > 2 say nothing about a cluster's.
+
+A rule with ``train.mode=async`` runs on ``local[P]``, a task slot per partition: P workers push to
+the server at once, as P executors would, so its pushes' staleness (versions between a worker's pull
+and its push: mean, 90th percentile, max) is what P workers make; its tokens are compared with the
+same rule's at P = 2, and nothing is projected (it has no rounds).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import math
@@ -54,13 +60,16 @@ def run(preset: str, sets: list, out: str, epochs: float, evals: int, data: str,
     conf = os.path.join(ROOT, PRESETS[preset])
     sets = [f"data.partitions={partitions}", *sets]
     c = config.load(conf, sets)
-    per_round = partitions * c.train.batch * c.train.local_steps * c.train.bptt
+    asynchronous = c.train.mode == "async"
+    steps = c.train.push_every if asynchronous else c.train.local_steps
+    per_round = partitions * c.train.batch * steps * c.train.bptt
     rounds = math.ceil(epochs * corpus_tokens(os.path.join(data, "ptb.train.txt")) / per_round)
     args = [f"train.epochs={epochs}", "train.checkpoint_every=0",
             "train.checkpoint_s=0", f"train.eval_every={max(1, round(rounds / evals))}",
             f"data.train={data}/ptb.train.txt", f"data.valid={data}/ptb.valid.txt", "data.test=", *sets]
+    # async: a task slot per partition, so P workers push at once and staleness grows with P as on a cluster
     cmd = [sys.executable, "jobs/train.py", "--config", conf, "--out", out, "--samples", "0",
-           "--master", "local[2]"]
+           "--master", f"local[{partitions if asynchronous else 2}]"]
     cmd += [a for s in args for a in ("--set", s)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
@@ -89,7 +98,17 @@ def reach(evals: list, target: float, key: str) -> float | None:
 
 
 def rates(lines: list) -> dict:
-    """Median per-round figures after round 1 (which starts the executors' Python)."""
+    """Median per-round figures after round 1 (which starts the executors' Python); for the
+    asynchronous mode, its pushes' staleness (versions applied between a worker's pull and its push)."""
+    if "compute_s" not in lines[-1]:
+        seen = collections.Counter()
+        for m in lines:
+            seen.update({int(k): v for k, v in m.get("staleness", {}).items()})
+        n = sum(seen.values()) or 1
+        order = sorted(seen.elements())
+        return {"staleness_mean": round(sum(k * v for k, v in seen.items()) / n, 2),
+                "staleness_p90": order[int(0.9 * (len(order) - 1))] if order else None,
+                "staleness_max": max(seen, default=None)}
     later = lines[1:] or lines
     return {"compute_s": statistics.median(m["compute_s"] for m in later),
             "overhead_s": statistics.median(max(0.0, m["round_s"] - m["compute_s"]) for m in later),
@@ -132,7 +151,7 @@ def main(argv=None) -> int:
                 row = {"preset": preset, "rule": rule, "P": P, "tokens": lines[-1]["tokens"],
                        "rounds": lines[-1]["round"], "valid": [(m["tokens"], round(m["valid_ppl"], 1)) for m in evals],
                        **rates(lines)}
-                if a.round_s:
+                if a.round_s and "compute_s" in row:
                     row["compute_s"], row["overhead_s"] = map(float, a.round_s.split(","))
                 for t in targets:
                     row[f"tokens@{t:g}"] = reach(evals, t, "tokens")
@@ -147,6 +166,9 @@ def _report(table: list, targets: list) -> None:
     """A markdown table: per target, tokens (their ratio to the preset's at P = 2) and the projected
     time at 10 and 1 Gbit/s (P = 2's over it: how much faster)."""
     def ref_of(row):
+        if "staleness_mean" in row:         # async: against the same mode at P = 2
+            return next((r for r in table if r["preset"] == row["preset"] and r["P"] == 2 and r["rule"] == row["rule"]),
+                        None)
         return next((r for r in table if r["preset"] == row["preset"] and r["P"] == 2 and r["rule"] == "preset"),
                     next((r for r in table if r["preset"] == row["preset"] and r["P"] == 2), None))
 
@@ -163,13 +185,15 @@ def _report(table: list, targets: list) -> None:
                 v, r2 = projected(row, ref, t, bps), ref and projected(ref, ref, t, bps)
                 cells.append("-" if v is None else f"{v:,.0f}" + (f" ({r2 / v:.2f}x faster)" if r2 else ""))
         final = row["valid"][-1][1] if row["valid"] else "-"
-        print(f"| {row['preset']} | {row['rule']} | {row['P']} | {final} | " + " | ".join(cells) + " |")
+        rule = row["rule"] + (f" (staleness mean {row['staleness_mean']}, p90 {row['staleness_p90']}, max "
+                              f"{row['staleness_max']})" if "staleness_mean" in row else "")
+        print(f"| {row['preset']} | {rule} | {row['P']} | {final} | " + " | ".join(cells) + " |")
 
 
 def projected(row: dict, ref: dict | None, target: float, bits_per_s: float) -> float | None:
     """Seconds to ``target`` with one executor per partition (see the module's docstring)."""
     rounds = row[f"rounds@{target:g}"]
-    if rounds is None:
+    if rounds is None or "compute_s" not in row:      # async: no rounds to project
         return None
     ref = ref or row
     # a partition's compute per round: P = 2's, per token it trains in a round (what local[2] measures
