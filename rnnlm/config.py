@@ -79,6 +79,7 @@ class TrainConfig:
     bptt: int = 20                 # T
     batch: int = 20                # B streams per partition
     global_batch: int = 0          # > 0: streams of all partitions together; sets batch = max(1, this // partitions)
+    max_streams: int = 0           # > 0: streams of all partitions together at most (then batch = this // partitions)
     grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
     local_steps: int = 0           # optimizer steps per partition between all-reduces; 0 = one pass
     rounds: int = 0
@@ -212,6 +213,7 @@ RANGES = {
     ("train", "bptt"): (1, 100_000, "[]"),
     ("train", "batch"): (1, 100_000, "[]"),
     ("train", "global_batch"): (0, 100_000, "[]"),
+    ("train", "max_streams"): (0, 100_000, "[]"),
     ("train", "local_steps"): (0, 10_000_000, "[]"),
     ("train", "rounds"): (0, 10_000_000, "[]"),
     ("train", "epochs"): (0, 10_000, "[]"),
@@ -340,20 +342,36 @@ def from_dict(d: dict) -> Config:
     for name in d:
         _section_class(name)
     cfg = Config(**{name: _build_section(name, vals) for name, vals in d.items()})
-    cfg = _outer_by_partitions(_split_global_batch(cfg, d.get("train", {})), d.get("train", {}))
+    given = d.get("train", {})
+    cfg = _streams_by_partitions(_outer_by_partitions(cfg, given), given)
     validate(cfg)
     return cfg
 
 
-def outer_for(partitions: int, mode: str = "sync") -> tuple:
-    """``(outer, outer_lr, outer_momentum)`` that ``train.outer = "auto"`` resolves to: the mean up to 2
-    partitions, from 3 on Nesterov's outer step with ``outer_lr`` 1 and momentum ``1 - 2/P``. Its steady
-    step, ``1 / (1 - momentum) = P/2`` means, moves the weights as far per token as the mean does at 2
-    partitions, reached over a few rounds (docs/results.md, "Adding executors"). In the asynchronous
-    mode the server applies each push itself: there, the mean."""
-    if mode == "async" or partitions <= 2:
+def streams_each(t: TrainConfig, partitions: int) -> int:
+    """Streams a partition trains on ``partitions`` partitions: ``train.global_batch`` split between them
+    (strong scaling), else ``train.batch`` each (weak scaling) until they reach ``train.max_streams`` in
+    all, which they then split."""
+    if t.global_batch > 0:
+        return max(1, t.global_batch // partitions)
+    if t.max_streams > 0:
+        return max(1, min(t.batch, t.max_streams // partitions))
+    return t.batch
+
+
+def outer_for(t: TrainConfig, partitions: int) -> tuple:
+    """``(outer, outer_lr, outer_momentum)`` that ``train.outer = "auto"`` resolves to. The mean of the
+    partitions' changes moves the weights about as far as one partition's change, whatever the streams in
+    all: with ``g`` times the streams of 2 partitions, a round reads ``g`` times the tokens, so the mean
+    moves ``1/g`` as far per token. Nesterov's outer step with ``outer_lr`` 1 and momentum ``1 - 1/g``
+    (``1 - 2/P`` at a fixed batch per partition) steps ``1 / (1 - momentum) = g`` means once its velocity
+    has built up over a few rounds, as far per token as the mean at 2 partitions; up to ``g = 1``, the
+    mean. In the asynchronous mode the server applies each push itself: there, the mean. Evidence:
+    docs/results.md, "Adding executors"."""
+    grow = partitions * streams_each(t, partitions) / (2 * streams_each(t, 2))
+    if t.mode == "async" or grow <= 1:
         return "average", 1.0, 0.9
-    return "nesterov", 1.0, round(1.0 - 2.0 / partitions, 4)
+    return "nesterov", 1.0, round(1.0 - 1.0 / grow, 4)
 
 
 def _outer_by_partitions(cfg: Config, given: dict) -> Config:
@@ -361,22 +379,28 @@ def _outer_by_partitions(cfg: Config, given: dict) -> Config:
     ``data.partitions``, with any of ``train.outer_lr`` and ``train.outer_momentum`` the user set kept.
     A saved configuration holds the resolved step, so a resumed run keeps it."""
     t = cfg.train
-    if t.outer != "auto":
-        return cfg
-    outer, lr, momentum = outer_for(cfg.data.partitions, t.mode)
+    if t.outer != "auto" or not _streams_in_range(t) or cfg.data.partitions <= 0:
+        return cfg                  # another step, or out of range: validate() names it
+    outer, lr, momentum = outer_for(t, cfg.data.partitions)
     return replace(cfg, "train", outer=outer, outer_lr=t.outer_lr if "outer_lr" in given else lr,
                    outer_momentum=t.outer_momentum if "outer_momentum" in given else momentum)
 
 
-def _split_global_batch(cfg: Config, given: dict) -> Config:
-    """``train.global_batch`` = G streams in all, split between the partitions (strong scaling):
-    ``train.batch`` = max(1, G // P), so the global batch stays G (or the nearest below it) as P
-    grows. A ``train.batch`` given beside it must be that value (a saved configuration holds both)."""
+def _streams_in_range(t: TrainConfig) -> bool:
+    return all(_within(getattr(t, k), *RANGES[("train", k)]) for k in ("batch", "global_batch", "max_streams")) \
+        and not (t.global_batch and t.max_streams)
+
+
+def _streams_by_partitions(cfg: Config, given: dict) -> Config:
+    """``train.batch`` = :func:`streams_each`: with ``train.global_batch`` = G, G streams in all split
+    between the partitions, so the global batch stays G (or the nearest below it) as P grows; with
+    ``train.max_streams`` = M, ``train.batch`` each until M in all, then M split. A ``train.batch`` given
+    beside ``global_batch`` must be its value (a saved configuration holds both)."""
     t, P = cfg.train, cfg.data.partitions
-    if t.global_batch <= 0 or not _within(t.global_batch, *RANGES[("train", "global_batch")]) or P <= 0:
+    if not (t.global_batch or t.max_streams) or not _streams_in_range(t) or P <= 0:
         return cfg                  # off, or out of range: validate() names it
-    per = max(1, t.global_batch // P)
-    if "batch" in given and given["batch"] != per:
+    per = streams_each(t, P)
+    if t.global_batch and "batch" in given and given["batch"] != per:
         raise ConfigError(f"train.batch = {given['batch']} contradicts train.global_batch = {t.global_batch} "
                           f"on {P} partitions ({per} streams each): set train.global_batch = 0 to use train.batch")
     return replace(cfg, "train", batch=per)
@@ -498,6 +522,8 @@ def validate(cfg: Config) -> None:
         (t.seed >= 0, "train.seed must be >= 0"),
         (t.bptt > 0, "train.bptt must be > 0"),
         (t.batch > 0, "train.batch must be > 0"),
+        (not (t.global_batch and t.max_streams), "train.global_batch and train.max_streams: set one (the first fixes "
+         "the streams of all partitions together, the second caps them)"),
         (t.local_steps >= 0, "train.local_steps must be >= 0 (0 = one pass over the round's data)"),
         (t.rounds >= 0 and 0 <= t.epochs < math.inf, "train.rounds and train.epochs must be >= 0"),
         (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),

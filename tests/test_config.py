@@ -191,3 +191,21 @@ def test_outer_auto_follows_the_partitions_keeps_what_the_user_set_and_loads_bac
     assert outer("data.partitions=8", "train.mode=async", "exchange.broadcast=rows") == ("average", 1.0, 0.9)
     c = config.load(None, ["train.outer=auto", "data.partitions=8"])
     assert config.from_json(c.to_json()) == c and c.train.outer == "nesterov"      # a checkpoint holds the step
+    # strong scaling: the streams in all stay those of 2 partitions, so the mean moves as far per token
+    assert outer("data.partitions=8", "train.global_batch=20") == ("average", 1.0, 0.9)
+
+
+def test_max_streams_caps_the_streams_in_all_and_the_outer_step_follows_the_streams_not_the_partitions():
+    def got(P, *sets):
+        t = config.load(None, ["train.outer=auto", "train.batch=10", "train.max_streams=80",
+                               f"data.partitions={P}", *sets]).train
+        return t.batch, t.outer, t.outer_momentum
+    assert [got(P) for P in (1, 2, 4, 8, 12, 16, 100)] == [
+        (10, "average", 0.9), (10, "average", 0.9), (10, "nesterov", 0.5), (10, "nesterov", 0.75),
+        (6, "nesterov", 0.7222), (5, "nesterov", 0.75), (1, "nesterov", 0.8)]
+    c = config.load(None, ["train.outer=auto", "train.batch=10", "train.max_streams=80", "data.partitions=16"])
+    assert config.from_json(c.to_json()) == c          # a checkpoint holds batch 5 and momentum 0.75
+    assert config.load(None, ["train.batch=10", "train.max_streams=80", "data.partitions=16"]).train.outer \
+        == "average"                                   # the cap alone leaves the outer step as set
+    with pytest.raises(ConfigError, match=r"^train.global_batch and train.max_streams: set one"):
+        config.load(None, ["train.global_batch=20", "train.max_streams=80"])

@@ -105,8 +105,9 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
         f"train tokens {data.tokens:,}")
     t = cfg.train
-    if t.global_batch:
-        log(f"train.global_batch = {t.global_batch} on {P} partitions: train.batch = {t.batch} streams each, "
+    if t.global_batch or t.max_streams:
+        key = "global_batch" if t.global_batch else "max_streams"
+        log(f"train.{key} = {getattr(t, key)} on {P} partitions: train.batch = {t.batch} streams each, "
             f"{t.batch * P} in all")
     if not sync:
         log(f"{rounds:,} push windows of {steps_label(probe_cfg.train)} on {P} partitions")
