@@ -376,8 +376,9 @@ def outer_for(t: TrainConfig, partitions: int) -> tuple:
 
 def _outer_by_partitions(cfg: Config, given: dict) -> Config:
     """``train.outer = "auto"`` resolved once, at load: the outer step that :func:`outer_for` picks for
-    ``data.partitions``, with any of ``train.outer_lr`` and ``train.outer_momentum`` the user set kept.
-    A saved configuration holds the resolved step, so a resumed run keeps it."""
+    the streams of ``data.partitions`` partitions, with any of ``train.outer_lr`` and
+    ``train.outer_momentum`` the user set kept. A saved configuration holds the resolved step, so a
+    resumed run keeps it."""
     t = cfg.train
     if t.outer != "auto" or not _streams_in_range(t) or cfg.data.partitions <= 0:
         return cfg                  # another step, or out of range: validate() names it
@@ -387,8 +388,7 @@ def _outer_by_partitions(cfg: Config, given: dict) -> Config:
 
 
 def _streams_in_range(t: TrainConfig) -> bool:
-    return all(_within(getattr(t, k), *RANGES[("train", k)]) for k in ("batch", "global_batch", "max_streams")) \
-        and not (t.global_batch and t.max_streams)
+    return all(_within(getattr(t, k), *RANGES[("train", k)]) for k in ("batch", "global_batch", "max_streams"))
 
 
 def _streams_by_partitions(cfg: Config, given: dict) -> Config:
