@@ -485,9 +485,9 @@ def test_an_authenticated_connection_idle_between_frames_is_closed(secret):
     logs = []
     server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.3, log=logs.append).start()
     conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=3.0)
+    t0 = time.monotonic()       # before the last frame: the server's idle clock starts after it
     conn.send("echo", {"n": 1})
     assert conn.recv()[1] == {"n": 1}
-    t0 = time.monotonic()
     with pytest.raises(ConnectionError):                    # the server hung up: idle 2 x timeout by default
         conn.recv()
     assert 0.6 <= time.monotonic() - t0 < 1.5
