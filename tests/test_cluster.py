@@ -243,6 +243,9 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
 
 
 ASYNC = ("train.mode=async", "train.push_every=4", "server.heartbeat_s=0.2", "server.timeout_s=3")
+# windows of ~50 ms rather than ~3 ms: a partition's 40 windows outlast the poll that kills its executor, so the kill
+# lands mid-run (CI once killed one whose last window was already applied: nothing was left to redo)
+SLOW_WINDOWS = ("model.hidden=96", "train.push_every=32")
 
 
 def metric_lines(out):
@@ -258,8 +261,8 @@ def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tm
     server has not applied; every window is applied exactly once and the metrics say what was redone."""
     out = tmp_path / "kill"
     log = open(tmp_path / "kill.log", "w+")
-    proc = subprocess.Popen(cluster_cmd(out, "local-cluster[2,1,1024]", "train.rounds=40", *ASYNC), cwd=ROOT,
-                            env=env(), stdout=log, stderr=log, text=True)
+    proc = subprocess.Popen(cluster_cmd(out, "local-cluster[2,1,1024]", "train.rounds=40", *ASYNC, *SLOW_WINDOWS),
+                            cwd=ROOT, env=env(), stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300
     while proc.poll() is None and time.time() < deadline:
