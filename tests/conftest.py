@@ -175,7 +175,7 @@ def _central_differences(f, p, eps=1e-6):
         q[i] += eps
         lp = f(q)
         q[i] -= 2 * eps
-        num[i] = (lp - f(q)) / (2 * eps)
+        num[i] = float(lp - f(q)) / (2 * eps)      # f may return a 0-d device array
     return num
 
 

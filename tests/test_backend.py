@@ -61,3 +61,24 @@ def test_transpose_into_from_a_strided_source():
     dst = np.zeros((16, 8), dtype=np.float32)
     backend.transpose_into(dst, src, backend.transpose_panels(np, 8, 16, np.float32))
     assert np.array_equal(dst, src.T)
+
+
+@pytest.mark.parametrize("V,block", [(40, 1 << 25), (40, 40 * 7), (3000, 3000 * 64)])
+def test_scatter_add_rows_sums_duplicates_in_blocks(xp, monkeypatch, V, block):
+    """dst[idx[n]] += src[n] with repeated ids, the one-hot product over blocks of columns (7 and 64
+    wide here) where it applies; the same bits on a second run (no atomics)."""
+    monkeypatch.setattr(backend, "ONE_HOT_BLOCK", block)
+    rng = np.random.default_rng(0)
+    N, W = 300, 5
+    idx = (rng.zipf(1.5, N) % V).astype(np.int32)
+    src = rng.normal(size=(N, W))
+    start = rng.normal(size=(V, W))
+    want = start.copy()
+    np.add.at(want, idx, src)
+    got = []
+    for _ in range(2):
+        dst = xp.array(start)                              # a copy: NumPy would alias start
+        backend.scatter_add_rows(dst, xp.asarray(idx), xp.asarray(src))
+        got.append(backend.to_numpy(dst))
+    assert np.allclose(got[0], want, rtol=0, atol=1e-12)
+    assert np.array_equal(got[0], got[1])

@@ -52,6 +52,7 @@ def test_gradients_match_finite_differences(xp, K, numeric_grad):
     p = m.init_params(3)
     g = xp.full(p.shape, np.nan)                        # every slot must be overwritten
     loss, count, _ = m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0)
+    loss, count = float(loss), int(count)               # 0-d arrays on a GPU
     assert count == T * B - 1 and loss == pytest.approx(m.loss(p, x, y, state, reset)[0], rel=1e-12)
     num = numeric_grad(lambda q: m.loss(xp.asarray(q), x, y, state, reset)[0], backend.to_numpy(p))
     g = backend.to_numpy(g)

@@ -57,6 +57,6 @@ def test_grad_scale_scales_gradient(xp):
     m, p, x, y, state, reset = _setup(xp, "rnn", 1, 0)
     g1, g2 = xp.zeros_like(p), xp.zeros_like(p)
     m.loss_and_grad(p, g1, x, y, state, reset, grad_scale=1.0)
-    n = m.loss_and_grad(p, g2, x, y, state, reset)[1]       # default: mean over scored tokens
+    n = int(m.loss_and_grad(p, g2, x, y, state, reset)[1])  # default: mean over scored tokens
     assert n == 14
     assert np.allclose(backend.to_numpy(g2) * n, backend.to_numpy(g1))

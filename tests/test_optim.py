@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rnnlm.config import OptimConfig
-from rnnlm.core.optim import clip_grads, make_optimizer
+from rnnlm.core.optim import clip_factor, clip_grads, make_optimizer
 from rnnlm.core.schedule import Schedule
 
 
@@ -100,3 +100,40 @@ def test_grad_scale_equals_prescaled_gradient(name):
         opt.step(p2, g.copy(), s2, 0.1, grad_scale=0.25)
     assert np.allclose(p1, p2, rtol=1e-12)
     assert not np.allclose(p1, 1.0)
+
+
+def test_clip_factor_stays_an_array_and_is_exactly_one_up_to_the_bound():
+    g = np.array([3.0, 4.0], np.float32)
+    for bound in (5.0, 10.0):
+        norm, factor = clip_factor(g, clip_norm=bound)
+        assert factor == 1.0 and norm == 5.0              # clip / max(norm, clip): no rounding up to the bound
+    norm, factor = clip_factor(g, clip_norm=2.0)
+    assert norm == 5.0 and factor == 0.4
+    assert isinstance(norm, np.floating) and norm.dtype == np.float64   # not read through Python's float
+    assert clip_factor(g)[1] == 1.0
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])
+def test_a_device_factor_updates_bit_for_bit_as_a_python_float(name):
+    """A clip factor as a 0-d float64 array (what clip_factor leaves on a GPU) or as NumPy's float64
+    updates float32 parameters to the bit as a Python float folded in by hand does (SGD: into the
+    learning rate; the others: into the gradient): rounded to float32 once, not multiplied in float64."""
+    opt = make_optimizer(OptimConfig(name=name))
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=1000).astype(np.float32)
+    factor = 0.1234567890123
+    start = rng.normal(size=1000).astype(np.float32)
+    ps = [start.copy() for _ in range(3)]
+    ss = [opt.init_state(p) for p in ps]
+    for _ in range(3):
+        if name == "sgd":
+            opt.step(ps[0], g.copy(), ss[0], 0.7 * factor)
+        else:
+            scaled = g.copy()
+            scaled *= factor                                # a Python float: float32 arithmetic
+            opt.step(ps[0], scaled, ss[0], 0.7)
+        opt.step(ps[1], g.copy(), ss[1], 0.7, grad_scale=np.asarray(factor))     # an array
+        opt.step(ps[2], g.copy(), ss[2], 0.7, grad_scale=np.float64(factor))     # a host scalar
+    assert not np.array_equal(ps[0], start)
+    for p in ps[1:]:
+        assert p.dtype == np.float32 and np.array_equal(p, ps[0])

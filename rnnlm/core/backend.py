@@ -109,27 +109,32 @@ def gather_columns(xp, table, idx, out):
         out[...] = xp.take(table, idx, axis=0).T
 
 
-def scatter_add_rows(dst, idx, src) -> None:
-    """``dst[idx[n]] += src[n]`` for every row n, duplicates summed.
+ONE_HOT_BLOCK = 1 << 25   # elements of one block of a one-hot scatter matrix (128 MiB of float32)
 
-    ``dst`` (V, W), ``idx`` (N,), ``src`` (N, W). ``np.add.at`` is slow on rows,
-    so NumPy uses a one-hot product for small V and sort + reduceat otherwise.
+
+def scatter_add_rows(dst, idx, src) -> None:
+    """``dst[idx[n]] += src[n]`` for every row n, duplicates summed in the same order every run.
+
+    ``dst`` (V, W), ``idx`` (N,), ``src`` (N, W). A one-hot product (V, n) @ (n, W), over blocks
+    of at most ``ONE_HOT_BLOCK`` elements: exact up to the order of its sums, which a GEMM keeps
+    from run to run (cuBLAS is reproducible on one GPU model; ``cupyx.scatter_add``'s float atomics
+    are not). NumPy does a large V (over ``ONE_HOT_MAX_V``) by sort + reduceat instead (``np.add.at``
+    is slow on rows).
     """
     xp = xp_of(dst)
-    if xp is not np:
-        import cupyx
-        cupyx.scatter_add(dst, idx, src)
-        return
     V, N = dst.shape[0], idx.shape[0]
-    if V <= ONE_HOT_MAX_V:
-        onehot = np.zeros((V, N), dtype=dst.dtype)       # (V, N)
-        onehot[idx, np.arange(N)] = 1
-        dst += onehot @ src
+    if xp is np and V > ONE_HOT_MAX_V:
+        order = np.argsort(idx, kind="stable")
+        sorted_idx = idx[order]
+        rows, starts = np.unique(sorted_idx, return_index=True)
+        dst[rows] += np.add.reduceat(src[order], starts, axis=0)
         return
-    order = np.argsort(idx, kind="stable")
-    sorted_idx = idx[order]
-    rows, starts = np.unique(sorted_idx, return_index=True)
-    dst[rows] += np.add.reduceat(src[order], starts, axis=0)
+    n = max(1, min(N, ONE_HOT_BLOCK // V))
+    for a in range(0, N, n):
+        m = min(n, N - a)
+        onehot = xp.zeros((V, m), dtype=dst.dtype)                     # (V, m)
+        onehot[idx[a:a + m], xp.arange(m)] = 1
+        dst += onehot @ src[a:a + m]
 
 
 def swap01(dst, src) -> None:

@@ -117,7 +117,7 @@ class FFNNLM:
         xp, E = self.xp, self.E
         T, B = x.shape
         buf = self._bufs(T, B)
-        new_state = self._context(buf, x, state, reset)
+        new_state = self._context(buf, x, state, None if reset is None else xp.asarray(reset))
         for j in range(self.K):
             cj = buf.ctx[j * E:(j + 1) * E]                               # (E, N)
             backend.gather_columns(xp, p["embed"], buf.rows[j], cj)
@@ -138,7 +138,7 @@ class FFNNLM:
             Inputs and next-token targets; a target < 0 is not scored.
         state : array (1, 1, K - 1, B)
         reset : bool array (T, B), optional
-            True where a stream starts afresh: words before that step are missing.
+            True where a stream starts afresh: words before that step are missing (NumPy or ``xp``).
 
         Returns
         -------
@@ -164,7 +164,7 @@ class FFNNLM:
 
         Returns
         -------
-        loss_sum : float, count : int, new_state : array (1, 1, K - 1, B)
+        loss_sum, count : 0-d arrays on the device (NumPy scalars on the host), new_state : array (1, 1, K - 1, B)
 
         Raises
         ------

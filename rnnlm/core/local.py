@@ -57,35 +57,43 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     Raises
     ------
     FloatingPointError
-        When a loss or the gradient's norm is NaN or infinite (the parameters are
-        then not updated), or when the parameters are no longer finite after the
-        last step (an update that overflowed).
+        When a loss or the gradient's norm was NaN or infinite, naming the first such step, or
+        when the parameters are no longer finite after the last step (an update that
+        overflowed). It is raised at the end of the call, which reads the device once: the
+        parameters then hold every step's update and are not to be used (no caller sends them).
     """
     xp = model.xp
     grads = xp.empty_like(params) if grads is None else grads
-    tokens, loss_sum, steps = 0, 0.0, 0
+    tokens, steps = 0, 0
+    watch = []                  # per step, on the device: its loss and its gradient's norm
     for b in batches:
-        x, y = xp.asarray(b.x), xp.asarray(b.y)
-        reset = None if b.reset is None else xp.asarray(b.reset)
-        scale = 1.0 / x.shape[1] if grad_norm == "batch" else None
+        scored = int((b.y >= 0).sum())                  # on the host: the batch is there
+        scale = 1.0 / b.x.shape[1] if grad_norm == "batch" else 1.0 / max(1, scored)
         softmax = None
         if softmax_sets is not None:
             sets = sampled.Sets(*softmax_sets(steps, backend.to_numpy(b.y)))
             softmax = sets._replace(v_all=xp.asarray(sets.v_all), v_f=xp.asarray(sets.v_f))
-        loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset,
-                                                 grad_scale=scale, rng=dropout_rng, softmax=softmax)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at local step {steps}")
+        loss, _, state = model.loss_and_grad(params, grads, xp.asarray(b.x), xp.asarray(b.y), state, b.reset,
+                                             grad_scale=scale, rng=dropout_rng, softmax=softmax)
         norm, factor = clip_factor(grads, clip_norm, clip_value)
+        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
+        watch += (loss, norm)
+        tokens += scored
+        steps += 1
+    if not steps:
+        return LocalResult(params, opt_state, state, 0, 0.0, 0)
+    # the call's one read from the device; the parameters' sum catches an update that overflowed
+    seen = backend.to_numpy(xp.stack([*watch, params.sum(dtype=xp.float64)]))
+    loss_sum = 0.0
+    for k in range(steps):
+        loss, norm = float(seen[2 * k]), float(seen[2 * k + 1])
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at local step {k}")
         if not math.isfinite(norm):
             # clipping cannot catch it (NaN > clip_norm is False): the update would poison every weight
-            raise FloatingPointError(f"gradient norm became {norm} at local step {steps}")
-        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
-        tokens += count
+            raise FloatingPointError(f"gradient norm became {norm} at local step {k}")
         loss_sum += loss
-        steps += 1
-    # one reduction per call (not per step): an overflowing update is caught before anything is sent
-    if steps and not math.isfinite(float(params.sum(dtype=xp.float64))):
+    if not math.isfinite(float(seen[-1])):
         raise FloatingPointError(f"parameters are no longer finite after local step {steps - 1}")
     return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
 

@@ -126,8 +126,9 @@ class RNNLM:
         buf = self._bufs(T, B)
         idx = x.reshape(N)
         if reset is not None:
-            keep = (~reset).astype(self.dtype)[:, None, :]              # (T, 1, B)
-            reset_steps = set(int(t) for t in xp.nonzero(reset.any(axis=1))[0])
+            rh = backend.to_numpy(reset)            # the steps with a reset, known on the host: given there, no sync
+            keep = xp.asarray((~rh).astype(self.dtype))[:, None, :]     # (T, 1, B)
+            reset_steps = set(np.nonzero(rh.any(axis=1))[0].tolist())
         else:
             keep, reset_steps = None, set()
         new_state = xp.empty_like(state)
@@ -175,7 +176,8 @@ class RNNLM:
             Inputs and next-token targets; a target < 0 is not scored.
         state : array (L, S, H, B)
         reset : bool array (T, B), optional
-            True where a stream starts afresh (its incoming state is zeroed).
+            True where a stream starts afresh (its incoming state is zeroed); NumPy or ``xp``
+            (a host array spares the device a sync).
         """
         p = self.layout.views(params)
         buf, new_state, _, _ = self._forward(p, x, state, reset, None)
@@ -219,7 +221,8 @@ class RNNLM:
 
         Returns
         -------
-        loss_sum : float, count : int, new_state : array (L, S, H, B)
+        loss_sum, count : 0-d arrays on the device (NumPy scalars on the host): a step reads nothing back
+        new_state : array (L, S, H, B)
 
         Raises
         ------

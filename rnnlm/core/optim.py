@@ -15,26 +15,39 @@ from ..config import OptimConfig
 def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> tuple:
     """Element-clip ``grads`` in place; return (global L2 norm, global-norm clip factor).
 
-    The factor (<= 1) is not applied here: :meth:`Optimizer.step` folds it into
-    its own pass over the gradient.
+    Both stay on the gradient's device (0-d float64 arrays; the factor is 1.0 without
+    ``clip_norm``), so a step needs no host sync; on NumPy they are float64 scalars. The
+    factor (<= 1; NaN with a non-finite norm) is not applied here: :meth:`Optimizer.step`
+    folds it into its own pass over the gradient.
     """
     xp = backend.xp_of(grads)
     if clip_value:
         xp.clip(grads, -clip_value, clip_value, out=grads)
-    norm = math.sqrt(float(xp.dot(grads, grads)))
-    factor = clip_norm / norm if clip_norm and norm > clip_norm else 1.0
+    norm = xp.sqrt(xp.dot(grads, grads).astype(xp.float64))
+    factor = clip_norm / xp.maximum(norm, clip_norm) if clip_norm else 1.0     # exactly 1.0 up to clip_norm
     return norm, factor
 
 
-def clip_grads(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> float:
+def clip_grads(grads, clip_norm: float = 0.0, clip_value: float = 0.0):
     """Clip ``grads`` (P,) in place; return the global L2 norm before clipping.
 
     Element clipping (``clip_value``) is applied first, then global-norm clipping.
     """
     norm, factor = clip_factor(grads, clip_norm, clip_value)
-    if factor != 1.0:
-        grads *= factor
+    if not _is_one(factor):
+        grads *= _scalar(factor, grads.dtype)
     return norm
+
+
+def _is_one(v) -> bool:
+    """``v == 1`` for a host number (NumPy's scalars are); a device value is never taken as one (no sync)."""
+    return isinstance(v, (int, float)) and v == 1.0
+
+
+def _scalar(v, dtype):
+    """``v`` (a number or a 0-d array) as a 0-d array of ``dtype``: rounded once, as NumPy rounds a Python
+    float it multiplies an array of ``dtype`` by (a float64 0-d array would make the product float64)."""
+    return backend.xp_of(v).asarray(v, dtype=dtype)
 
 
 class Optimizer:
@@ -54,17 +67,19 @@ class Optimizer:
         state["t"] = 0
         return state
 
-    def step(self, params, grads, state: dict, lr: float, grad_scale: float = 1.0) -> None:
+    def step(self, params, grads, state: dict, lr: float, grad_scale=1.0) -> None:
         """Update ``params`` in place from ``grad_scale * grads``.
 
+        ``grad_scale``: a number, or a 0-d array on the device (:func:`clip_factor`'s).
         ``grads`` is used as scratch and left undefined.
         """
         state["t"] += 1
-        if grad_scale != 1.0 and not self.scales_grads:
-            grads *= grad_scale
-            grad_scale = 1.0
-        self._update(params, grads, state, lr * grad_scale if self.scales_grads else lr,
-                     backend.xp_of(params))
+        if self.scales_grads:
+            host = isinstance(grad_scale, (int, float))       # a Python float multiplies as float32 does
+            lr = float(lr * grad_scale) if host else _scalar(lr * grad_scale, params.dtype)
+        elif not _is_one(grad_scale):
+            grads *= _scalar(grad_scale, grads.dtype)
+        self._update(params, grads, state, lr, backend.xp_of(params))
 
     def _tmp(self, like):
         # one reusable buffer shaped like the parameters, never part of the state

@@ -117,12 +117,15 @@ class Softmax:
 
     def loss(self, buf: Buffers, y, rows: Rows | None = None) -> tuple:
         """Summed NLL of the targets ``y`` (T, B) (< 0: not scored) and the number scored,
-        computed in place over ``buf.logits``."""
-        return self._nll(buf, y, None, rows)
+        computed in place over ``buf.logits``: a float and an int (read from the device)."""
+        loss, count = self._nll(buf, y, None, rows)
+        return float(loss), int(count)
 
     def loss_grad(self, buf: Buffers, y, grad_scale=None, rows: Rows | None = None) -> tuple:
         """As :meth:`loss`, leaving ``grad_scale * dNLL/dlogits`` in ``buf.logits``;
-        ``grad_scale`` defaults to 1 / tokens scored."""
+        ``grad_scale`` defaults to 1 / tokens scored. The sum and the count stay on the device
+        (0-d float64 and integer arrays; NumPy's scalars on the host): a training step reads
+        nothing back."""
         if grad_scale is None:
             grad_scale = 1.0 / max(1, int((y >= 0).sum()))
         return self._nll(buf, y, grad_scale, rows)
@@ -154,8 +157,8 @@ class Softmax:
         xp.exp(lg, out=lg)
         s = xp.matmul(ones, lg)                                          # (N,)
         nll = (xp.log(s) - zy) * valid
-        loss = float(nll.sum(dtype=np.float64))
-        count = int(valid.sum())
+        loss = nll.sum(dtype=np.float64)                                 # 0-d, on the device
+        count = valid.sum()
         if grad_scale is not None:
             w = valid.astype(self.dtype) * grad_scale
             lg *= w / s
