@@ -1,6 +1,7 @@
-"""One PyTorch CPU process training PTB small or medium: the wall-time reference for the Spark trainer.
+"""One PyTorch process training PTB small or medium: the wall-time reference for the Spark trainer.
 
     python benchmarks/torch_ptb.py [--model small|medium] [--epochs 2] [--threads 2] [--evals-per-epoch 2]
+                                   [--device cpu|cuda]
 
 Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
 embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
@@ -12,7 +13,8 @@ the same vocabulary and token ids (``rnnlm.core.vocab``) and the same batching
 (``rnnlm.core.strategies.StreamBlock``: B contiguous streams, state carried).
 Validation reads the held-out text as one stream in chunks of 100, as the
 trainer's evaluation does. Prints one line per evaluation: epoch, training wall
-time (evaluation excluded), valid ppl. PyTorch is a benchmark-only dependency.
+time (evaluation excluded; on CUDA, cuDNN's LSTM, timed to the device's end of each stretch),
+valid ppl. PyTorch is a benchmark-only dependency.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--evals-per-epoch", type=int, default=2)
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args(argv)
     import numpy as np
     import torch
@@ -62,7 +65,8 @@ def main(argv=None):
             h, state = self.lstm(self.drop(self.emb(x)), state)
             return self.out(self.drop(h)), state
 
-    model = Model()
+    dev = torch.device(a.device)
+    model = Model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     loss_fn = nn.CrossEntropyLoss()
     block = StreamBlock(train, B, T)
@@ -75,8 +79,8 @@ def main(argv=None):
         nll, n, state = 0.0, 0, None
         with torch.no_grad():
             for i in range(0, len(valid) - 1, EVAL_BPTT):
-                x = torch.from_numpy(valid[i:i + EVAL_BPTT].astype(np.int64))[:, None]
-                y = torch.from_numpy(valid[i + 1:i + 1 + EVAL_BPTT].astype(np.int64))
+                x = torch.from_numpy(valid[i:i + EVAL_BPTT].astype(np.int64))[:, None].to(dev)
+                y = torch.from_numpy(valid[i + 1:i + 1 + EVAL_BPTT].astype(np.int64)).to(dev)
                 x = x[:len(y)]
                 logits, state = model(x, state)
                 nll += float(loss_fn(logits[:, 0], y)) * len(y)
@@ -84,13 +88,13 @@ def main(argv=None):
         model.train()
         return math.exp(nll / n)
 
-    print(f"# torch={torch.__version__} threads={a.threads} model={a.model} V={V} steps/epoch={steps_per_epoch}",
-          flush=True)
-    state, wall = None, 0.0
+    print(f"# torch={torch.__version__} device={a.device} threads={a.threads} model={a.model} V={V} "
+          f"steps/epoch={steps_per_epoch}", flush=True)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    state, wall, t0 = None, 0.0, time.perf_counter()
     for k in range(total):
-        t0 = time.perf_counter()
         b = block.batch(k)
-        x, y = torch.from_numpy(b.x.astype(np.int64)), torch.from_numpy(b.y.astype(np.int64))
+        x, y = torch.from_numpy(b.x.astype(np.int64)).to(dev), torch.from_numpy(b.y.astype(np.int64)).to(dev)
         if k % block.steps_per_pass == 0:
             state = None                              # a new pass: streams start from zero
         if state is not None:
@@ -103,10 +107,12 @@ def main(argv=None):
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         opt.step()
-        wall += time.perf_counter() - t0
         if (k + 1) % every == 0 or k + 1 == total:
+            sync()
+            wall += time.perf_counter() - t0
             print(f"epoch {(k + 1) / steps_per_epoch:.2f}  train_wall_s {wall:.1f}  valid_ppl {evaluate():.1f}",
                   flush=True)
+            t0 = time.perf_counter()
 
 
 if __name__ == "__main__":
