@@ -64,29 +64,28 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     """
     xp = model.xp
     grads = xp.empty_like(params) if grads is None else grads
-    tokens, steps = 0, 0
-    watch = []                  # per step, on the device: its loss and its gradient's norm
+    steps = 0
+    watch = []                  # per step, on the device: its loss, its gradient's norm, the tokens scored
     for b in batches:
-        scored = int((b.y >= 0).sum())                  # on the host: the batch is there
-        scale = 1.0 / b.x.shape[1] if grad_norm == "batch" else 1.0 / max(1, scored)
+        # (the token norm counts the targets first: on the host, where the trainer's batches are)
+        scale = 1.0 / b.x.shape[1] if grad_norm == "batch" else 1.0 / max(1, int((b.y >= 0).sum()))
         softmax = None
         if softmax_sets is not None:
             sets = sampled.Sets(*softmax_sets(steps, backend.to_numpy(b.y)))
             softmax = sets._replace(v_all=xp.asarray(sets.v_all), v_f=xp.asarray(sets.v_f))
-        loss, _, state = model.loss_and_grad(params, grads, xp.asarray(b.x), xp.asarray(b.y), state, b.reset,
-                                             grad_scale=scale, rng=dropout_rng, softmax=softmax)
+        loss, count, state = model.loss_and_grad(params, grads, xp.asarray(b.x), xp.asarray(b.y), state, b.reset,
+                                                 grad_scale=scale, rng=dropout_rng, softmax=softmax)
         norm, factor = clip_factor(grads, clip_norm, clip_value)
         optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
-        watch += (loss, norm)
-        tokens += scored
+        watch += (loss, norm, xp.asarray(count, dtype=xp.float64))    # one dtype to stack
         steps += 1
     if not steps:
         return LocalResult(params, opt_state, state, 0, 0.0, 0)
     # the call's one read from the device; the parameters' sum catches an update that overflowed
     seen = backend.to_numpy(xp.stack([*watch, params.sum(dtype=xp.float64)]))
-    loss_sum = 0.0
+    loss_sum, tokens = 0.0, int(seen[2:-1:3].sum())
     for k in range(steps):
-        loss, norm = float(seen[2 * k]), float(seen[2 * k + 1])
+        loss, norm = float(seen[3 * k]), float(seen[3 * k + 1])
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at local step {k}")
         if not math.isfinite(norm):
