@@ -243,8 +243,8 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
 
 
 ASYNC = ("train.mode=async", "train.push_every=4", "server.heartbeat_s=0.2", "server.timeout_s=3")
-# windows of ~50 ms rather than ~3 ms: a partition's 40 windows outlast the poll that kills its executor, so the kill
-# lands mid-run (CI once killed one whose last window was already applied: nothing was left to redo)
+# windows of ~50 ms rather than ~3 ms: a run's windows outlast the poll that kills its executor or driver, so the kill
+# lands mid-run (CI once killed an executor whose last window was already applied: nothing was left to redo)
 SLOW_WINDOWS = ("model.hidden=96", "train.push_every=32")
 
 
@@ -292,7 +292,7 @@ def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(
     the server's last checkpoint (every 4 pushes here), and the run completes every window."""
     out = tmp_path / "run"
     every = ("server.checkpoint_pushes=4", "server.checkpoint_s=0")
-    cmd = cluster_cmd(out, "local[2]", "train.rounds=60", *ASYNC, *every)
+    cmd = cluster_cmd(out, "local[2]", "train.rounds=60", *ASYNC, *SLOW_WINDOWS, *every)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 200
     seen = 0
