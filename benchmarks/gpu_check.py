@@ -66,6 +66,7 @@ def determinism(device: str) -> dict:
         "ffnn": (dict(cell="ffnn", vocab_size=5000, embed=32, hidden=64, context=3), False),
     }
     K, B, T = 8, 16, 20
+    opt = make_optimizer(OptimConfig(name="momentum", lr=0.5))
     out = {}
     for name, (mc, samp) in cases.items():
         m = build(ModelConfig(**mc), xp=xp)
@@ -92,7 +93,6 @@ def determinism(device: str) -> dict:
             r = call(p, st, state, 1)
             return [backend.to_numpy(a) for a in (r.params, r.state, *(v for k, v in sorted(st.items()) if k != "t"))]
 
-        opt = make_optimizer(OptimConfig(name="momentum", lr=0.5))
         a, b, c = run(False), run(False), run(True)
         diffs = [float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b) if not np.array_equal(x, y)]
         diffs_c = [float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, c) if not np.array_equal(x, y)]

@@ -77,7 +77,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
                                                  grad_scale=scale, rng=dropout_rng, softmax=softmax)
         norm, factor = clip_factor(grads, clip_norm, clip_value)
         optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
-        watch += (loss, norm, xp.asarray(count, dtype=xp.float64))    # one dtype to stack
+        watch += (loss, norm, count)                                    # float64, all three
         steps += 1
     if not steps:
         return LocalResult(params, opt_state, state, 0, 0.0, 0)

@@ -124,8 +124,7 @@ class Softmax:
     def loss_grad(self, buf: Buffers, y, grad_scale=None, rows: Rows | None = None) -> tuple:
         """As :meth:`loss`, leaving ``grad_scale * dNLL/dlogits`` in ``buf.logits``;
         ``grad_scale`` defaults to 1 / tokens scored. The sum and the count stay on the device
-        (0-d float64 and integer arrays; NumPy's scalars on the host): a training step reads
-        nothing back."""
+        (0-d float64 arrays; NumPy's scalars on the host): a training step reads nothing back."""
         if grad_scale is None:
             grad_scale = 1.0 / max(1, int((y >= 0).sum()))
         return self._nll(buf, y, grad_scale, rows)
@@ -158,7 +157,7 @@ class Softmax:
         s = xp.matmul(ones, lg)                                          # (N,)
         nll = (xp.log(s) - zy) * valid
         loss = nll.sum(dtype=np.float64)                                 # 0-d, on the device
-        count = valid.sum()
+        count = valid.sum(dtype=np.float64)                              # float64: stacks with the loss
         if grad_scale is not None:
             w = valid.astype(self.dtype) * grad_scale
             lg *= w / s
