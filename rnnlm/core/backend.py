@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import gemm
+
 try:  # CuPy is optional: the gpu extra installs it.
     import cupy as _cupy
 except Exception:  # ImportError, or a CUDA runtime that fails to load
@@ -51,6 +53,37 @@ def get_xp(device: str = "cpu"):
             raise RuntimeError("device='gpu' but CuPy or a CUDA device is not available")
         return _cupy
     raise ValueError(f"unknown device {device!r}: expected cpu, gpu or auto")
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` into ``out`` for 2-d (or matrix-vector) operands: ``numpy.matmul`` on NumPy; on
+    CuPy, cuBLAS through :mod:`rnnlm.core.gemm` where nvmath-python is installed (a CUDA graph
+    can capture it), else ``cupy.matmul``."""
+    xp = xp_of(a)
+    if xp is np or not gemm.available():
+        return xp.matmul(a, b, out=out)
+    return gemm.matmul(xp, a, b, out)
+
+
+def sumsq(a):
+    """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy; on
+    CuPy one reduction kernel that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
+    xp = xp_of(a)
+    if xp is np:
+        return np.dot(a, a).astype(np.float64)
+    global _sumsq_kernel
+    if _sumsq_kernel is None:
+        _sumsq_kernel = xp.ReductionKernel("T x", "float64 y", "(double)x * (double)x", "a + b", "y = a", "0",
+                                           "rnnlm_sumsq")
+    return _sumsq_kernel(a)
+
+
+_sumsq_kernel = None
+
+
+def graphs_available(xp) -> bool:
+    """Whether a training step on ``xp`` can be captured as a CUDA graph (CuPy with nvmath-python)."""
+    return xp is not np and gemm.available()
 
 
 def use_gpu(index: int) -> None:
@@ -134,7 +167,7 @@ def scatter_add_rows(dst, idx, src) -> None:
         m = min(n, N - a)
         onehot = xp.zeros((V, m), dtype=dst.dtype)                     # (V, m)
         onehot[idx[a:a + m], xp.arange(m)] = 1
-        dst += onehot @ src[a:a + m]
+        dst += matmul(onehot, src[a:a + m])
 
 
 def swap01(dst, src) -> None:

@@ -122,7 +122,7 @@ class FFNNLM:
             cj = buf.ctx[j * E:(j + 1) * E]                               # (E, N)
             backend.gather_columns(xp, p["embed"], buf.rows[j], cj)
             cj *= buf.present[j]
-        xp.matmul(p["W1"], buf.ctx, out=buf.h)                            # (H, N)
+        backend.matmul(p["W1"], buf.ctx, out=buf.h)                       # (H, N)
         buf.h += p["b1"][:, None]
         xp.tanh(buf.h, out=buf.h)
         self.out.forward(p, buf.out, buf.h)                               # (V, N)
@@ -184,9 +184,9 @@ class FFNNLM:
         xp.multiply(h, h, out=h)                                          # h is spent: tanh' = 1 - h^2
         xp.subtract(1, h, out=h)
         dh *= h
-        xp.matmul(dh, buf.ones_n, out=g["b1"])
-        xp.matmul(dh, buf.ctx.T, out=g["W1"])                             # (H, KE)
-        xp.matmul(p["W1"].T, dh, out=buf.dctx)                            # (KE, N)
+        backend.matmul(dh, buf.ones_n, out=g["b1"])
+        backend.matmul(dh, buf.ctx.T, out=g["W1"])                        # (H, KE)
+        backend.matmul(p["W1"].T, dh, out=buf.dctx)                       # (KE, N)
         dctx = buf.dctx.reshape(K, E, N)
         dctx *= buf.present[:, None, :]                  # missing words add zero (to row 0)
         g["embed"].fill(0)

@@ -23,7 +23,7 @@ def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> tuple
     xp = backend.xp_of(grads)
     if clip_value:
         xp.clip(grads, -clip_value, clip_value, out=grads)
-    norm = xp.sqrt(xp.dot(grads, grads).astype(xp.float64))
+    norm = xp.sqrt(backend.sumsq(grads))
     factor = clip_norm / xp.maximum(norm, clip_norm) if clip_norm else 1.0     # exactly 1.0 up to clip_norm
     return norm, factor
 
@@ -55,6 +55,7 @@ class Optimizer:
 
     slots: tuple = ()
     scales_grads = False   # True when the update is linear in lr * g (the scale folds into lr)
+    same_every_step = True  # the update's arithmetic does not depend on the step count (a CUDA graph can replay it)
 
     def __init__(self, cfg: OptimConfig):
         self.cfg = cfg
@@ -81,7 +82,7 @@ class Optimizer:
             grads *= _scalar(grad_scale, grads.dtype)
         self._update(params, grads, state, lr, backend.xp_of(params))
 
-    def _tmp(self, like):
+    def scratch(self, like):
         # one reusable buffer shaped like the parameters, never part of the state
         if self._scratch is None or self._scratch.shape != like.shape or self._scratch.dtype != like.dtype:
             self._scratch = backend.xp_of(like).empty_like(like)
@@ -110,7 +111,7 @@ class Momentum(Optimizer):
         v = state["velocity"]
         v *= self.cfg.momentum
         v += grads
-        tmp = self._tmp(params)
+        tmp = self.scratch(params)
         if self.cfg.nesterov:
             xp.multiply(v, self.cfg.momentum, out=tmp)
             tmp += grads
@@ -126,7 +127,7 @@ class AdaGrad(Optimizer):
     slots = ("sum_sq",)
 
     def _update(self, params, grads, state, lr, xp):
-        acc, denom = state["sum_sq"], self._tmp(params)
+        acc, denom = state["sum_sq"], self.scratch(params)
         xp.multiply(grads, grads, out=denom)
         acc += denom
         xp.sqrt(acc, out=denom)
@@ -140,11 +141,12 @@ class Adam(Optimizer):
     """Adam with bias correction."""
 
     slots = ("m", "v")
+    same_every_step = False    # bias correction: a function of t
 
     def _update(self, params, grads, state, lr, xp):
         b1, b2, t = self.cfg.beta1, self.cfg.beta2, state["t"]
         m, v = state["m"], state["v"]
-        denom = self._tmp(params)
+        denom = self.scratch(params)
         m *= b1
         grads *= 1.0 - b1
         m += grads

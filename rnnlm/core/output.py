@@ -100,7 +100,7 @@ class Softmax:
         those of ``buf.rows[:n_f]``, into ``buf.logits[:n_f]``."""
         xp = self.xp
         if rows is None:
-            xp.matmul(p["Wo"], h, out=buf.logits)                       # (V, N)
+            backend.matmul(p["Wo"], h, out=buf.logits)                  # (V, N)
             buf.logits += p["bo"][:, None]
             return
         n_out = rows.n_f
@@ -108,7 +108,7 @@ class Softmax:
         xp.take(p["Wo"], idx, axis=0, out=Wf)                            # (n_f, H)
         xp.take(p["bo"], idx, out=bf)                                    # (n_f,)
         lg = buf.logits[:n_out]                                          # (n_f, N)
-        xp.matmul(Wf, h, out=lg)
+        backend.matmul(Wf, h, out=lg)
         lg += bf[:, None]
 
     def last(self, buf: Buffers, T: int, B: int):
@@ -154,7 +154,7 @@ class Softmax:
         lg -= lg.max(axis=0)
         zy = lg[yc, buf.cols]                                            # (N,)
         xp.exp(lg, out=lg)
-        s = xp.matmul(ones, lg)                                          # (N,)
+        s = backend.matmul(ones, lg)                                     # (N,)
         nll = (xp.log(s) - zy) * valid
         loss = nll.sum(dtype=np.float64)                                 # 0-d, on the device
         count = valid.sum(dtype=np.float64)                              # float64: stacks with the loss
@@ -226,13 +226,13 @@ class Softmax:
         xp = self.xp
         if rows is None:
             dlg = buf.logits                                             # (V, N)
-            xp.matmul(dlg, h.T, out=g["Wo"])                             # (V, H)
-            xp.matmul(dlg, buf.ones_n, out=g["bo"])
-            xp.matmul(p["Wo"].T, dlg, out=dh)                            # (H, N)
+            backend.matmul(dlg, h.T, out=g["Wo"])                        # (V, H)
+            backend.matmul(dlg, buf.ones_n, out=g["bo"])
+            backend.matmul(p["Wo"].T, dlg, out=dh)                       # (H, N)
             return
         sets, na, ypos, log_pi = rows.sets, rows.n_all, rows.ypos, rows.log_pi
         n_top = rows.n_f if sets.through_gamma else na                   # dL/dh: v_f's or v_all's
-        xp.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dh)         # (H, N)
+        backend.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dh)    # (H, N)
         dlg, Wa, ba = buf.logits[:na], buf.Wf[:na], buf.bf[:na]          # (n_all, N), (n_all, H)
         if sets.log_pi_rows is not None and log_pi is not None:
             # a row moves only in steps where it is in v_all (probability pi_all), but its
@@ -245,8 +245,8 @@ class Softmax:
             ey = dlg[ypos, buf.cols]                                     # (N,) a copy
             dlg *= xp.exp(log_pi[:na] - lpr)[:, None]
             dlg[ypos, buf.cols] = ey
-        xp.matmul(dlg, h.T, out=Wa)                                      # the weights are spent
-        xp.matmul(dlg, buf.ones_n, out=ba)
+        backend.matmul(dlg, h.T, out=Wa)                                 # the weights are spent
+        backend.matmul(dlg, buf.ones_n, out=ba)
         idx = buf.rows[:na]
         g["Wo"].fill(0)
         g["Wo"][idx] = Wa
