@@ -23,14 +23,22 @@ gates (NumPy's tanh is about twice as fast as the exp and division it replaces).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from . import backend, fused
 from .backend import swap01, transpose_into, transpose_panels
 
 
 class Workspace:
-    """Buffers of one recurrent layer for a (T, B) chunk."""
+    """Buffers of one recurrent layer for a (T, B) chunk.
 
-    def __init__(self, xp, T, B, H, G, dtype):
+    ``fused``: each step's elementwise work as one kernel (:mod:`rnnlm.core.fused`), bit-identical
+    to the unfused path; by default on CuPy in float32 (the kernels' type).
+    """
+
+    def __init__(self, xp, T, B, H, G, dtype, fused: bool | None = None):
         self.T, self.B, self.H, self.G = T, B, H, G
+        self.fused = (xp is not np and np.dtype(dtype) == np.float32) if fused is None else fused
         e = lambda *s: xp.empty(s, dtype=dtype)  # noqa: E731
         self.zin = e(G * H, T, B)     # input projection of every step (caller fills, unless step-major)
         self.z = e(T, G * H, B)       # per step: projection, then gate activations
@@ -84,7 +92,7 @@ def _start(xp, ws, b, state, keep, reset_steps, step_major):
 
 def _step_input(xp, ws, z, Whh, hp):
     """``z += Whh hp + bias``: the step's pre-activations (GH, B)."""
-    xp.matmul(Whh, hp, out=ws.tmp_g)
+    backend.matmul(Whh, hp, out=ws.tmp_g)
     z += ws.tmp_g
     z += ws.bias
 
@@ -102,11 +110,11 @@ def _dwhh(xp, ws, dWhh, keep, reset_steps):
     N, H = ws.T * ws.B, ws.H
     swap01(ws.dz, ws.dzs)                                            # (GH, T, B)
     hprev = ws.hcat[:, :ws.T, :].reshape(H, N)                      # (H, N) view
-    xp.matmul(ws.dz.reshape(-1, N), hprev.T, out=dWhh)              # (GH, H)
+    backend.matmul(ws.dz.reshape(-1, N), hprev.T, out=dWhh)         # (GH, H)
     for t in reset_steps:
         if t > 0:
             dropped = ws.hs[t] * (1.0 - keep[t])                     # (H, B)
-            dWhh -= ws.dzs[t] @ dropped.T
+            dWhh -= backend.matmul(ws.dzs[t], dropped.T)
 
 
 def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
@@ -115,6 +123,10 @@ def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
     for t in range(ws.T):
         hp, _ = _incoming(xp, ws, t, keep, reset_steps)
         z = ws.z[t]                                                  # (H, B)
+        if ws.fused:
+            backend.matmul(Whh, hp, out=ws.tmp_g)
+            fused.rnn_forward_step(z, ws.tmp_g, ws.bias, ws.hs[t + 1])
+            continue
         _step_input(xp, ws, z, Whh, hp)
         xp.tanh(z, out=ws.hs[t + 1])
     _finish_forward(xp, ws)
@@ -132,14 +144,17 @@ def rnn_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     dh, dh_next = ws.dh, ws.dh_next
     dh_next.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        xp.add(ws.dhs[t], dh_next, out=dh)
         h, dzt = ws.hs[t + 1], ws.dzs[t]
-        xp.multiply(h, h, out=dzt)                                   # dz = (1 - h^2) dh
-        xp.subtract(1.0, dzt, out=dzt)
-        dzt *= dh
+        if ws.fused:
+            fused.rnn_backward_step(ws.dhs[t], dh_next, h, dzt)
+        else:
+            xp.add(ws.dhs[t], dh_next, out=dh)
+            xp.multiply(h, h, out=dzt)                               # dz = (1 - h^2) dh
+            xp.subtract(1.0, dzt, out=dzt)
+            dzt *= dh
         if t == 0:
             break                       # truncated BPTT: nothing flows into the incoming state
-        xp.matmul(WhhT, dzt, out=dh_next)
+        backend.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
     _dwhh(xp, ws, dWhh, keep, reset_steps)
@@ -156,6 +171,10 @@ def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
             xp.multiply(cp, keep[t], out=ws.cmask)
             cp = ws.cmask
         z = ws.z[t]                                                  # (4H, B)
+        if ws.fused:
+            backend.matmul(Whh, hp, out=ws.tmp_g)
+            fused.lstm_forward_step(z, ws.tmp_g, ws.bias, cp, ws.c[t + 1], ws.tc[t], ws.hs[t + 1])
+            continue
         _step_input(xp, ws, z, Whh, hp)
         s = z[:3 * H]
         s *= 0.5                                                     # sigmoid through tanh
@@ -190,6 +209,19 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     dh_next.fill(0)
     dc.fill(0)
     for t in range(ws.T - 1, -1, -1):
+        if ws.fused:
+            cp = ws.c[t]
+            if t in reset_steps and t > 0:
+                xp.multiply(cp, keep[t], out=ws.cmask)
+                cp = ws.cmask
+            fused.lstm_backward_step(ws.dhs[t], dh_next, ws.z[t], ws.tc[t], ws.hs[t + 1], cp, dc, ws.dzs[t])
+            if t == 0:
+                break
+            backend.matmul(WhhT, ws.dzs[t], out=dh_next)
+            if t in reset_steps:
+                dh_next *= keep[t]
+                dc *= keep[t]
+            continue
         xp.add(ws.dhs[t], dh_next, out=dh)
         z, dzt = ws.z[t], ws.dzs[t]
         i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
@@ -217,7 +249,7 @@ def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
         dg *= tmp
         if t == 0:
             break                       # truncated BPTT: nothing flows into the incoming state
-        xp.matmul(WhhT, dzt, out=dh_next)
+        backend.matmul(WhhT, dzt, out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
             dc *= keep[t]
