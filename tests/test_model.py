@@ -90,7 +90,7 @@ def test_gathered_one_hot_input_equals_the_one_hot_product(xp, cell, monkeypatch
     for limit in (80, 4):
         monkeypatch.setattr(backend, "ONE_HOT_INPUT_MAX_V", limit)
         m = RNNLM(cfg, xp=xp, dtype="float64")
-        assert (m._bufs(6, 3).onehot is None) == (limit < 13 or xp is not np)
+        assert (m.chunk_buffers(6, 3).onehot is None) == (limit < 13 or xp is not np)
         p = m.init_params(7)
         g = xp.empty_like(p)
         loss, _, _ = m.loss_and_grad(p, g, xp.asarray(x), xp.asarray(y), xp.asarray(state), xp.asarray(reset),

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass
 
 
-from . import backend, sampled
+from . import backend, graphs, sampled
 from .metrics import EVAL_BPTT
+from .model import DRAWN
 from .optim import clip_factor
 from .strategies import StreamBlock
 
@@ -29,7 +30,7 @@ class LocalResult:
 
 def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: float,
                 clip_norm: float = 0.0, clip_value: float = 0.0, grad_norm: str = "batch",
-                dropout_rng=None, grads=None, softmax_sets=None) -> LocalResult:
+                dropout_rng=None, grads=None, softmax_sets=None, cuda_graphs: bool = True) -> LocalResult:
     """Run one optimizer step per batch, carrying hidden state between them.
 
     Parameters
@@ -53,6 +54,9 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         over those sets (see
         :meth:`RNNLM.loss_and_grad`, :func:`rnnlm.core.sampled.softmax_sets`). None
         is the full softmax.
+    cuda_graphs : bool
+        On CuPy with nvmath-python, replay steps from CUDA graphs where the step allows
+        (:mod:`rnnlm.core.graphs`; bit-identical to running them eagerly). False: always eagerly.
 
     Raises
     ------
@@ -64,25 +68,44 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     """
     xp = model.xp
     grads = xp.empty_like(params) if grads is None else grads
+    graphed = cuda_graphs and graphs.usable(model, optimizer, grad_norm=grad_norm, softmax_sets=softmax_sets)
     steps = 0
     watch = []                  # per step, on the device: its loss, its gradient's norm, the tokens scored
+
+    def step(x, y, reset, state, scale, softmax=None, rng=dropout_rng):
+        loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset, grad_scale=scale,
+                                                 rng=rng, softmax=softmax)
+        norm, factor = clip_factor(grads, clip_norm, clip_value)
+        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
+        return loss, norm, count, state
+
     for b in batches:
         # (the token norm counts the targets first: on the host, where the trainer's batches are)
         scale = 1.0 / b.x.shape[1] if grad_norm == "batch" else 1.0 / max(1, int((b.y >= 0).sum()))
+        reset = b.reset
+        if graphed:
+            reset = model.resets(b.reset)
+            graph = _graph(model, optimizer, params, grads, opt_state, b, reset, state, step, scale,
+                           lr=lr, clip_norm=clip_norm, clip_value=clip_value, dropout=dropout_rng is not None)
+            if graph is not None:
+                if dropout_rng is not None:
+                    model.draw_dropout(dropout_rng, graph.buffers)     # into the buffers the graph reads
+                seen, state = graph.replay(b.x, b.y, reset, state)
+                opt_state["t"] += 1
+                watch.append(seen)
+                steps += 1
+                continue
         softmax = None
         if softmax_sets is not None:
             sets = sampled.Sets(*softmax_sets(steps, backend.to_numpy(b.y)))
             softmax = sets._replace(v_all=xp.asarray(sets.v_all), v_f=xp.asarray(sets.v_f))
-        loss, count, state = model.loss_and_grad(params, grads, xp.asarray(b.x), xp.asarray(b.y), state, b.reset,
-                                                 grad_scale=scale, rng=dropout_rng, softmax=softmax)
-        norm, factor = clip_factor(grads, clip_norm, clip_value)
-        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
-        watch += (loss, norm, count)                                    # float64, all three
+        loss, norm, count, state = step(xp.asarray(b.x), xp.asarray(b.y), reset, state, scale, softmax)
+        watch.append(xp.stack([loss, norm, count]))                     # float64, all three
         steps += 1
     if not steps:
         return LocalResult(params, opt_state, state, 0, 0.0, 0)
     # the call's one read from the device; the parameters' sum catches an update that overflowed
-    seen = backend.to_numpy(xp.stack([*watch, params.sum(dtype=xp.float64)]))
+    seen = backend.to_numpy(xp.concatenate([*watch, params.sum(dtype=xp.float64)[None]]))
     loss_sum, tokens = 0.0, int(seen[2:-1:3].sum())
     for k in range(steps):
         loss, norm = float(seen[3 * k]), float(seen[3 * k + 1])
@@ -95,6 +118,26 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     if not math.isfinite(float(seen[-1])):
         raise FloatingPointError(f"parameters are no longer finite after local step {steps - 1}")
     return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
+
+
+def _graph(model, optimizer, params, grads, opt_state, b, resets, state, step, scale, **frozen):
+    """The step's CUDA graph (:mod:`rnnlm.core.graphs`), or None where it runs eagerly this time."""
+    xp = model.xp
+    key = graphs.step_key(model, optimizer, params, grads, opt_state, b.x, b.y, resets, state, scale=scale, **frozen)
+
+    def make():
+        T, B = b.x.shape
+        rng = DRAWN if frozen["dropout"] else None
+
+        def fn(x, y, r, s):
+            return step(x, y, r, s, scale, rng=rng)
+        t = opt_state["t"]
+        try:
+            return graphs.StepGraph(xp, fn, b.x, b.y, resets, state, model.chunk_buffers(T, B),
+                                    hold=optimizer.scratch(params))
+        finally:
+            opt_state["t"] = t                  # the capture ran the step's Python once, and nothing on the device
+    return graphs.StepGraphs.of(model).get(key, make)
 
 
 def evaluate(model, params, tokens, B: int, T: int) -> tuple:

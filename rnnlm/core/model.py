@@ -8,6 +8,8 @@ vocabulary (:mod:`rnnlm.core.sampled` builds the subsets and describes the varia
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import backend, cells, output
@@ -28,6 +30,16 @@ def _onehot_steps(xp, table, x, onehot, out):
     onehot.fill(0)
     onehot[xp.arange(T)[:, None], x, xp.arange(B)[None, :]] = 1        # (T, V, B)
     xp.matmul(table.T, onehot, out=out)                                  # (T, W, B)
+
+
+DRAWN = "dropout masks drawn"    # loss_and_grad's rng: dropout with the masks already in the chunk buffers
+
+
+class Resets(NamedTuple):
+    """Where streams restart in a (T, B) chunk: ``keep`` (T, 1, B) on the device, 0 where a stream
+    restarts, and ``steps``, the steps with a restart (known on the host)."""
+    keep: object
+    steps: frozenset
 
 
 class _ChunkBuffers:
@@ -110,10 +122,19 @@ class RNNLM:
         """Initial hidden state (L, S, H, B): S = 2 (h, c) for the LSTM, 1 for the RNN."""
         return self.xp.zeros((self.L, self.S, self.H, B), dtype=self.dtype)
 
-    def _bufs(self, T, B) -> _ChunkBuffers:
+    def chunk_buffers(self, T, B) -> _ChunkBuffers:
+        """The buffers of (T, B) chunks, allocated on first use (a new shape replaces them)."""
         return output.reuse(self._buffers, (T, B), lambda: _ChunkBuffers(self.xp, self, T, B))
 
     # ---------------------------------------------------------------- forward
+    def resets(self, reset) -> Resets | None:
+        """``reset`` (T, B) bool, on the host (None: no stream restarts) as the device mask and the steps."""
+        if reset is None:
+            return None
+        rh = backend.to_numpy(reset)                 # the steps with a reset, known on the host: no sync
+        return Resets(self.xp.asarray((~rh).astype(self.dtype))[:, None, :],
+                      frozenset(np.nonzero(rh.any(axis=1))[0].tolist()))
+
     def _forward(self, p, x, state, reset, rng, rows=None):
         """Fill the chunk buffers up to the logits; return (buffers, new state, keep, resets).
 
@@ -123,14 +144,11 @@ class RNNLM:
         xp = self.xp
         T, B = x.shape
         N, drop = T * B, (self.dropout if rng is not None else 0.0)
-        buf = self._bufs(T, B)
+        buf = self.chunk_buffers(T, B)
         idx = x.reshape(N)
-        if reset is not None:
-            rh = backend.to_numpy(reset)            # the steps with a reset, known on the host: given there, no sync
-            keep = xp.asarray((~rh).astype(self.dtype))[:, None, :]     # (T, 1, B)
-            reset_steps = set(np.nonzero(rh.any(axis=1))[0].tolist())
-        else:
-            keep, reset_steps = None, set()
+        if reset is not None and not isinstance(reset, Resets):
+            reset = self.resets(reset)
+        keep, reset_steps = reset if reset is not None else (None, frozenset())   # (T, 1, B)
         new_state = xp.empty_like(state)
         for layer in range(self.L):
             ws = buf.layers[layer]
@@ -139,32 +157,36 @@ class RNNLM:
             if layer == 0 and self.E:
                 backend.gather_columns(xp, p["embed"], idx, buf.x0)      # (E, N)
                 if drop:
-                    self._dropout(rng, buf.x0, buf.mask0, drop)
-                xp.matmul(p["Wx0"], buf.x0, out=zin)
+                    buf.x0 *= buf.mask0
+                backend.matmul(p["Wx0"], buf.x0, out=zin)
             elif layer == 0 and buf.onehot is not None:                  # one-hot input
                 _onehot_steps(xp, p["embed"], x, buf.onehot, ws.z)       # (T, GH, B)
                 step_major = True
             elif layer == 0:
                 backend.gather_columns(xp, p["embed"], idx, zin)
             else:
-                xp.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
+                backend.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
             new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], p[f"b{layer}"], state[layer],
                                                 keep, reset_steps, step_major)
             act = ws.hout                                                # (H, N)
             if drop:
                 buf.dropped[layer][...] = act
                 act = buf.dropped[layer]
-                self._dropout(rng, act, buf.masks[layer], drop)
+                act *= buf.masks[layer]
             buf.act[layer] = act
         self.out.forward(p, buf.out, buf.act[-1], rows)
         return buf, new_state, keep, reset_steps
 
-    def _dropout(self, rng, a, mask, rate):
-        # inverted dropout: kept units are scaled by 1 / (1 - rate)
-        u = rng.random(mask.shape, dtype=self.dtype)
-        self.xp.greater_equal(u, rate, out=mask)
-        mask *= 1.0 / (1.0 - rate)
-        a *= mask
+    def draw_dropout(self, rng, buf: _ChunkBuffers) -> None:
+        """Draw a chunk's dropout masks from ``rng`` into ``buf``, in the order the forward pass
+        applies them (the input's, then each layer's output's). Inverted dropout: a kept unit is
+        scaled by 1 / (1 - rate). A CUDA graph replays a step over masks drawn here (cuRAND cannot
+        be captured), and an eager step draws the same numbers in the same order."""
+        rate = self.dropout
+        for mask in ([buf.mask0] if self.E else []) + buf.masks:
+            u = rng.random(mask.shape, dtype=self.dtype)
+            self.xp.greater_equal(u, rate, out=mask)
+            mask *= 1.0 / (1.0 - rate)
 
     def loss(self, params, x, y, state, reset=None):
         """Summed NLL, token count and final state of one chunk, no gradient.
@@ -197,7 +219,8 @@ class RNNLM:
 
         Writes the gradient of ``grad_scale * summed NLL`` into ``grads`` (P,),
         every slot overwritten. ``grad_scale`` defaults to 1 / tokens scored.
-        ``rng`` (an ``xp`` generator) turns dropout on; None means no dropout.
+        ``rng`` (an ``xp`` generator) turns dropout on; None means no dropout; :data:`DRAWN` means
+        dropout over the masks :meth:`draw_dropout` left in the chunk's buffers.
 
         ``softmax`` None is the full softmax. Otherwise a :class:`rnnlm.core.sampled.Sets`
         (or a plain ``(v_all, v_f)``: two sorted unique int arrays of vocabulary ids, NumPy
@@ -234,7 +257,9 @@ class RNNLM:
         p, g = self.layout.views(params), self.layout.views(grads)
         T, B = x.shape
         N, H = T * B, self.H
-        rows = None if softmax is None else self.out.select(self._bufs(T, B).out, softmax, y)
+        if rng is not None and rng is not DRAWN and self.dropout:
+            self.draw_dropout(rng, self.chunk_buffers(T, B))
+        rows = None if softmax is None else self.out.select(self.chunk_buffers(T, B).out, softmax, y)
         buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, rows)
         loss, count = self.out.loss_grad(buf.out, y, grad_scale, rows)
         dtop = buf.dh[-1].reshape(H, N)
@@ -247,17 +272,17 @@ class RNNLM:
             self._backward_fn(xp, ws, p[f"Whh{layer}"], buf.dh[layer], g[f"Whh{layer}"],
                               keep, reset_steps)
             dz = ws.dz.reshape(-1, N)                                    # (GH, N)
-            xp.matmul(dz, buf.ones_n, out=g[f"b{layer}"])
+            backend.matmul(dz, buf.ones_n, out=g[f"b{layer}"])
             if layer > 0:
-                xp.matmul(dz, buf.act[layer - 1].T, out=g[f"Wx{layer}"])
+                backend.matmul(dz, buf.act[layer - 1].T, out=g[f"Wx{layer}"])
                 dprev = buf.dh[layer - 1].reshape(H, N)
-                xp.matmul(p[f"Wx{layer}"].T, dz, out=dprev)              # (H, N)
+                backend.matmul(p[f"Wx{layer}"].T, dz, out=dprev)         # (H, N)
                 if drop:
                     dprev *= buf.masks[layer - 1]
                 continue
             if self.E:
-                xp.matmul(dz, buf.x0.T, out=g["Wx0"])
-                xp.matmul(p["Wx0"].T, dz, out=buf.dx0)                   # (E, N)
+                backend.matmul(dz, buf.x0.T, out=g["Wx0"])
+                backend.matmul(p["Wx0"].T, dz, out=buf.dx0)              # (E, N)
                 if drop:
                     buf.dx0 *= buf.mask0
                 dinput = buf.dx0
