@@ -41,7 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 CORE_TESTS = ["tests/test_backend.py", "tests/test_optim.py", "tests/test_ffnn.py", "tests/test_gradients.py",
-              "tests/test_local.py", "tests/test_model.py", "tests/test_sampled_softmax.py"]
+              "tests/test_local.py", "tests/test_model.py", "tests/test_sampled_softmax.py", "tests/test_gpu_step.py"]
 
 
 # ------------------------------------------------------------------ phases run in a subprocess
@@ -59,6 +59,7 @@ def determinism(device: str) -> dict:
     xp = backend.get_xp(device)
     ids = (np.random.default_rng(0).zipf(1.3, 40000) % 5000).astype(np.int32)
     cases = {
+        "word-lstm": (dict(cell="lstm", vocab_size=5000, embed=64, hidden=96, layers=2), False),
         "word-lstm-dropout": (dict(cell="lstm", vocab_size=5000, embed=64, hidden=96, layers=2, dropout=0.3), False),
         "word-lstm-sampled": (dict(cell="lstm", vocab_size=5000, embed=64, hidden=96, layers=2), True),
         "word-rnn": (dict(cell="rnn", vocab_size=5000, embed=64, hidden=96, layers=1), False),
@@ -101,18 +102,29 @@ def determinism(device: str) -> dict:
     return out
 
 
-def ptb_epoch(device: str, data: str, epochs: float) -> dict:
-    """One PTB-small epoch (or part) with the core's single-process trainer: wall time, valid ppl."""
+def ptb_epoch(device: str, data: str, epochs: float, model: str = "small") -> dict:
+    """PTB small (or medium) for ``epochs`` with the core's single-process trainer: training wall time, valid ppl,
+    and test ppl where ``DIR/ptb.test.txt`` is there and the run is the full 13 epochs."""
+    import math
+
     from rnnlm import config
     from rnnlm.core import single
+    from rnnlm.core.local import evaluate
+    from rnnlm.core.metrics import EVAL_BPTT
     sets = [f"data.train={os.path.join(data, 'ptb.train.txt')}", f"data.valid={os.path.join(data, 'ptb.valid.txt')}",
             "data.test=", "data.partitions=1", "train.batch=20", "train.max_streams=0", f"train.epochs={epochs}",
             "train.eval_every=0", f"train.device={device}"]
-    cfg = config.load(os.path.join(ROOT, "conf", "ptb_word_small.toml"), sets)
+    cfg = config.load(os.path.join(ROOT, "conf", f"ptb_word_{model}.toml"), sets)
     t0 = time.perf_counter()
     m = single.train(cfg, out=None, log=lambda s: print(s, flush=True))
-    return {"train_wall_s": m["wall_s"], "valid_ppl": m.get("valid_ppl"), "total_s": round(time.perf_counter() - t0, 1),
-            "epoch": m["epoch"]}
+    got = {"train_wall_s": m["wall_s"], "valid_ppl": m.get("valid_ppl"), "epoch": m["epoch"]}
+    test = os.path.join(data, "ptb.test.txt")
+    if epochs >= (13 if model == "small" else 39) and os.path.isfile(test):
+        ids = m["vocab"].encode(single.read_text(test))
+        s, n = evaluate(m["model"], m["params"], ids, 1, EVAL_BPTT)
+        got["test_ppl"] = round(math.exp(s / n), 2)
+    got["total_s"] = round(time.perf_counter() - t0, 1)
+    return got
 
 
 # ------------------------------------------------------------------ the driver
@@ -132,6 +144,15 @@ def phase(out: str, name: str, cmd: list, timeout: float) -> tuple:
     return text, s, err
 
 
+def last_json(text: str) -> dict:
+    """The JSON object a phase printed last, or {}."""
+    try:
+        got = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def last(pattern: str, text: str, default="?"):
     found = re.findall(pattern, text)
     return found[-1] if found else default
@@ -147,12 +168,13 @@ def main(argv=None):
                     help="the whole check's time: each phase gets at most what is left; under 20 s left, it is skipped")
     ap.add_argument("--phase", choices=("determinism", "ptb"), help=argparse.SUPPRESS)   # the subprocesses
     ap.add_argument("--epochs", type=float, default=1.0, help=argparse.SUPPRESS)
+    ap.add_argument("--model", choices=("small", "medium"), default="small", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.phase == "determinism":
         print(json.dumps(determinism(a.device)))
         return 0
     if a.phase == "ptb":
-        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs)))
+        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs, a.model)))
         return 0
     for f in ("ptb.train.txt", "ptb.valid.txt"):
         if not os.path.isfile(os.path.join(a.data, f)):
@@ -166,12 +188,14 @@ def main(argv=None):
     epochs = "0.1" if q else "1"
     dev = ["--device", a.device]
     kernels = [py, "benchmarks/kernels.py", *dev, *secs]
+    kernels_eager = [*kernels, "--no-graphs", "--shapes", "ptb-small,char-lstm"]
+    select = "cupy or test_gpu_step" if a.device == "gpu" else "numpy"
     runs = {
-        "tests": ([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cupy" if a.device == "gpu" else "numpy",
-                   *CORE_TESTS], 240),
+        "tests": ([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select, *CORE_TESTS], 150),
         "determinism": ([py, me, "--phase", "determinism", *dev, "--data", a.data, "--out", a.out], 240),
         "kernels": (kernels, 240),
         "kernels128": ([*kernels, "--batch", "128"], 240),
+        "kernels_eager": (kernels_eager if a.device == "gpu" else [py, "-c", "pass"], 120),
         "sampled": ([py, "benchmarks/kernels.py", *dev, *secs, "--sampled", "0.05"], 180),
         "ptb": ([py, me, "--phase", "ptb", *dev, "--data", a.data, "--out", a.out, "--epochs", epochs], 600),
         "torch_ptb": ([py, "benchmarks/torch_ptb.py", "--device", "cuda" if a.device == "gpu" else "cpu",
@@ -188,16 +212,20 @@ def main(argv=None):
         got[name] = text
         if err:
             failed.append(f"{name} ({err})")
-    det = {}
-    try:
-        det = json.loads(got["determinism"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        pass
-    ptb = {}
-    try:
-        ptb = json.loads(got["ptb"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        pass
+    det, ptb = last_json(got["determinism"]), last_json(got["ptb"])
+    # Zaremba's 13 epochs with the test set, where one epoch's time says they fit in what is left
+    full = {}
+    left = a.limit_s - (time.perf_counter() - start)
+    if isinstance(ptb.get("train_wall_s"), float) and ptb.get("total_s") and not q:
+        need = 13 * ptb["train_wall_s"] + 2 * (ptb["total_s"] - ptb["train_wall_s"]) + 15
+        if need * 1.15 < left:
+            text, _, err = phase(a.out, "ptb13", [py, me, "--phase", "ptb", *dev, "--data", a.data, "--out", a.out,
+                                                  "--epochs", "13"], left - 5)
+            full = last_json(text)
+            if err:
+                failed.append(f"ptb13 ({err})")
+        else:
+            print(f"# ptb13: skipped, needs ~{need:.0f} s, {left:.0f} s left", flush=True)
     tests = last(r"(\d+ passed[^\n]*?) in ", got["tests"])
     ratio, ratio128 = (last(r"min_ratio_vs_torch=([\d.]+)", got[k]) for k in ("kernels", "kernels128"))
     speedup = last(r"min_sampled_speedup=([\d.]+)", got["sampled"])
@@ -209,6 +237,7 @@ def main(argv=None):
                f"{'' if same == len(det) else ' ' + json.dumps(det)} | kernels min ratio {ratio} (own B), "
                f"{ratio128} (B=128) | sampled speed-up {speedup} | PTB-small {epochs} epoch: rnnlm "
                f"{ptb.get('train_wall_s', '?')} s valid {ppl}, torch {torch_s} s valid {torch_ppl}"
+               f"{' | PTB-small 13 epochs: ' + json.dumps(full) if full else ''}"
                f"{' | failed: ' + ', '.join(failed) if failed else ''}")
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(summary + "\n")

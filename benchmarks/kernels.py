@@ -108,7 +108,9 @@ def interleaved(fns, seconds, rounds, sync):
     return [statistics.median(ts) for ts in times]
 
 
-def make_rnnlm_step(xp, shape, B):
+def make_rnnlm_step(xp, shape, B, per_call=1, cuda_graphs=True):
+    """rnnlm's training step as a function of no arguments running ``per_call`` steps (one
+    ``train_steps`` call: one read from the device, as a trainer's K local steps make)."""
     import numpy as np
 
     from rnnlm.config import ModelConfig, OptimConfig
@@ -128,7 +130,8 @@ def make_rnnlm_step(xp, shape, B):
     state = [m.zero_state(B)]
 
     def step():
-        res = train_steps(m, opt, p, st, [b], state[0], lr=0.1, clip_norm=5.0, grads=grads)
+        res = train_steps(m, opt, p, st, [b] * per_call, state[0], lr=0.1, clip_norm=5.0, grads=grads,
+                          cuda_graphs=cuda_graphs)
         state[0] = res.state
     return step
 
@@ -317,6 +320,12 @@ def main(argv=None):
                     help="profile rnnlm's step (cProfile, own time per function) instead of timing against PyTorch")
     ap.add_argument("--sampled", type=float, default=None, metavar="MU",
                     help="time full against sampled softmax (v_f adds MU of the vocabulary), no PyTorch")
+    ap.add_argument("--steps-per-call", type=int, default=0,
+                    help="rnnlm steps per train_steps call (one device read each); default 1 on CPU, "
+                         "10 on a GPU (the conf's train.local_steps: PyTorch's step does not sync either)")
+    ap.add_argument("--no-graphs", action="store_true", help="GPU: run every step eagerly (no CUDA graphs)")
+    ap.add_argument("--torch-tf32", choices=("default", "off"), default="default",
+                    help="off: PyTorch's cuDNN in strict float32 as rnnlm computes (its default lets cuDNN use TF32)")
     a = ap.parse_args(argv)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)   # before NumPy loads OpenBLAS
     from rnnlm.core import backend
@@ -332,6 +341,9 @@ def main(argv=None):
 
     torch.set_num_threads(a.threads)
     tdev = "cuda" if a.device == "gpu" else "cpu"
+    if a.torch_tf32 == "off":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
 
     def sync():
         if a.device == "gpu":
@@ -341,13 +353,17 @@ def main(argv=None):
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
     print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
+    K = a.steps_per_call or (10 if a.device == "gpu" else 1)
+    print(f"# rnnlm: {K} step(s) per train_steps call; CUDA graphs {'off' if a.no_graphs else 'on where usable'}; "
+          f"torch TF32: cudnn {torch.backends.cudnn.allow_tf32}, matmul {torch.backends.cuda.matmul.allow_tf32}")
     ratios = []
     for name in (a.shapes or ",".join(SHAPES)).split(","):
         shape = SHAPES[name]
         B = a.batch or shape[6]
         toks = shape[5] * B
-        fns = [make_rnnlm_step(xp, shape, B), make_torch_step(torch, shape, B, tdev)]
+        fns = [make_rnnlm_step(xp, shape, B, K, not a.no_graphs), make_torch_step(torch, shape, B, tdev)]
         t_r, t_t = interleaved(fns, a.seconds, a.rounds, sync)
+        t_r /= K                                                      # seconds per step
         gf = step_flops(*shape[:6], B) / t_r / 1e9
         ratio = t_t / t_r
         ratios.append(ratio)
