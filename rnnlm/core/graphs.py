@@ -15,7 +15,7 @@ the host dispatches. A graph launches them all at once. What it needs (docs/desi
 
 A key's first step runs eagerly (it compiles the kernels and allocates the buffers); its second is
 captured and every later one replayed. Eager and replayed steps run the same kernels with the same
-arguments, so they agree to the bit (``tests/test_graphs.py``).
+arguments, so they agree to the bit (``tests/test_gpu_step.py``).
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class StepGraphs:
         return g
 
 
-def step_key(model, optimizer, params, grads, opt_state, x, y, resets, state, **frozen) -> tuple:
+def step_key(optimizer, params, grads, opt_state, x, y, resets, state, **frozen) -> tuple:
     """What a captured step depends on besides its inputs' values: shapes, reset steps, buffer
     addresses, the optimizer and its hyper-parameters, and ``frozen`` (lr, the scale, the clips)."""
     slots = tuple((k, v.data.ptr) for k, v in sorted(opt_state.items()) if k != "t")

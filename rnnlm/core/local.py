@@ -123,7 +123,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
 def _graph(model, optimizer, params, grads, opt_state, b, resets, state, step, scale, **frozen):
     """The step's CUDA graph (:mod:`rnnlm.core.graphs`), or None where it runs eagerly this time."""
     xp = model.xp
-    key = graphs.step_key(model, optimizer, params, grads, opt_state, b.x, b.y, resets, state, scale=scale, **frozen)
+    key = graphs.step_key(optimizer, params, grads, opt_state, b.x, b.y, resets, state, scale=scale, **frozen)
 
     def make():
         T, B = b.x.shape
