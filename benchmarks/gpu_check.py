@@ -24,6 +24,9 @@ On the device (the corpus copied into a git-ignored folder first, as ``../shared
     run: PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --data .device/data --out $OUT
          (carry .device, timeout_s 590)
 
+One PTB run alone (``docs/results.md``'s 39-epoch medium figure; its last line is a JSON object):
+``gpu_check.py --phase ptb --device gpu --data DIR --out DIR --model medium --epochs 39 [--seed N]``.
+
 The last line printed is the summary; ``OUT/summary.txt`` holds it too. ``--device cpu`` runs the
 same phases on NumPy (a check of the script itself where no GPU is lent); ``--quick`` shortens
 every phase (the kernels' windows, the epoch to a tenth).
@@ -102,7 +105,7 @@ def determinism(device: str) -> dict:
     return out
 
 
-def ptb_epoch(device: str, data: str, epochs: float, model: str = "small") -> dict:
+def ptb_epoch(device: str, data: str, epochs: float, model: str = "small", seed: int = 1) -> dict:
     """PTB small (or medium) for ``epochs`` with the core's single-process trainer: training wall time, valid ppl,
     and test ppl where ``DIR/ptb.test.txt`` is there and the run is the full 13 epochs."""
     import math
@@ -113,7 +116,7 @@ def ptb_epoch(device: str, data: str, epochs: float, model: str = "small") -> di
     from rnnlm.core.metrics import EVAL_BPTT
     sets = [f"data.train={os.path.join(data, 'ptb.train.txt')}", f"data.valid={os.path.join(data, 'ptb.valid.txt')}",
             "data.test=", "data.partitions=1", "train.batch=20", "train.max_streams=0", f"train.epochs={epochs}",
-            "train.eval_every=0", f"train.device={device}"]
+            "train.eval_every=0", f"train.device={device}", f"train.seed={seed}"]
     cfg = config.load(os.path.join(ROOT, "conf", f"ptb_word_{model}.toml"), sets)
     t0 = time.perf_counter()
     m = single.train(cfg, out=None, log=lambda s: print(s, flush=True))
@@ -169,12 +172,13 @@ def main(argv=None):
     ap.add_argument("--phase", choices=("determinism", "ptb"), help=argparse.SUPPRESS)   # the subprocesses
     ap.add_argument("--epochs", type=float, default=1.0, help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=("small", "medium"), default="small", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.phase == "determinism":
         print(json.dumps(determinism(a.device)))
         return 0
     if a.phase == "ptb":
-        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs, a.model)))
+        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs, a.model, a.seed)))
         return 0
     for f in ("ptb.train.txt", "ptb.valid.txt"):
         if not os.path.isfile(os.path.join(a.data, f)):
