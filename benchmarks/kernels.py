@@ -242,10 +242,10 @@ def sampled_main(a, xp, sync):
 def profile_main(a, xp, steps=20):
     """Where rnnlm's step spends its time: cProfile's own time per function over ``steps`` steps.
 
-    The kernels call NumPy directly, so a function's own time is the NumPy work it issues:
-    ``_step_input`` is the per-step recurrent product, ``lstm_backward`` / ``rnn_backward`` the
-    backward loop (its per-step product included), ``_dwhh`` and ``loss_and_grad`` the chunk-wide
-    products, ``swap01`` / ``transpose_into`` the layout changes.
+    The kernels call NumPy directly, so a function's own time is the NumPy work it issues: every
+    product goes through ``backend.matmul`` (its own time is the BLAS calls, per-step and chunk-wide),
+    ``lstm_forward`` / ``_lstm_step_backward`` / ``rnn_*`` are the loops' elementwise work,
+    ``swap01`` / ``transpose_into`` the layout changes.
     """
     import cProfile
     import pstats

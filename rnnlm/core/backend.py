@@ -65,6 +65,9 @@ def matmul(a, b, out=None):
     return gemm.matmul(xp, a, b, out)
 
 
+_sumsq_kernel = None      # CuPy's reduction kernel, compiled on first use
+
+
 def sumsq(a):
     """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy; on
     CuPy one reduction kernel that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
@@ -76,9 +79,6 @@ def sumsq(a):
         _sumsq_kernel = xp.ReductionKernel("T x", "float64 y", "(double)x * (double)x", "a + b", "y = a", "0",
                                            "rnnlm_sumsq")
     return _sumsq_kernel(a)
-
-
-_sumsq_kernel = None
 
 
 def graphs_available(xp) -> bool:

@@ -90,9 +90,8 @@ def _start(xp, ws, b, state, keep, reset_steps, step_major):
             ws.c[0] *= keep[0]
 
 
-def _step_input(xp, ws, z, Whh, hp):
-    """``z += Whh hp + bias``: the step's pre-activations (GH, B)."""
-    backend.matmul(Whh, hp, out=ws.tmp_g)
+def _step_input(ws, z):
+    """``z += Whh hp + bias``, ``Whh hp`` in ``ws.tmp_g``: the step's pre-activations (GH, B)."""
     z += ws.tmp_g
     z += ws.bias
 
@@ -123,11 +122,11 @@ def rnn_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
     for t in range(ws.T):
         hp, _ = _incoming(xp, ws, t, keep, reset_steps)
         z = ws.z[t]                                                  # (H, B)
+        backend.matmul(Whh, hp, out=ws.tmp_g)
         if ws.fused:
-            backend.matmul(Whh, hp, out=ws.tmp_g)
             fused.rnn_forward_step(z, ws.tmp_g, ws.bias, ws.hs[t + 1])
             continue
-        _step_input(xp, ws, z, Whh, hp)
+        _step_input(ws, z)
         xp.tanh(z, out=ws.hs[t + 1])
     _finish_forward(xp, ws)
     return ws.hs[None, ws.T].copy()
@@ -171,11 +170,11 @@ def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
             xp.multiply(cp, keep[t], out=ws.cmask)
             cp = ws.cmask
         z = ws.z[t]                                                  # (4H, B)
+        backend.matmul(Whh, hp, out=ws.tmp_g)
         if ws.fused:
-            backend.matmul(Whh, hp, out=ws.tmp_g)
             fused.lstm_forward_step(z, ws.tmp_g, ws.bias, cp, ws.c[t + 1], ws.tc[t], ws.hs[t + 1])
             continue
-        _step_input(xp, ws, z, Whh, hp)
+        _step_input(ws, z)
         s = z[:3 * H]
         s *= 0.5                                                     # sigmoid through tanh
         xp.tanh(z, out=z)
@@ -195,61 +194,57 @@ def lstm_forward(xp, ws, Whh, b, state, keep, reset_steps, step_major=False):
     return out
 
 
+def _lstm_step_backward(xp, ws, t, cp):
+    """Step t's pre-activation gradients into ``ws.dzs[t]`` (4H, B) from ``ws.dhs[t] + ws.dh_next``,
+    and ``ws.dc_next`` from dL/dc_t to dL/dc_{t-1} (before any reset mask); ``cp`` the incoming cell."""
+    H = ws.H
+    dh, dc, tmp, tmp3 = ws.dh, ws.dc_next, ws.tmp, ws.tmp3
+    xp.add(ws.dhs[t], ws.dh_next, out=dh)
+    z, dzt = ws.z[t], ws.dzs[t]
+    i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
+    di, df, do, dg = dzt[:H], dzt[H:2 * H], dzt[2 * H:3 * H], dzt[3 * H:]
+    tc = ws.tc[t]
+    xp.multiply(dh, tc, out=do)
+    xp.multiply(ws.hs[t + 1], tc, out=tmp)                           # dc += dh o (1 - tanh(c)^2),
+    xp.subtract(o, tmp, out=tmp)                                     # o (1 - tc^2) = o - h tc
+    tmp *= dh
+    dc += tmp
+    xp.multiply(dc, g, out=di)
+    xp.multiply(dc, i, out=dg)
+    xp.multiply(dc, cp, out=df)
+    dc *= f                                                          # dc for step t - 1
+    s = z[:3 * H]                                                    # sigmoid' = s (1 - s)
+    xp.subtract(1.0, s, out=tmp3)
+    tmp3 *= s
+    dzt[:3 * H] *= tmp3
+    xp.multiply(g, g, out=tmp)                                       # tanh' = 1 - g^2
+    xp.subtract(1.0, tmp, out=tmp)
+    dg *= tmp
+
+
 def lstm_backward(xp, ws, Whh, dhout, dWhh, keep, reset_steps):
     """Backward of :func:`lstm_forward` given ``dhout`` (H, T, B).
 
     Leaves the pre-activation gradients (4H, T, B) in ``ws.dz``, writes ``dWhh``.
     """
-    H = ws.H
     WhhT = ws.WhhT                                                   # (H, 4H)
     transpose_into(WhhT, Whh, ws.panels)
     _start_backward(xp, ws, dhout)
-    dh, dh_next, dc = ws.dh, ws.dh_next, ws.dc_next
-    tmp, tmp3 = ws.tmp, ws.tmp3
+    dh_next, dc = ws.dh_next, ws.dc_next
     dh_next.fill(0)
     dc.fill(0)
     for t in range(ws.T - 1, -1, -1):
-        if ws.fused:
-            cp = ws.c[t]
-            if t in reset_steps and t > 0:
-                xp.multiply(cp, keep[t], out=ws.cmask)
-                cp = ws.cmask
-            fused.lstm_backward_step(ws.dhs[t], dh_next, ws.z[t], ws.tc[t], ws.hs[t + 1], cp, dc, ws.dzs[t])
-            if t == 0:
-                break
-            backend.matmul(WhhT, ws.dzs[t], out=dh_next)
-            if t in reset_steps:
-                dh_next *= keep[t]
-                dc *= keep[t]
-            continue
-        xp.add(ws.dhs[t], dh_next, out=dh)
-        z, dzt = ws.z[t], ws.dzs[t]
-        i, f, o, g = z[:H], z[H:2 * H], z[2 * H:3 * H], z[3 * H:]
-        di, df, do, dg = dzt[:H], dzt[H:2 * H], dzt[2 * H:3 * H], dzt[3 * H:]
-        tc = ws.tc[t]
-        xp.multiply(dh, tc, out=do)
-        xp.multiply(ws.hs[t + 1], tc, out=tmp)                       # dc += dh o (1 - tanh(c)^2),
-        xp.subtract(o, tmp, out=tmp)                                 # o (1 - tc^2) = o - h tc
-        tmp *= dh
-        dc += tmp
-        xp.multiply(dc, g, out=di)
-        xp.multiply(dc, i, out=dg)
         cp = ws.c[t]
         if t in reset_steps and t > 0:
             xp.multiply(cp, keep[t], out=ws.cmask)
             cp = ws.cmask
-        xp.multiply(dc, cp, out=df)
-        dc *= f                                                      # dc for step t - 1
-        s = z[:3 * H]                                                # sigmoid' = s (1 - s)
-        xp.subtract(1.0, s, out=tmp3)
-        tmp3 *= s
-        dzt[:3 * H] *= tmp3
-        xp.multiply(g, g, out=tmp)                                   # tanh' = 1 - g^2
-        xp.subtract(1.0, tmp, out=tmp)
-        dg *= tmp
+        if ws.fused:
+            fused.lstm_backward_step(ws.dhs[t], dh_next, ws.z[t], ws.tc[t], ws.hs[t + 1], cp, dc, ws.dzs[t])
+        else:
+            _lstm_step_backward(xp, ws, t, cp)
         if t == 0:
             break                       # truncated BPTT: nothing flows into the incoming state
-        backend.matmul(WhhT, dzt, out=dh_next)
+        backend.matmul(WhhT, ws.dzs[t], out=dh_next)
         if t in reset_steps:
             dh_next *= keep[t]
             dc *= keep[t]
