@@ -102,3 +102,19 @@ def test_sumsq_accumulates_in_float64(cp):
     a = np.random.default_rng(5).normal(size=100_003).astype(np.float32)
     got = float(backend.sumsq(cp.asarray(a)))
     assert got == pytest.approx(float(np.sum(a.astype(np.float64) ** 2)), rel=1e-12)
+
+
+def test_graphed_evaluation_equals_the_eager_one(cp, monkeypatch):
+    if not backend.graphs_available(cp):
+        pytest.skip("nvmath-python is not installed")
+    from rnnlm.core.local import evaluate
+    m = build(ModelConfig(cell="lstm", vocab_size=300, embed=16, hidden=24, layers=2), xp=cp)
+    p = m.init_params(3)
+    ids = (np.random.default_rng(6).zipf(1.4, 1003) % 300).astype(np.int32)
+    replays = []
+    replay = graphs.EvalGraph.replay
+    monkeypatch.setattr(graphs.EvalGraph, "replay", lambda g, *a: replays.append(1) or replay(g, *a))
+    got = evaluate(m, p, ids, 1, 20)                     # 50 chunks, 49 replayed, and a tail of 2
+    assert len(replays) == 49
+    assert evaluate(m, p, ids, 1, 20, cuda_graphs=False) == got      # the same float and int, to the bit
+    assert len(replays) == 49 and got[1] == 1002

@@ -29,8 +29,7 @@ __global__ void rnnlm_lstm_fwd_step(float* __restrict__ z, const float* __restri
     const int n = blockDim.x * blockIdx.x + threadIdx.x;
     const int HB = H * B;
     if (n >= HB) return;
-    const int j = n / B, b = n - j * B;
-    const int at = j * B + b;
+    const int at = n;                       // unit j = n / B, stream b = n % B: (j, b) of every gate block
     float a[4];
     for (int k = 0; k < 4; ++k) {
         const int q = k * HB + at;
@@ -68,8 +67,7 @@ __global__ void rnnlm_lstm_bwd_step(const float* __restrict__ dhs, const float* 
     const int n = blockDim.x * blockIdx.x + threadIdx.x;
     const int HB = H * B;
     if (n >= HB) return;
-    const int j = n / B, b = n - j * B;
-    const int at = j * B + b;
+    const int at = n;                       // unit j = n / B, stream b = n % B: (j, b) of every gate block
     const float i = z[at], f = z[HB + at], o = z[2 * HB + at], g = z[3 * HB + at];
     const float dh = dhs[n] + dh_next[n];
     const float t = tc[n];

@@ -27,6 +27,11 @@ from . import backend
 MAX_GRAPHS = 8          # per model, least recently used dropped first
 
 
+def eval_usable(model) -> bool:
+    """Whether an evaluation's chunks can be replayed from a graph (the recurrent model on CuPy)."""
+    return backend.graphs_available(model.xp) and hasattr(model, "resets")
+
+
 def usable(model, optimizer, *, grad_norm: str, softmax_sets) -> bool:
     """Whether this call's steps can be replayed from a graph (else they run eagerly)."""
     return (backend.graphs_available(model.xp) and hasattr(model, "resets") and optimizer.same_every_step
@@ -68,6 +73,38 @@ class StepGraph:
         self.state[...] = state
         self.graph.launch(self.xp.cuda.get_current_stream())
         return self.watch.copy(), self.new_state.copy()
+
+
+class EvalGraph:
+    """One captured evaluation chunk: the forward pass and the loss of a (T, B) chunk, its sum and
+    count added into ``acc`` (2,) float64 on the device, which the caller zeroes and reads once.
+
+    ``fn(x, y, state)`` returns ``(loss, count, new_state)`` with the loss and count on the device.
+    """
+
+    def __init__(self, xp, fn, x, y, state, acc, buffers):
+        self.xp, self.buffers, self.acc = xp, buffers, acc
+        self.x, self.y = xp.empty(x.shape, x.dtype), xp.empty(y.shape, y.dtype)
+        self.state = xp.empty_like(state)
+        self.pool = xp.cuda.MemoryPool()
+        stream = xp.cuda.Stream(non_blocking=True)
+        stream.wait_event(xp.cuda.get_current_stream().record())
+        with xp.cuda.using_allocator(self.pool.malloc), stream:
+            stream.begin_capture()
+            try:
+                loss, count, self.new_state = fn(self.x, self.y, self.state)
+                acc += xp.stack([loss, count])
+            finally:
+                self.graph = stream.end_capture()
+
+    def replay(self, x, y, state):
+        """Add this chunk's loss and count into ``acc``; return the new state (the graph's buffer:
+        valid until the next replay, which may take it as its ``state``)."""
+        self.x[...] = self.xp.asarray(x)
+        self.y[...] = self.xp.asarray(y)
+        self.state[...] = state
+        self.graph.launch(self.xp.cuda.get_current_stream())
+        return self.new_state
 
 
 class StepGraphs:

@@ -140,17 +140,39 @@ def _graph(model, optimizer, params, grads, opt_state, b, resets, state, step, s
     return graphs.StepGraphs.of(model).get(key, make)
 
 
-def evaluate(model, params, tokens, B: int, T: int) -> tuple:
-    """Summed NLL and token count of ``tokens`` read as B streams with carried state."""
+def evaluate(model, params, tokens, B: int, T: int, cuda_graphs: bool = True) -> tuple:
+    """Summed NLL and token count of ``tokens`` read as B streams with carried state.
+
+    On CuPy the full chunks' sums stay on the device, added in chunk order in float64 (as the host
+    adds them), and are read once; from the second chunk on each is replayed from a CUDA graph
+    (``cuda_graphs=False``: every chunk eagerly, each read as it ends; the same numbers).
+    """
     xp = model.xp
     block = StreamBlock(tokens, B, T)
     state = model.zero_state(B)
     total, count = 0.0, 0
-    for k in range(block.steps_per_pass):
-        b = block.batch(k)
-        loss, c, state = model.loss(params, xp.asarray(b.x), xp.asarray(b.y), state)
-        total += loss
-        count += c
+    if cuda_graphs and block.steps_per_pass and graphs.eval_usable(model):
+        acc = xp.zeros(2, dtype=xp.float64)
+        graph = None
+        for k in range(block.steps_per_pass):
+            b = block.batch(k)
+            if k == 0:                                   # eagerly: compiles the kernels, allocates the buffers
+                loss, c, state = model.loss(params, xp.asarray(b.x), xp.asarray(b.y), state, read=False)
+                acc += xp.stack([loss, c])
+                continue
+            if graph is None:
+                graph = graphs.EvalGraph(xp, lambda x, y, s: model.loss(params, x, y, s, read=False),
+                                         b.x, b.y, state, acc, model.chunk_buffers(T, B))
+            state = graph.replay(b.x, b.y, state)
+        state = state.copy()
+        seen = backend.to_numpy(acc)
+        total, count = float(seen[0]), int(seen[1])
+    else:
+        for k in range(block.steps_per_pass):
+            b = block.batch(k)
+            loss, c, state = model.loss(params, xp.asarray(b.x), xp.asarray(b.y), state)
+            total += loss
+            count += c
     a = block.steps_per_pass * T                    # the tail shorter than T
     if a + 1 < len(block.streams):
         x, y = block.streams[a:-1], block.streams[a + 1:]

@@ -188,8 +188,9 @@ class RNNLM:
             self.xp.greater_equal(u, rate, out=mask)
             mask *= 1.0 / (1.0 - rate)
 
-    def loss(self, params, x, y, state, reset=None):
-        """Summed NLL, token count and final state of one chunk, no gradient.
+    def loss(self, params, x, y, state, reset=None, read=True):
+        """Summed NLL, token count and final state of one chunk, no gradient (``read=False``: the
+        sum and the count stay on the device, as 0-d float64 arrays).
 
         Parameters
         ----------
@@ -203,7 +204,7 @@ class RNNLM:
         """
         p = self.layout.views(params)
         buf, new_state, _, _ = self._forward(p, x, state, reset, None)
-        loss, count = self.out.loss(buf.out, y)
+        loss, count = self.out.loss(buf.out, y, read=read)
         return loss, count, new_state
 
     def next_logits(self, params, x, state):

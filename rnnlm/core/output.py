@@ -115,11 +115,12 @@ class Softmax:
         """The logits (B, V) of the last step of a (T, B) chunk, a copy."""
         return buf.logits[:, (T - 1) * B:].T.copy()
 
-    def loss(self, buf: Buffers, y, rows: Rows | None = None) -> tuple:
+    def loss(self, buf: Buffers, y, rows: Rows | None = None, read: bool = True) -> tuple:
         """Summed NLL of the targets ``y`` (T, B) (< 0: not scored) and the number scored,
-        computed in place over ``buf.logits``: a float and an int (read from the device)."""
+        computed in place over ``buf.logits``: a float and an int (read from the device), or with
+        ``read=False`` two 0-d float64 arrays left on it."""
         loss, count = self._nll(buf, y, None, rows)
-        return float(loss), int(count)
+        return (float(loss), int(count)) if read else (loss, count)
 
     def loss_grad(self, buf: Buffers, y, grad_scale=None, rows: Rows | None = None) -> tuple:
         """As :meth:`loss`, leaving ``grad_scale * dNLL/dlogits`` in ``buf.logits``;
