@@ -17,7 +17,8 @@ batches (frequency-rank ids; synthetic Zipf targets when the file is missing).
 Each step's sets (and the corrected variant's inclusion probabilities, from the
 batches' words, :func:`rnnlm.core.sampled.presence`) are built as the trainer would, inside the timed step:
 v_all = the batch's targets, the top 1% ids and a random 1% (beta), and
-v_f = v_all plus a random MU of the vocabulary. Prints one line per shape and,
+v_f = v_all plus a random MU of the vocabulary. Prints one line per shape (with the
+host's time building the sets, a share of the step) and,
 last, ``min_sampled_speedup=<number>`` (the corrected variant's).
 """
 from __future__ import annotations
@@ -168,7 +169,8 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
     """One training step per call over ``batches`` in turn; with ``mu``, the sampled softmax
     (``variant``: corrected or literal).
 
-    Returns the step and a list that collects (|v_all|, |v_f|) of every sampled step.
+    Returns the step and a list that collects (|v_all|, |v_f|, seconds building them on the host)
+    of every sampled step.
     """
     import math
 
@@ -194,12 +196,13 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
     freq = presence(np.concatenate([b.y.T.ravel() for b in batches]), T, V)
 
     def sets(_, y):
+        t0 = time.perf_counter()
         beta = betas[k[0] % len(betas)]
         if variant == "corrected":
             s = corrected_sets(y, V, one, beta, mu, r, freq)
         else:
             s = Sets(*softmax_sets(y, V, one, beta, mu, r))
-        sizes.append((len(s.v_all), len(s.v_f)))
+        sizes.append((len(s.v_all), len(s.v_f), time.perf_counter() - t0))
         return s
 
     def step():
@@ -230,12 +233,13 @@ def sampled_main(a, xp, sync):
         samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled)
         seed, _ = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, variant="literal")
         t_f, t_s, t_0 = interleaved([full, samp, seed], a.seconds, a.rounds, sync)
-        n_all, n_f = np.mean(sizes, axis=0)
+        n_all, n_f, t_sets = np.mean(sizes, axis=0)
         speedups.append(t_f / t_s)
         print(f"{name:11s} T={shape[5]:<3d} B={B:<4d} V={shape[1]} full {toks / t_f:9.0f} tok/s  "
               f"corrected {toks / t_s:9.0f} tok/s  speedup {t_f / t_s:5.2f}  "
               f"literal {toks / t_0:9.0f} tok/s  speedup {t_f / t_0:5.2f}  "
-              f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  targets: {source}", flush=True)
+              f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  sets built on the host {1e6 * t_sets:5.0f} us "
+              f"({100 * t_sets / t_s:4.1f}% of the corrected step)  targets: {source}", flush=True)
     print(f"min_sampled_speedup={min(speedups):.3f}")
 
 

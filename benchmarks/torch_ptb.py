@@ -1,20 +1,22 @@
 """One PyTorch process training PTB small or medium: the wall-time reference for the Spark trainer.
 
     python benchmarks/torch_ptb.py [--model small|medium] [--epochs 2] [--threads 2] [--evals-per-epoch 2]
-                                   [--device cpu|cuda]
+                                   [--device cpu|cuda] [--data DIR]
 
 Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
 embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
-uniform +-0.1; lr halving starts after epoch 4, so not within the first four), or
+uniform +-0.1; lr halving starts after epoch 4), or
 ``--model medium`` as ``conf/ptb_word_medium.toml`` has it (2x650, embedding 650,
 T=35, B=20, init +-0.05, dropout 0.5 on the embedding, between the layers and before
-the softmax, as the trainer places it; lr decay starts after epoch 6), on
+the softmax, as the trainer places it; lr divided by 1.2 after epoch 6), with the learning
+rate of the trainer's schedule (``rnnlm.core.schedule`` over the config's ``[optim]``), on
 the same vocabulary and token ids (``rnnlm.core.vocab``) and the same batching
 (``rnnlm.core.strategies.StreamBlock``: B contiguous streams, state carried).
 Validation reads the held-out text as one stream in chunks of 100, as the
-trainer's evaluation does. Prints one line per evaluation: epoch, training wall
-time (evaluation excluded; on CUDA, cuDNN's LSTM, timed to the device's end of each stretch),
-valid ppl. PyTorch is a benchmark-only dependency.
+trainer's evaluation does. Prints one line per evaluation (``--evals-per-epoch 0``: at the
+end only): epoch, training wall time (evaluation excluded; on CUDA, cuDNN's LSTM, timed to the
+device's end of each stretch), valid ppl; and at the end the test perplexity, read the same way,
+where DIR has ``ptb.test.txt``. PyTorch is a benchmark-only dependency.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def main(argv=None):
     ap.add_argument("--model", choices=("small", "medium"), default="small")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--evals-per-epoch", type=int, default=2)
+    ap.add_argument("--evals-per-epoch", type=int, default=2, help="0: once, at the end")
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = ap.parse_args(argv)
@@ -41,7 +43,9 @@ def main(argv=None):
     import torch
     from torch import nn
 
+    from rnnlm import config
     from rnnlm.core.metrics import EVAL_BPTT
+    from rnnlm.core.schedule import Schedule
     from rnnlm.core.strategies import StreamBlock
     from rnnlm.core.vocab import Vocab
     torch.set_num_threads(a.threads)
@@ -50,6 +54,8 @@ def main(argv=None):
     vocab = Vocab.build(train_text, "word")
     train = vocab.encode(train_text)
     valid = vocab.encode(open(os.path.join(a.data, "ptb.valid.txt"), encoding="utf-8").read())
+    test_path = os.path.join(a.data, "ptb.test.txt")
+    sched = Schedule(config.load(os.path.join(ROOT, "conf", f"ptb_word_{a.model}.toml")).optim)
     H, T, scale, drop = {"small": (200, 20, 0.1, 0.0), "medium": (650, 35, 0.05, 0.5)}[a.model]
     V, B = len(vocab), 20
 
@@ -70,17 +76,17 @@ def main(argv=None):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     loss_fn = nn.CrossEntropyLoss()
     block = StreamBlock(train, B, T)
-    steps_per_epoch = len(train) // (B * T)
+    steps_per_epoch = block.steps_per_pass
     total = int(a.epochs * steps_per_epoch)
-    every = max(1, steps_per_epoch // a.evals_per_epoch)
+    every = max(1, steps_per_epoch // a.evals_per_epoch) if a.evals_per_epoch > 0 else total
 
-    def evaluate():
+    def evaluate(ids):
         model.eval()
         nll, n, state = 0.0, 0, None
         with torch.no_grad():
-            for i in range(0, len(valid) - 1, EVAL_BPTT):
-                x = torch.from_numpy(valid[i:i + EVAL_BPTT].astype(np.int64))[:, None].to(dev)
-                y = torch.from_numpy(valid[i + 1:i + 1 + EVAL_BPTT].astype(np.int64)).to(dev)
+            for i in range(0, len(ids) - 1, EVAL_BPTT):
+                x = torch.from_numpy(ids[i:i + EVAL_BPTT].astype(np.int64))[:, None].to(dev)
+                y = torch.from_numpy(ids[i + 1:i + 1 + EVAL_BPTT].astype(np.int64)).to(dev)
                 x = x[:len(y)]
                 logits, state = model(x, state)
                 nll += float(loss_fn(logits[:, 0], y)) * len(y)
@@ -103,6 +109,8 @@ def main(argv=None):
         # summed over the T steps, averaged over the B streams: the trainer's grad_norm = "batch"
         # (Zaremba et al.), which the clip at 5 and lr 1 assume; a mean over T * B steps 20x smaller
         loss = loss_fn(logits.reshape(-1, V), y.reshape(-1)) * T
+        for group in opt.param_groups:
+            group["lr"] = sched.lr(k / steps_per_epoch)
         opt.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -110,9 +118,11 @@ def main(argv=None):
         if (k + 1) % every == 0 or k + 1 == total:
             sync()
             wall += time.perf_counter() - t0
-            print(f"epoch {(k + 1) / steps_per_epoch:.2f}  train_wall_s {wall:.1f}  valid_ppl {evaluate():.1f}",
-                  flush=True)
+            print(f"epoch {(k + 1) / steps_per_epoch:.2f}  train_wall_s {wall:.1f}  "
+                  f"valid_ppl {evaluate(valid):.1f}", flush=True)
             t0 = time.perf_counter()
+    if os.path.isfile(test_path):
+        print(f"test_ppl {evaluate(vocab.encode(open(test_path, encoding='utf-8').read())):.2f}", flush=True)
 
 
 if __name__ == "__main__":
