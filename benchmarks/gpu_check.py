@@ -15,7 +15,8 @@ limit, each writing ``OUT/<phase>.log``:
 3. ``kernels``, ``kernels128``, ``sampled``: ``benchmarks/kernels.py`` at the shapes' own B and
    at B = 128 beside PyTorch (cuDNN on a GPU), and the sampled softmax's step against the full one.
 4. ``ptb``, ``torch_ptb``: one PTB-small epoch with the core's single-process trainer (B = 20, as
-   Zaremba et al.) and with PyTorch on the same device, training wall time and valid perplexity.
+   Zaremba et al.) and with PyTorch on the same device, training wall time and valid perplexity
+   (and rnnlm's evaluation of PTB valid timed from CUDA graphs and eagerly, the sums compared).
 
 On the device (the corpus copied into a git-ignored folder first, as ``../shared`` stays here)::
 

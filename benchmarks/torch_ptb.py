@@ -1,7 +1,7 @@
 """One PyTorch process training PTB small or medium: the wall-time reference for the Spark trainer.
 
     python benchmarks/torch_ptb.py [--model small|medium] [--epochs 2] [--threads 2] [--evals-per-epoch 2]
-                                   [--device cpu|cuda] [--data DIR]
+                                   [--device cpu|cuda] [--data DIR] [--rnnlm-biases]
 
 Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
 embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
@@ -16,7 +16,11 @@ Validation reads the held-out text as one stream in chunks of 100, as the
 trainer's evaluation does. Prints one line per evaluation (``--evals-per-epoch 0``: at the
 end only): epoch, training wall time (evaluation excluded; on CUDA, cuDNN's LSTM, timed to the
 device's end of each stretch), valid ppl; and at the end the test perplexity, read the same way,
-where DIR has ``ptb.test.txt``. PyTorch is a benchmark-only dependency.
+where DIR has ``ptb.test.txt``. PyTorch's LSTM has two bias vectors per gate (``bias_ih``, ``bias_hh``,
+as Zaremba et al.'s Torch code has), both drawn uniformly and both trained, so plain SGD moves
+their sum at twice the learning rate; ``--rnnlm-biases`` gives it rnnlm's one bias per gate,
+starting at zero (``bias_hh`` zero and frozen), the output bias at zero too: then its step is
+rnnlm's (``benchmarks/torch_equivalence.py``). PyTorch is a benchmark-only dependency.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--evals-per-epoch", type=int, default=2, help="0: once, at the end")
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--rnnlm-biases", action="store_true", help="one bias per gate, from zero, as rnnlm")
     a = ap.parse_args(argv)
     import numpy as np
     import torch
@@ -66,6 +71,12 @@ def main(argv=None):
             self.drop = nn.Dropout(drop)
             for p in self.parameters():
                 nn.init.uniform_(p, -scale, scale)
+            if a.rnnlm_biases:
+                with torch.no_grad():
+                    for name, p in self.named_parameters():
+                        if "bias" in name:
+                            p.zero_()
+                            p.requires_grad_("bias_hh" not in name)
 
         def forward(self, x, state):
             h, state = self.lstm(self.drop(self.emb(x)), state)
@@ -73,7 +84,8 @@ def main(argv=None):
 
     dev = torch.device(a.device)
     model = Model().to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trained, lr=1.0)
     loss_fn = nn.CrossEntropyLoss()
     block = StreamBlock(train, B, T)
     steps_per_epoch = block.steps_per_pass
@@ -95,7 +107,7 @@ def main(argv=None):
         return math.exp(nll / n)
 
     print(f"# torch={torch.__version__} device={a.device} threads={a.threads} model={a.model} V={V} "
-          f"steps/epoch={steps_per_epoch}", flush=True)
+          f"steps/epoch={steps_per_epoch} biases={'rnnlm' if a.rnnlm_biases else 'torch'}", flush=True)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     state, wall, t0 = None, 0.0, time.perf_counter()
     for k in range(total):
@@ -113,7 +125,7 @@ def main(argv=None):
             group["lr"] = sched.lr(k / steps_per_epoch)
         opt.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        nn.utils.clip_grad_norm_(trained, 5.0)
         opt.step()
         if (k + 1) % every == 0 or k + 1 == total:
             sync()
