@@ -51,6 +51,7 @@ class ModelConfig:
     layers: int = 1
     dropout: float = 0.0
     forget_bias: float = 0.0
+    biases: str = "one"            # one | two: an input and a recurrent bias per gate, all biases drawn (Torch's LSTM)
     init: str = "uniform"          # uniform | normal
     init_scale: float = 0.1
     dtype: str = "float32"
@@ -158,6 +159,7 @@ _CHOICES = {
     ("data", "encoding_errors"): ("replace", "strict"),
     ("model", "cell"): ("lstm", "rnn", "ffnn"),
     ("model", "init"): ("uniform", "normal"),
+    ("model", "biases"): ("one", "two"),
     ("model", "dtype"): ("float32", "float64"),
     ("optim", "name"): ("sgd", "momentum", "adagrad", "adam"),
     ("optim", "schedule"): ("constant", "epoch_decay", "plateau"),
@@ -507,6 +509,7 @@ def validate(cfg: Config) -> None:
         (m.cell != "ffnn" or (m.embed > 0 and m.layers == 1 and m.dropout == 0 and not x.sampled_softmax),
          "model.cell = 'ffnn' needs model.embed > 0, model.layers = 1, no dropout and no sampled softmax"),
         (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
+        (m.cell != "ffnn" or m.biases == "one", "model.biases = 'two' is for the lstm and rnn cells"),
         (math.isfinite(m.forget_bias), "model.forget_bias must be finite"),
         (0 < m.init_scale < math.inf, "model.init_scale must be > 0"),
         (0 < o.lr < math.inf, "optim.lr must be > 0"),
@@ -577,7 +580,8 @@ def param_count(m: ModelConfig, vocab_size: int = 0) -> int:
     if m.cell == "ffnn":
         return V * E + H * m.context * E + H + output
     GH = (4 if m.cell == "lstm" else 1) * H
-    return V * (E or GH) + GH * E + (L - 1) * GH * H + L * (GH * H + GH) + output
+    biases = 2 if m.biases == "two" else 1
+    return V * (E or GH) + GH * E + (L - 1) * GH * H + L * (GH * H + biases * GH) + output
 
 
 def memory_bytes() -> int | None:

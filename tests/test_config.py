@@ -118,6 +118,7 @@ def test_every_number_has_a_range_and_a_value_beyond_it_is_refused_naming_it():
     (["model.layers=1000000"], r"model.layers = 1000000 is out of range: .* in \[1, 64\]"),
     (["model.layers=10000000"], r"model.layers = 10000000 is out of range"),
     (["server.timeout_s=1e300"], r"server.timeout_s = 1e\+300 is out of range: .* in \(0, 86400\]"),
+    (["model.cell=ffnn", "model.embed=5", "model.biases=two"], r"model.biases = 'two' is for the lstm and rnn"),
 ])
 def test_values_that_crashed_after_spark_started_are_refused_by_the_validator(overrides, msg):
     """Each passed the validator and failed after Spark and the corpus (OverflowError, ValueError: array is
@@ -129,6 +130,7 @@ def test_values_that_crashed_after_spark_started_are_refused_by_the_validator(ov
 def test_the_model_size_is_checked_against_memory_without_building_it():
     from rnnlm.core.models import build
     for sets in (["model.cell=lstm", "model.embed=7", "model.layers=3"], ["model.cell=rnn"],
+                 ["model.cell=lstm", "model.layers=2", "model.biases=two"],
                  ["model.cell=ffnn", "model.embed=5", "model.context=4"]):
         m = config.load(None, sets + ["model.hidden=9", "model.vocab_size=13"]).model
         assert config.param_count(m) == build(m).layout.size, sets

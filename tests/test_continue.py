@@ -98,7 +98,8 @@ def test_init_from_needs_the_vocabulary_level_and_the_shape_and_kept_state_the_s
     check_init(cfg, saved, "ck", keep_optimizer=True)       # another rate, dropout, init and seed: the same model
     check_init(differs(cfg, "model", context=5), saved, "ck")           # an LSTM reads no context
     for section, changes in (("data", {"level": "word"}), ("model", {"cell": "rnn"}), ("model", {"hidden": 32}),
-                             ("model", {"embed": 8}), ("model", {"layers": 2}), ("model", {"dtype": "float64"})):
+                             ("model", {"embed": 8}), ("model", {"layers": 2}), ("model", {"dtype": "float64"}),
+                             ("model", {"biases": "two"})):
         (k, v), = changes.items()
         with pytest.raises(TrainingError) as e:
             check_init(differs(cfg, section, **changes), saved, "runs/a/best")

@@ -7,9 +7,9 @@ from rnnlm.config import ModelConfig
 from rnnlm.core.model import RNNLM
 
 
-def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4):
+def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4, biases="one"):
     cfg = ModelConfig(cell=cell, vocab_size=V, embed=embed, hidden=H, layers=layers,
-                      dropout=dropout, init_scale=0.5, forget_bias=1.0)
+                      dropout=dropout, init_scale=0.5, forget_bias=1.0, biases=biases)
     m = RNNLM(cfg, xp=xp, dtype="float64")
     r = np.random.default_rng(7)
     x = xp.asarray(r.integers(0, V, (T, B)))
@@ -36,6 +36,25 @@ def test_gradients_match_finite_differences(xp, cell, layers, embed, H, numeric_
         a, b = g[slot.offset:slot.end], num[slot.offset:slot.end]
         assert np.allclose(a, b, rtol=1e-5, atol=1e-7), slot.name
         assert np.abs(b).max() > 0, f"{slot.name} receives no gradient"
+
+
+@pytest.mark.parametrize("cell", ["rnn", "lstm"])
+def test_two_biases_per_gate_are_their_sum_and_share_its_gradient(xp, cell, numeric_grad):
+    """model.biases = "two" (Torch's b_ih and b_hh): the model is the one-bias model whose bias
+    is their sum, every bias is drawn, and each of the two gets the sum's gradient."""
+    m, p, x, y, state, reset = _setup(xp, cell, 2, 3, biases="two")
+    one, q = _setup(xp, cell, 2, 3)[:2]
+    v, w = m.layout.views(p), one.layout.views(q)
+    for name in w:
+        w[name][...] = v[name] + v["bh" + name[1:]] if name in ("b0", "b1") else v[name]
+    assert all(float(abs(v[k]).min()) > 0 for k in ("b0", "bh0", "b1", "bh1", "bo"))   # drawn, not zero
+    assert m.loss(p, x, y, state, reset)[0] == pytest.approx(one.loss(q, x, y, state, reset)[0], rel=1e-13)
+    g = xp.zeros_like(p)
+    m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0)
+    num = numeric_grad(lambda r: m.loss(r, x, y, state, reset)[0], p)
+    assert np.allclose(backend.to_numpy(g), num, rtol=1e-5, atol=1e-7)
+    gv = m.layout.views(backend.to_numpy(g))
+    assert np.array_equal(gv["b0"], gv["bh0"]) and np.abs(gv["b1"]).max() > 0
 
 
 def test_gradients_with_dropout(xp, numeric_grad):

@@ -54,6 +54,7 @@ class _ChunkBuffers:
         self.onehot = e(T, m.V, B) if small else None  # one-hot input, step-major
         self.dx0 = e(m.E, N) if m.E else None
         self.dh = [e(H, T, B) for _ in range(m.L)]      # dL/d(layer output)
+        self.bias = [e(m.G * H) for _ in range(m.L)] if m.two_biases else None   # b + bh, per layer
         self.dropped = [e(H, N) for _ in range(m.L)] if m.dropout else None
         self.masks = [e(H, N) for _ in range(m.L)] if m.dropout else None
         self.mask0 = e(m.E, N) if (m.dropout and m.E) else None
@@ -84,16 +85,20 @@ class RNNLM:
         self.G = 4 if cfg.cell == "lstm" else 1
         self.S = 2 if cfg.cell == "lstm" else 1          # state tensors per layer
         self.dropout = cfg.dropout
+        self.two_biases = cfg.biases == "two"
         self.out = output.Softmax(cfg, self.V, self.H, xp, self.dtype)
         GH = self.G * self.H
         # Vocabulary-indexed matrices keep one row per token (embed, Wo); the others
         # are (out, in). With one-hot input (embed == 0) the table ``embed`` (V, GH)
-        # is layer 0's input weights: one-hot @ W is a row lookup.
+        # is layer 0's input weights: one-hot @ W is a row lookup. With biases = "two"
+        # each layer has a recurrent bias bh beside b, as Torch's LSTM has (b_ih, b_hh):
+        # the cells see their sum, and both get its gradient.
         entries = [("embed", (self.V, self.E or GH))]
         for layer in range(self.L):
             if layer > 0 or self.E:
                 entries.append((f"Wx{layer}", (GH, self.E if layer == 0 else self.H)))
             entries += [(f"Whh{layer}", (GH, self.H)), (f"b{layer}", (GH,))]
+            entries += [(f"bh{layer}", (GH,))] if self.two_biases else []
         entries += self.out.entries
         self.layout = Layout(entries)
         self._buffers: dict = {}
@@ -106,13 +111,18 @@ class RNNLM:
         cfg, rng = self.cfg, output.init_rng(seed)
         flat = np.zeros(self.layout.size, dtype=self.dtype)
         p = self.layout.views(flat)
-        # in layout order, one stream; biases start at zero
+        # in layout order, one stream; biases start at zero, or with biases = "two" are drawn
+        # as the weights are (Zaremba et al.'s Torch code draws every parameter, as PyTorch does)
         p["embed"][...] = output.draw(rng, cfg, p["embed"].shape, 1 if self.E else self.V)
         for layer in range(self.L):
             for name in (f"Wx{layer}", f"Whh{layer}"):
                 if name in p:
                     p[name][...] = output.draw(rng, cfg, p[name].shape, p[name].shape[1])
+            for name in (f"b{layer}", f"bh{layer}") if self.two_biases else ():
+                p[name][...] = output.draw(rng, cfg, p[name].shape, self.H)
         self.out.init(p, rng)
+        if self.two_biases:
+            p["bo"][...] = output.draw(rng, cfg, p["bo"].shape, self.H)
         if self.G == 4 and cfg.forget_bias:
             for layer in range(self.L):
                 p[f"b{layer}"][self.H:2 * self.H] = cfg.forget_bias
@@ -166,7 +176,10 @@ class RNNLM:
                 backend.gather_columns(xp, p["embed"], idx, zin)
             else:
                 backend.matmul(p[f"Wx{layer}"], buf.act[layer - 1], out=zin)
-            new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], p[f"b{layer}"], state[layer],
+            bias = p[f"b{layer}"]
+            if self.two_biases:
+                bias = xp.add(bias, p[f"bh{layer}"], out=buf.bias[layer])          # (GH,)
+            new_state[layer] = self._forward_fn(xp, ws, p[f"Whh{layer}"], bias, state[layer],
                                                 keep, reset_steps, step_major)
             act = ws.hout                                                # (H, N)
             if drop:
@@ -274,6 +287,8 @@ class RNNLM:
                               keep, reset_steps)
             dz = ws.dz.reshape(-1, N)                                    # (GH, N)
             backend.matmul(dz, buf.ones_n, out=g[f"b{layer}"])
+            if self.two_biases:
+                g[f"bh{layer}"][...] = g[f"b{layer}"]
             if layer > 0:
                 backend.matmul(dz, buf.act[layer - 1].T, out=g[f"Wx{layer}"])
                 dprev = buf.dh[layer - 1].reshape(H, N)

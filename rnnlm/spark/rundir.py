@@ -25,7 +25,7 @@ RESUME_KEYS = {"data": None, "model": None, "optim": None, "exchange": None,
 ASYNC_RESUME_KEYS = dict(RESUME_KEYS, train=RESUME_KEYS["train"] + ("push_every",),
                          server=("update", "staleness", "lock"))
 # the model keys that shape its parameters (--init-from needs them equal; ffnn alone reads model.context)
-SHAPE_KEYS = ("cell", "context", "embed", "hidden", "layers", "dtype")
+SHAPE_KEYS = ("cell", "context", "embed", "hidden", "layers", "biases", "dtype")
 
 
 BEST = "best"      # <out>/best: the checkpoint of the lowest validation loss
