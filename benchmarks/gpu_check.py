@@ -26,7 +26,8 @@ On the device (the corpus copied into a git-ignored folder first, as ``../shared
          (carry .device, timeout_s 590)
 
 One PTB run alone (``docs/results.md``'s 39-epoch medium figure; its last line is a JSON object):
-``gpu_check.py --phase ptb --device gpu --data DIR --out DIR --model medium --epochs 39 [--seed N]``.
+``gpu_check.py --phase ptb --device gpu --data DIR --out DIR --model medium --epochs 39 [--seed N]
+[--set model.biases=two]`` (``--set``: a config override, as ``rnnlm train``'s).
 
 The last line printed is the summary; ``OUT/summary.txt`` holds it too. ``--device cpu`` runs the
 same phases on NumPy (a check of the script itself where no GPU is lent); ``--quick`` shortens
@@ -106,7 +107,7 @@ def determinism(device: str) -> dict:
     return out
 
 
-def ptb_epoch(device: str, data: str, epochs: float, model: str = "small", seed: int = 1) -> dict:
+def ptb_epoch(device: str, data: str, epochs: float, model: str = "small", seed: int = 1, sets=()) -> dict:
     """PTB small (or medium) for ``epochs`` with the core's single-process trainer: training wall time, valid ppl,
     the time of one evaluation of PTB valid from graphs and eagerly (whose sums must be the same), and test ppl
     where ``DIR/ptb.test.txt`` is there and the run is the full 13 (medium: 39) epochs."""
@@ -118,7 +119,7 @@ def ptb_epoch(device: str, data: str, epochs: float, model: str = "small", seed:
     from rnnlm.core.metrics import EVAL_BPTT
     sets = [f"data.train={os.path.join(data, 'ptb.train.txt')}", f"data.valid={os.path.join(data, 'ptb.valid.txt')}",
             "data.test=", "data.partitions=1", "train.batch=20", "train.max_streams=0", f"train.epochs={epochs}",
-            "train.eval_every=0", f"train.device={device}", f"train.seed={seed}"]
+            "train.eval_every=0", f"train.device={device}", f"train.seed={seed}", *sets]
     cfg = config.load(os.path.join(ROOT, "conf", f"ptb_word_{model}.toml"), sets)
     t0 = time.perf_counter()
     m = single.train(cfg, out=None, log=lambda s: print(s, flush=True))
@@ -182,12 +183,13 @@ def main(argv=None):
     ap.add_argument("--epochs", type=float, default=1.0, help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=("small", "medium"), default="small", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)   # the ptb phase's config
     a = ap.parse_args(argv)
     if a.phase == "determinism":
         print(json.dumps(determinism(a.device)))
         return 0
     if a.phase == "ptb":
-        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs, a.model, a.seed)))
+        print(json.dumps(ptb_epoch(a.device, a.data, a.epochs, a.model, a.seed, a.set)))
         return 0
     for f in ("ptb.train.txt", "ptb.valid.txt"):
         if not os.path.isfile(os.path.join(a.data, f)):

@@ -1,12 +1,13 @@
 """rnnlm's training step against PyTorch's, from the same weights, in float64: the same numbers?
 
-    python benchmarks/torch_equivalence.py [--hidden 200] [--steps 40] [--data DIR]
+    python benchmarks/torch_equivalence.py [--hidden 200] [--steps 40] [--data DIR] [--biases one|two]
 
 A word LSTM as ``conf/ptb_word_medium.toml`` builds it (2 layers, embedding = hidden, T = 35,
 B = 20, V = 10,000, no dropout: the masks come from different generators), initialised by rnnlm
 and copied into ``torch.nn.LSTM`` (gate order (i, f, o, g) mapped to PyTorch's (i, f, g, o);
-rnnlm's one bias per gate as ``bias_ih``, ``bias_hh`` zero and frozen), then trained ``--steps`` steps on
-the same PTB batches by both: SGD lr 1, the loss summed over T and averaged over B (the
+rnnlm's one bias per gate as ``bias_ih``, ``bias_hh`` zero and frozen; with ``--biases two``,
+rnnlm's ``model.biases = "two"``, its ``b`` and ``bh`` as PyTorch's two, both trained), then
+trained ``--steps`` steps on the same PTB batches by both: SGD lr 1, the loss summed over T and averaged over B (the
 trainer's ``grad_norm = "batch"``), the gradient's norm clipped at 5, the state carried. Prints
 each step's loss from both, the largest relative difference over the run, and the largest
 difference between the final weights. Float64 on the CPU, so any difference beyond rounding is
@@ -29,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
+    ap.add_argument("--biases", choices=("one", "two"), default="one", help="rnnlm's model.biases")
     a = ap.parse_args(argv)
     import numpy as np
     import torch
@@ -47,9 +49,9 @@ def main(argv=None):
     block = StreamBlock(vocab.encode(text), B, T)
     batches = [block.batch(k) for k in range(a.steps)]
 
-    # rnnlm: float64, initialised as the trainer does (uniform +-0.05, biases zero)
+    # rnnlm: float64, initialised as the trainer does (uniform +-0.05; biases zero, or drawn with two)
     m = RNNLM(ModelConfig(cell="lstm", vocab_size=V, embed=H, hidden=H, layers=2, init="uniform",
-                          init_scale=0.05), dtype="float64")
+                          init_scale=0.05, biases=a.biases), dtype="float64")
     params = m.init_params(1)
     opt = make_optimizer(OptimConfig(name="sgd", lr=1.0, clip_norm=CLIP))
     opt_state = opt.init_state(params)
@@ -70,15 +72,18 @@ def main(argv=None):
             getattr(net.lstm, f"weight_ih_l{layer}").copy_(torch.from_numpy(p0[f"Wx{layer}"][perm]))
             getattr(net.lstm, f"weight_hh_l{layer}").copy_(torch.from_numpy(p0[f"Whh{layer}"][perm]))
             getattr(net.lstm, f"bias_ih_l{layer}").copy_(torch.from_numpy(p0[f"b{layer}"][perm]))
-            getattr(net.lstm, f"bias_hh_l{layer}").zero_()
-            getattr(net.lstm, f"bias_hh_l{layer}").requires_grad_(False)    # one bias per gate, as rnnlm
+            if a.biases == "two":
+                getattr(net.lstm, f"bias_hh_l{layer}").copy_(torch.from_numpy(p0[f"bh{layer}"][perm]))
+            else:
+                getattr(net.lstm, f"bias_hh_l{layer}").zero_()
+                getattr(net.lstm, f"bias_hh_l{layer}").requires_grad_(False)    # one bias per gate, as rnnlm
         net.out.weight.copy_(torch.from_numpy(p0["Wo"]))
         net.out.bias.copy_(torch.from_numpy(p0["bo"]))
     sgd = torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=1.0)
     loss_fn = nn.CrossEntropyLoss()
 
     print(f"# torch={torch.__version__} float64, 2x{H} LSTM, V={V}, T={T}, B={B}, {a.steps} steps, "
-          f"SGD lr 1, clip {CLIP}")
+          f"SGD lr 1, clip {CLIP}, biases {a.biases}")
     state, t_state, worst, clipped = m.zero_state(B), None, 0.0, 0
     for k, b in enumerate(batches):
         res = train_steps(m, opt, params, opt_state, [b], state, lr=1.0, clip_norm=CLIP, grad_norm="batch")
@@ -108,7 +113,9 @@ def main(argv=None):
         inv = np.argsort(perm)
         final[f"Wx{layer}"] = getattr(net.lstm, f"weight_ih_l{layer}")[inv]
         final[f"Whh{layer}"] = getattr(net.lstm, f"weight_hh_l{layer}")[inv]
-        final[f"b{layer}"] = (getattr(net.lstm, f"bias_ih_l{layer}") + getattr(net.lstm, f"bias_hh_l{layer}"))[inv]
+        final[f"b{layer}"] = getattr(net.lstm, f"bias_ih_l{layer}")[inv]
+        if a.biases == "two":
+            final[f"bh{layer}"] = getattr(net.lstm, f"bias_hh_l{layer}")[inv]
     moved = max(float(np.abs(p[n] - p0[n]).max()) for n in final)
     diff = max(float(np.abs(p[n] - final[n].detach().numpy()).max()) for n in final)
     print(f"clipped in {clipped} of {a.steps} steps; largest step-loss relative difference "
