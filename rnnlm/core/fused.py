@@ -4,7 +4,7 @@ RNN's) elementwise work, forward and backward, beside that step's one GEMM.
 The unfused CuPy path launches 12 elementwise calls a step forward and 17 backward (~25 us of host
 time each); these do the same float32 operations in the same order as :mod:`rnnlm.core.cells`'
 unfused path, compiled without fused multiply-add contraction (``--fmad=false``), so their results
-are bit-identical to it (``tests/test_fused.py`` checks that on a GPU).
+are bit-identical to it (``tests/test_gpu_step.py`` checks that on a GPU).
 
 Layout (:class:`rnnlm.core.cells.Workspace`, step-major): ``z[t]`` (G H, B) row-major, gate k of unit
 j, stream b at ``(k H + j) B + b``; ``c[t]``, ``tc[t]``, ``hs[t]``, ``dhs[t]`` (H, B). One thread per (j, b).

@@ -27,15 +27,31 @@ from . import backend
 MAX_GRAPHS = 8          # per model, least recently used dropped first
 
 
-def eval_usable(model) -> bool:
-    """Whether an evaluation's chunks can be replayed from a graph (the recurrent model on CuPy)."""
+def capturable(model) -> bool:
+    """Whether the model's chunks can be captured at all (the recurrent model on CuPy with nvmath-python):
+    what an evaluation needs."""
     return backend.graphs_available(model.xp) and hasattr(model, "resets")
 
 
 def usable(model, optimizer, *, grad_norm: str, softmax_sets) -> bool:
     """Whether this call's steps can be replayed from a graph (else they run eagerly)."""
-    return (backend.graphs_available(model.xp) and hasattr(model, "resets") and optimizer.same_every_step
-            and grad_norm == "batch" and softmax_sets is None)
+    return (capturable(model) and optimizer.same_every_step and grad_norm == "batch"
+            and softmax_sets is None)
+
+
+def _capture(xp, body):
+    """Run ``body()`` once under capture on a stream of its own (ordered after the current one); return
+    the graph and the memory pool everything ``body`` allocated came from, which must live as long as it."""
+    pool = xp.cuda.MemoryPool()
+    stream = xp.cuda.Stream(non_blocking=True)
+    stream.wait_event(xp.cuda.get_current_stream().record())
+    with xp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            body()
+        finally:
+            graph = stream.end_capture()
+    return graph, pool
 
 
 class StepGraph:
@@ -53,16 +69,11 @@ class StepGraph:
         self.keep = None if resets is None else xp.empty_like(resets.keep)
         self.resets = None if resets is None else type(resets)(self.keep, resets.steps)
         self.state = xp.empty_like(state)
-        self.pool = xp.cuda.MemoryPool()                  # what the step allocates lives as long as the graph
-        stream = xp.cuda.Stream(non_blocking=True)
-        stream.wait_event(xp.cuda.get_current_stream().record())
-        with xp.cuda.using_allocator(self.pool.malloc), stream:
-            stream.begin_capture()
-            try:
-                loss, norm, count, self.new_state = fn(self.x, self.y, self.resets, self.state)
-                self.watch = xp.stack([loss, norm, count])                   # (3,) float64
-            finally:
-                self.graph = stream.end_capture()
+
+        def body():
+            loss, norm, count, self.new_state = fn(self.x, self.y, self.resets, self.state)
+            self.watch = xp.stack([loss, norm, count])                       # (3,) float64
+        self.graph, self.pool = _capture(xp, body)
 
     def replay(self, x, y, resets, state) -> tuple:
         """Run the step on this batch: returns (its watch (3,): loss, norm, count; the new state), copies."""
@@ -86,16 +97,11 @@ class EvalGraph:
         self.xp, self.buffers, self.acc = xp, buffers, acc
         self.x, self.y = xp.empty(x.shape, x.dtype), xp.empty(y.shape, y.dtype)
         self.state = xp.empty_like(state)
-        self.pool = xp.cuda.MemoryPool()
-        stream = xp.cuda.Stream(non_blocking=True)
-        stream.wait_event(xp.cuda.get_current_stream().record())
-        with xp.cuda.using_allocator(self.pool.malloc), stream:
-            stream.begin_capture()
-            try:
-                loss, count, self.new_state = fn(self.x, self.y, self.state)
-                acc += xp.stack([loss, count])
-            finally:
-                self.graph = stream.end_capture()
+
+        def body():
+            loss, count, self.new_state = fn(self.x, self.y, self.state)
+            xp.add(acc, xp.stack([loss, count]), out=acc)                  # acc += (loss, count)
+        self.graph, self.pool = _capture(xp, body)
 
     def replay(self, x, y, state):
         """Add this chunk's loss and count into ``acc``; return the new state (the graph's buffer:

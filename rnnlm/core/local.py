@@ -151,7 +151,7 @@ def evaluate(model, params, tokens, B: int, T: int, cuda_graphs: bool = True) ->
     block = StreamBlock(tokens, B, T)
     state = model.zero_state(B)
     total, count = 0.0, 0
-    if cuda_graphs and block.steps_per_pass and graphs.eval_usable(model):
+    if cuda_graphs and block.steps_per_pass and graphs.capturable(model):
         acc = xp.zeros(2, dtype=xp.float64)
         graph = None
         for k in range(block.steps_per_pass):
