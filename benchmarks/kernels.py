@@ -18,8 +18,11 @@ Each step's sets (and the corrected variant's inclusion probabilities, from the
 batches' words, :func:`rnnlm.core.sampled.presence`) are built as the trainer would, inside the timed step:
 v_all = the batch's targets, the top 1% ids and a random 1% (beta), and
 v_f = v_all plus a random MU of the vocabulary. Prints one line per shape (with the
-host's time building the sets, a share of the step) and,
-last, ``min_sampled_speedup=<number>`` (the corrected variant's).
+host's time building the sets, a share of the step), a second line with the ceiling:
+the full step over a vocabulary of |v_f| words and of |v_all| words (the same GEMMs as the
+sampled step's, with no sets, gathers or scatters; :func:`vocab_of`), and, last,
+``max_sampled_speedup=<number>`` (the |v_all| ceiling: no sampled step with these sets can
+beat it) and ``min_sampled_speedup=<number>`` (the corrected variant's).
 """
 from __future__ import annotations
 
@@ -223,7 +226,7 @@ def sampled_main(a, xp, sync):
           f"sampled softmax mu={a.sampled}: v_all = targets + top 1% + random 1%, v_f = v_all + random mu")
     print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
-    speedups = []
+    speedups, bounds = [], []
     for name in (a.shapes or "ptb-small,ptb-medium").split(","):
         shape = SHAPES[name]
         B = a.batch or shape[6]
@@ -232,15 +235,35 @@ def sampled_main(a, xp, sync):
         full, _ = make_rnnlm_loop(xp, shape, B, batches)
         samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled)
         seed, _ = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, variant="literal")
-        t_f, t_s, t_0 = interleaved([full, samp, seed], a.seconds, a.rounds, sync)
+        for _ in range(8):
+            samp()                                  # the sets' mean sizes, for the ceilings below
+        ceilings = []
+        for n in np.mean(sizes, axis=0)[1::-1]:                     # over |v_f| words, then |v_all|
+            small, folded = vocab_of(shape, batches, round(n))
+            ceilings.append(make_rnnlm_loop(xp, small, B, folded)[0])
+        t_f, t_s, t_0, t_cf, t_ca = interleaved([full, samp, seed, *ceilings], a.seconds, a.rounds, sync)
         n_all, n_f, t_sets = np.mean(sizes, axis=0)
         speedups.append(t_f / t_s)
+        bounds.append(t_f / t_ca)
         print(f"{name:11s} T={shape[5]:<3d} B={B:<4d} V={shape[1]} full {toks / t_f:9.0f} tok/s  "
               f"corrected {toks / t_s:9.0f} tok/s  speedup {t_f / t_s:5.2f}  "
               f"literal {toks / t_0:9.0f} tok/s  speedup {t_f / t_0:5.2f}  "
               f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  sets built on the host {1e6 * t_sets:5.0f} us "
               f"({100 * t_sets / t_s:4.1f}% of the corrected step)  targets: {source}", flush=True)
+        print(f"{'':11s} ceiling: the full step over a {round(n_f)}-word vocabulary (|v_f|) {toks / t_cf:9.0f} tok/s "
+              f"= {t_f / t_cf:5.2f}x, over {round(n_all)} words (|v_all|) {toks / t_ca:9.0f} tok/s = {t_f / t_ca:5.2f}x",
+              flush=True)
+    print(f"max_sampled_speedup={min(bounds):.3f}   # no sampled step with these sets can be faster")
     print(f"min_sampled_speedup={min(speedups):.3f}")
+
+
+def vocab_of(shape, batches, n):
+    """``shape`` and ``batches`` with an ``n``-word vocabulary (ids folded into [0, n)): a full
+    softmax over n words does the sampled step's GEMMs over n rows and nothing else (no sets,
+    gathers or scatters), so its step bounds any sampled step's speed over sets of n words."""
+    import numpy as np
+    fold = [type(b)(b.x % n, np.where(b.y >= 0, b.y % n, b.y), b.reset) for b in batches]
+    return (shape[0], n) + shape[2:], fold
 
 
 def profile_main(a, xp, steps=20):

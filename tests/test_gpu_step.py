@@ -67,8 +67,9 @@ def test_capturable_products_match_cupy(cp, dtype):
     assert cp.allclose(out, cp.matmul(A, Bm), rtol=tol, atol=tol)
 
 
-def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0):
-    m = build(ModelConfig(cell=cell, vocab_size=300, embed=16, hidden=24, layers=2, dropout=dropout), xp=xp)
+def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0, biases="one"):
+    m = build(ModelConfig(cell=cell, vocab_size=300, embed=16, hidden=24, layers=2, dropout=dropout,
+                          biases=biases), xp=xp)
     opt = make_optimizer(OptimConfig(name=optim, lr=0.5))
     p = m.init_params(3)
     st = opt.init_state(p)
@@ -84,14 +85,15 @@ def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0):
     return m, res, [backend.to_numpy(a) for a in (res.params, res.state, st["velocity"])]
 
 
-@pytest.mark.parametrize("cell,dropout", [("lstm", 0.0), ("rnn", 0.0), ("lstm", 0.4)])
-def test_graph_steps_equal_eager_steps_bit_for_bit(cp, cell, dropout):
+@pytest.mark.parametrize("cell,dropout,biases", [("lstm", 0.0, "one"), ("rnn", 0.0, "one"), ("lstm", 0.4, "one"),
+                                                 ("lstm", 0.4, "two"), ("rnn", 0.0, "two")])
+def test_graph_steps_equal_eager_steps_bit_for_bit(cp, cell, dropout, biases):
     if not backend.graphs_available(cp):
         pytest.skip("nvmath-python is not installed")
-    m, res, graphed = _train(cp, True, cell, dropout=dropout)
+    m, res, graphed = _train(cp, True, cell, dropout=dropout, biases=biases)
     assert len(graphs.StepGraphs.of(m).graphs) >= 1            # steps were replayed from a graph
     assert res.opt_state["t"] == 21
-    m_eager, res_eager, eager = _train(cp, False, cell, dropout=dropout)
+    m_eager, res_eager, eager = _train(cp, False, cell, dropout=dropout, biases=biases)
     assert not graphs.StepGraphs.of(m_eager).graphs
     for a, b in zip(graphed, eager):
         assert np.array_equal(a, b), float(np.abs(a.astype(np.float64) - b).max())
