@@ -251,8 +251,8 @@ def sampled_main(a, xp, sync):
               f"mean |v_all| {n_all:6.1f}  |v_f| {n_f:6.1f}  sets built on the host {1e6 * t_sets:5.0f} us "
               f"({100 * t_sets / t_s:4.1f}% of the corrected step)  targets: {source}", flush=True)
         print(f"{'':11s} ceiling: the full step over a {round(n_f)}-word vocabulary (|v_f|) {toks / t_cf:9.0f} tok/s "
-              f"= {t_f / t_cf:5.2f}x, over {round(n_all)} words (|v_all|) {toks / t_ca:9.0f} tok/s = {t_f / t_ca:5.2f}x",
-              flush=True)
+              f"= {t_f / t_cf:5.2f}x, over {round(n_all)} words (|v_all|) {toks / t_ca:9.0f} tok/s "
+              f"= {t_f / t_ca:5.2f}x", flush=True)
     print(f"max_sampled_speedup={min(bounds):.3f}   # no sampled step with these sets can be faster")
     print(f"min_sampled_speedup={min(speedups):.3f}")
 
