@@ -115,19 +115,43 @@ def test_a_nan_gradient_with_a_finite_loss_is_named_by_its_step(bad):
     """The loop reads the device once, at its end: a gradient poisoned at one step is reported
     then, by that step's number, though later steps ran (the parameters are not to be used)."""
     vocab, m, opt, p, st = _setup(np)
-    real, calls = m.loss_and_grad, []
+    calls = []
 
-    def poisoned(params, grads, *a, **k):
-        out = real(params, grads, *a, **k)
-        if len(calls) == bad:
-            grads[7] = np.nan               # the loss stays finite; only the gradient is poisoned
-        calls.append(1)
-        return out
-    m.loss_and_grad = poisoned
+    def poisoned(real):
+        def run(params, grads, *a, **k):
+            out = real(params, grads, *a, **k)
+            if len(calls) == bad:
+                grads[7] = np.nan               # the loss stays finite; only the gradient is poisoned
+            calls.append(1)
+            return out
+        return run
+    for name in ("loss_and_grad", "loss_and_sparse_grad"):     # whichever the optimizer calls for
+        setattr(m, name, poisoned(getattr(m, name)))
     blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
     with pytest.raises(FloatingPointError, match=f"gradient norm became nan at local step {bad}$"):
         train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(2), lr=0.1, clip_norm=5.0)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("value,fails", [(np.inf, True), (np.nan, True), (1e20, False), (-3e38, False)])
+def test_parameters_left_non_finite_by_the_last_update_are_caught_and_only_those(value, fails):
+    """The end-of-call check: an update that overflowed is named; weights whose squares overflow
+    float32 (the check's sum of squares) but are finite are not."""
+    vocab, m, opt, p, st = _setup(np)
+    real = opt.step
+
+    def overflowing(params, *a, **k):
+        real(params, *a, **k)
+        if st["t"] == 3:
+            params[3] = value                  # as an overflowing last update would leave it
+    opt.step = overflowing
+    blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
+    run = lambda: train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(2), lr=0.1, clip_norm=5.0)  # noqa: E731
+    if fails:
+        with pytest.raises(FloatingPointError, match="parameters are no longer finite after local step 2$"):
+            run()
+    else:
+        assert run().steps == 3 and p[3] == np.float32(value)
 
 
 def test_train_steps_repeat_bit_for_bit(xp):

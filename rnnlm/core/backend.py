@@ -69,11 +69,13 @@ _sumsq_kernel = None      # CuPy's reduction kernel, compiled on first use
 
 
 def sumsq(a):
-    """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy; on
-    CuPy one reduction kernel that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
+    """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy (inf,
+    without a warning, where float32 squares overflow: the callers check for it); on CuPy one reduction
+    kernel that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
     xp = xp_of(a)
     if xp is np:
-        return np.dot(a, a).astype(np.float64)
+        with np.errstate(over="ignore"):
+            return np.dot(a, a).astype(np.float64)
     global _sumsq_kernel
     if _sumsq_kernel is None:
         _sumsq_kernel = xp.ReductionKernel("T x", "float64 y", "(double)x * (double)x", "a + b", "y = a", "0",
@@ -156,11 +158,9 @@ def scatter_add_rows(dst, idx, src) -> None:
     """
     xp = xp_of(dst)
     V, N = dst.shape[0], idx.shape[0]
-    if xp is np and V > ONE_HOT_MAX_V:
-        order = np.argsort(idx, kind="stable")
-        sorted_idx = idx[order]
-        rows, starts = np.unique(sorted_idx, return_index=True)
-        dst[rows] += np.add.reduceat(src[order], starts, axis=0)
+    if row_sums(xp, V):
+        rows, sums = sum_rows(idx, src)
+        dst[rows] += sums
         return
     n = max(1, min(N, ONE_HOT_BLOCK // V))
     for a in range(0, N, n):
@@ -168,6 +168,20 @@ def scatter_add_rows(dst, idx, src) -> None:
         onehot = xp.zeros((V, m), dtype=dst.dtype)                     # (V, m)
         onehot[idx[a:a + m], xp.arange(m)] = 1
         dst += matmul(onehot, src[a:a + m])
+
+
+def row_sums(xp, V: int) -> bool:
+    """Whether :func:`scatter_add_rows` into ``V`` rows goes through :func:`sum_rows` (NumPy, large V)."""
+    return xp is np and V > ONE_HOT_MAX_V
+
+
+def sum_rows(idx, src) -> tuple:
+    """``(rows, sums)``: the distinct ids of ``idx`` (N,), sorted, and for each the sum of the rows
+    of ``src`` (N, W) at its positions, added in the same order every run (a stable sort, then
+    ``reduceat``). NumPy only: the row-sparse gradient of a table (:class:`rnnlm.core.layout.RowGrad`)."""
+    order = np.argsort(idx, kind="stable")
+    rows, starts = np.unique(idx[order], return_index=True)
+    return rows, np.add.reduceat(src[order], starts, axis=0)                  # (n,), (n, W)
 
 
 def swap01(dst, src) -> None:

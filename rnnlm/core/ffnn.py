@@ -193,3 +193,9 @@ class FFNNLM:
         backend.scatter_add_rows(g["embed"], buf.rows.reshape(K * N),
                                  dctx.transpose(0, 2, 1).reshape(K * N, E))   # (KN, E)
         return loss, count, new_state
+
+    def loss_and_sparse_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
+                             softmax=None):
+        """:meth:`loss_and_grad` and ``()``: every slot's gradient is in ``grads`` (the
+        :meth:`rnnlm.core.model.RNNLM.loss_and_sparse_grad` interface)."""
+        return (*self.loss_and_grad(params, grads, x, y, state, reset, grad_scale, rng, softmax), ())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,26 @@ class Layout:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Layout) and self.describe() == other.describe()
+
+
+class RowGrad(NamedTuple):
+    """The gradient of a table ``slot`` (V, W) that is zero but on a few rows: ``rows`` (n,), distinct
+    ids, and ``values`` (n, W), their gradient. A step that hands these to the optimizer leaves the
+    slot's range of the flat gradient undefined (:func:`rnnlm.core.local.train_steps`)."""
+    slot: Slot
+    rows: object
+    values: object
+
+    def view(self, flat):
+        """The slot's shaped view into the flat buffer ``flat`` (P,)."""
+        return flat[self.slot.offset:self.slot.end].reshape(self.slot.shape)
+
+
+def dense_ranges(size: int, tables) -> list:
+    """The slices of a flat buffer of ``size`` that the :class:`RowGrad` ``tables`` leave out, in order."""
+    out, at = [], 0
+    for s in sorted((t.slot for t in tables), key=lambda s: s.offset):
+        if s.offset > at:
+            out.append(slice(at, s.offset))
+        at = s.end
+    return out + ([slice(at, size)] if at < size else [])

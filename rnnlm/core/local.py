@@ -73,10 +73,15 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     watch = []                  # per step, on the device: its loss, its gradient's norm, the tokens scored
 
     def step(x, y, reset, state, scale, softmax=None, rng=dropout_rng):
-        loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset, grad_scale=scale,
-                                                 rng=rng, softmax=softmax)
-        norm, factor = clip_factor(grads, clip_norm, clip_value)
-        optimizer.step(params, grads, opt_state, lr, grad_scale=factor)
+        if optimizer.row_sparse:            # the tables' rows alone, where the model gives them (NumPy)
+            loss, count, state, tables = model.loss_and_sparse_grad(params, grads, x, y, state, reset,
+                                                                    grad_scale=scale, rng=rng, softmax=softmax)
+        else:
+            tables = ()
+            loss, count, state = model.loss_and_grad(params, grads, x, y, state, reset, grad_scale=scale,
+                                                     rng=rng, softmax=softmax)
+        norm, factor = clip_factor(grads, clip_norm, clip_value, tables)
+        optimizer.step(params, grads, opt_state, lr, grad_scale=factor, tables=tables)
         return loss, norm, count, state
 
     for b in batches:
@@ -104,8 +109,9 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         steps += 1
     if not steps:
         return LocalResult(params, opt_state, state, 0, 0.0, 0)
-    # the call's one read from the device; the parameters' sum catches an update that overflowed
-    seen = backend.to_numpy(xp.concatenate([*watch, params.sum(dtype=xp.float64)[None]]))
+    # the call's one read from the device; the parameters' sum of squares (one BLAS dot on NumPy: the cheapest
+    # pass over them) catches an update that overflowed, confirmed below where the squares alone overflowed
+    seen = backend.to_numpy(xp.concatenate([*watch, backend.sumsq(params)[None]]))
     loss_sum, tokens = 0.0, int(seen[2:-1:3].sum())
     for k in range(steps):
         loss, norm = float(seen[3 * k]), float(seen[3 * k + 1])
@@ -115,7 +121,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
             # clipping cannot catch it (NaN > clip_norm is False): the update would poison every weight
             raise FloatingPointError(f"gradient norm became {norm} at local step {k}")
         loss_sum += loss
-    if not math.isfinite(float(seen[-1])):
+    if not math.isfinite(float(seen[-1])) and not bool(xp.isfinite(params).all()):
         raise FloatingPointError(f"parameters are no longer finite after local step {steps - 1}")
     return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import backend, cells, output
 from ..config import ModelConfig
-from .layout import Layout
+from .layout import Layout, RowGrad
 
 
 def _onehot_steps(xp, table, x, onehot, out):
@@ -267,7 +267,21 @@ class RNNLM:
             A scored target is not in v_all, or the sets are not sorted unique ids
             with v_all a subset of v_f.
         """
+        return self._loss_and_grad(params, grads, x, y, state, reset, grad_scale, rng, softmax, False)[:3]
+
+    def loss_and_sparse_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
+                             softmax=None):
+        """As :meth:`loss_and_grad`, with a fourth value: ``tables``, a tuple of
+        :class:`rnnlm.core.layout.RowGrad`, the gradient of the slots that is zero but on a few rows,
+        which ``grads`` then leaves undefined. On NumPy with a vocabulary too large for a one-hot
+        scatter (:func:`rnnlm.core.backend.row_sums`): the embedding's (the chunk's input words) and,
+        with a sampled softmax, ``Wo``'s and ``bo``'s (v_all's rows). Elsewhere ``()``: every slot is
+        in ``grads``."""
+        return self._loss_and_grad(params, grads, x, y, state, reset, grad_scale, rng, softmax, True)
+
+    def _loss_and_grad(self, params, grads, x, y, state, reset, grad_scale, rng, softmax, sparse):
         xp = self.xp
+        sparse = sparse and backend.row_sums(xp, self.V)
         p, g = self.layout.views(params), self.layout.views(grads)
         T, B = x.shape
         N, H = T * B, self.H
@@ -277,7 +291,8 @@ class RNNLM:
         buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, rows)
         loss, count = self.out.loss_grad(buf.out, y, grad_scale, rows)
         dtop = buf.dh[-1].reshape(H, N)
-        self.out.backward(p, g, buf.out, buf.act[-1], dtop, rows)
+        tables = [RowGrad(self.layout[name], *got)
+                  for name, got in self.out.backward(p, g, buf.out, buf.act[-1], dtop, rows, sparse)]
         drop = self.dropout if rng is not None else 0.0
         if drop:
             dtop *= buf.masks[-1]
@@ -304,6 +319,9 @@ class RNNLM:
                 dinput = buf.dx0
             else:
                 dinput = dz
-            g["embed"].fill(0)
-            backend.scatter_add_rows(g["embed"], x.reshape(N), dinput.T)
-        return loss, count, new_state
+            if sparse:
+                tables.insert(0, RowGrad(self.layout["embed"], *backend.sum_rows(x.reshape(N), dinput.T)))
+            else:
+                g["embed"].fill(0)
+                backend.scatter_add_rows(g["embed"], x.reshape(N), dinput.T)
+        return loss, count, new_state, tuple(tables)

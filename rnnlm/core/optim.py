@@ -9,21 +9,29 @@ from __future__ import annotations
 import math
 
 from . import backend
+from .layout import dense_ranges
 from ..config import OptimConfig
 
 
-def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0) -> tuple:
+def clip_factor(grads, clip_norm: float = 0.0, clip_value: float = 0.0, tables=()) -> tuple:
     """Element-clip ``grads`` in place; return (global L2 norm, global-norm clip factor).
 
     Both stay on the gradient's device (0-d float64 arrays; the factor is 1.0 without
     ``clip_norm``), so a step needs no host sync; on NumPy they are float64 scalars. The
     factor (<= 1; NaN with a non-finite norm) is not applied here: :meth:`Optimizer.step`
-    folds it into its own pass over the gradient.
+    folds it into its own pass over the gradient. ``tables``: a row-sparse gradient
+    (:class:`rnnlm.core.layout.RowGrad`s; their slots of ``grads`` are not read), its squares
+    summed after the rest's.
     """
     xp = backend.xp_of(grads)
+    parts = [grads[r] for r in dense_ranges(grads.size, tables)] + [t.values for t in tables] if tables else [grads]
     if clip_value:
-        xp.clip(grads, -clip_value, clip_value, out=grads)
-    norm = xp.sqrt(backend.sumsq(grads))
+        for a in parts:
+            xp.clip(a, -clip_value, clip_value, out=a)
+    sq = backend.sumsq(parts[0])
+    for a in parts[1:]:
+        sq = sq + backend.sumsq(a.reshape(-1))
+    norm = xp.sqrt(sq)
     factor = clip_norm / xp.maximum(norm, clip_norm) if clip_norm else 1.0     # exactly 1.0 up to clip_norm
     return norm, factor
 
@@ -55,6 +63,7 @@ class Optimizer:
 
     slots: tuple = ()
     scales_grads = False   # True when the update is linear in lr * g (the scale folds into lr)
+    row_sparse = False     # True: step() also takes a row-sparse gradient, an update equal to the dense one
     same_every_step = True  # the update's arithmetic does not depend on the step count (a CUDA graph can replay it)
 
     def __init__(self, cfg: OptimConfig):
@@ -68,19 +77,26 @@ class Optimizer:
         state["t"] = 0
         return state
 
-    def step(self, params, grads, state: dict, lr: float, grad_scale=1.0) -> None:
+    def step(self, params, grads, state: dict, lr: float, grad_scale=1.0, tables=()) -> None:
         """Update ``params`` in place from ``grad_scale * grads``.
 
         ``grad_scale``: a number, or a 0-d array on the device (:func:`clip_factor`'s).
-        ``grads`` is used as scratch and left undefined.
+        ``grads`` is used as scratch and left undefined. ``tables`` (where :attr:`row_sparse`): the
+        gradient of some slots as :class:`rnnlm.core.layout.RowGrad`s, zero outside their rows
+        (their slots of ``grads`` are not read); only those rows of the slots are written.
         """
+        if tables and not self.row_sparse:
+            raise ValueError(f"{type(self).__name__} takes no row-sparse gradient: its update moves every row")
         state["t"] += 1
         if self.scales_grads:
             host = isinstance(grad_scale, (int, float))       # a Python float multiplies as float32 does
             lr = float(lr * grad_scale) if host else _scalar(lr * grad_scale, params.dtype)
         elif not _is_one(grad_scale):
             grads *= _scalar(grad_scale, grads.dtype)
-        self._update(params, grads, state, lr, backend.xp_of(params))
+        if tables:
+            self._update_rows(params, grads, tables, lr)
+        else:
+            self._update(params, grads, state, lr, backend.xp_of(params))
 
     def scratch(self, like):
         # one reusable buffer shaped like the parameters, never part of the state
@@ -91,15 +107,28 @@ class Optimizer:
     def _update(self, params, grads, state, lr, xp):
         raise NotImplementedError
 
+    def _update_rows(self, params, grads, tables, lr):
+        raise NotImplementedError
+
 
 class SGD(Optimizer):
-    """``p -= lr * g``."""
+    """``p -= lr * g``; with a row-sparse gradient only the rows it names move (the others' update is
+    ``p - 0``: the same parameters to the bit)."""
 
     scales_grads = True
+    row_sparse = True
 
     def _update(self, params, grads, state, lr, xp):
         grads *= lr
         params -= grads
+
+    def _update_rows(self, params, grads, tables, lr):
+        for r in dense_ranges(params.size, tables):
+            self._update(params[r], grads[r], None, lr, None)
+        for t in tables:
+            step = t.values
+            step *= lr
+            t.view(params)[t.rows] -= step                               # distinct rows: no update lost
 
 
 class Momentum(Optimizer):

@@ -216,13 +216,16 @@ class Softmax:
                 log_pi = xp.concatenate([log_pi, lp[gamma]])
         return Rows(softmax, na, nf, ypos, log_pi)
 
-    def backward(self, p: dict, g: dict, buf: Buffers, h, dh, rows: Rows | None = None) -> None:
+    def backward(self, p: dict, g: dict, buf: Buffers, h, dh, rows: Rows | None = None,
+                 sparse: bool = False) -> tuple:
         """From the dlogits :meth:`loss_grad` left: ``Wo``/``bo``'s gradient into ``g`` (every
         entry written) and the top layer's, dL/dh (H, N), into ``dh``.
 
         With ``rows`` (the rules: :meth:`rnnlm.core.model.RNNLM.loss_and_grad`) ``Wo``/``bo``'s
         gradient is zero outside v_all, and dL/dh sums over v_f's rows with
-        ``sets.through_gamma``, else over v_all's.
+        ``sets.through_gamma``, else over v_all's. With ``rows`` and ``sparse`` that gradient is
+        returned as ``(("Wo", (v_all, (n_all, H))), ("bo", (v_all, (n_all,))))`` (views of ``buf``)
+        and ``g``'s are not written; otherwise the return is ``()``.
         """
         xp = self.xp
         if rows is None:
@@ -230,7 +233,7 @@ class Softmax:
             backend.matmul(dlg, h.T, out=g["Wo"])                        # (V, H)
             backend.matmul(dlg, buf.ones_n, out=g["bo"])
             backend.matmul(p["Wo"].T, dlg, out=dh)                       # (H, N)
-            return
+            return ()
         sets, na, ypos, log_pi = rows.sets, rows.n_all, rows.ypos, rows.log_pi
         n_top = rows.n_f if sets.through_gamma else na                   # dL/dh: v_f's or v_all's
         backend.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dh)    # (H, N)
@@ -248,8 +251,11 @@ class Softmax:
             dlg[ypos, buf.cols] = ey
         backend.matmul(dlg, h.T, out=Wa)                                 # the weights are spent
         backend.matmul(dlg, buf.ones_n, out=ba)
-        idx = buf.rows[:na]
+        idx = buf.rows[:na]                                              # v_all: sorted, distinct
+        if sparse:
+            return ("Wo", (idx, Wa)), ("bo", (idx, ba))
         g["Wo"].fill(0)
         g["Wo"][idx] = Wa
         g["bo"].fill(0)
         g["bo"][idx] = ba
+        return ()
