@@ -168,9 +168,9 @@ def sampled_batches(shape, B, count=64, seed=0):
     return out, "synthetic zipf(1.1) ranks"
 
 
-def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected"):
-    """One training step per call over ``batches`` in turn; with ``mu``, the sampled softmax
-    (``variant``: corrected or literal).
+def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected", per_call=1):
+    """``per_call`` training steps per call (one ``train_steps`` call) over ``batches`` in turn; with
+    ``mu``, the sampled softmax (``variant``: corrected or literal).
 
     Returns the step and a list that collects (|v_all|, |v_f|, seconds building them on the host)
     of every sampled step.
@@ -191,16 +191,15 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
     st = opt.init_state(p)
     grads = xp.empty_like(p)
     state = [m.zero_state(B)]
-    dev = [(xp.asarray(b.x), xp.asarray(b.y), b) for b in batches]
     r = np.random.default_rng(seed)
     one = math.ceil(0.01 * V)
     betas = [np.sort(r.choice(V, one, replace=False)) for _ in batches]   # the exchange's random rows
     sizes, k = [], [0]
     freq = presence(np.concatenate([b.y.T.ravel() for b in batches]), T, V)
 
-    def sets(_, y):
+    def sets(i, y):
         t0 = time.perf_counter()
-        beta = betas[k[0] % len(betas)]
+        beta = betas[(k[0] + i) % len(betas)]
         if variant == "corrected":
             s = corrected_sets(y, V, one, beta, mu, r, freq)
         else:
@@ -208,13 +207,12 @@ def make_rnnlm_loop(xp, shape, B, batches, mu=None, seed=0, variant="corrected")
         sizes.append((len(s.v_all), len(s.v_f), time.perf_counter() - t0))
         return s
 
-    def step():
-        x, y, b = dev[k[0] % len(dev)]
-        batch = [type(b)(x, y, b.reset)]
-        res = train_steps(m, opt, p, st, batch, state[0], lr=0.1, clip_norm=5.0, grads=grads,
+    def step():                 # host batches, as the trainer's: train_steps copies them to the device
+        run = [batches[(k[0] + j) % len(batches)] for j in range(per_call)]
+        res = train_steps(m, opt, p, st, run, state[0], lr=0.1, clip_norm=5.0, grads=grads,
                           softmax_sets=None if mu is None else sets)
         state[0] = res.state
-        k[0] += 1
+        k[0] += per_call
     return step, sizes
 
 
@@ -226,22 +224,25 @@ def sampled_main(a, xp, sync):
           f"sampled softmax mu={a.sampled}: v_all = targets + top 1% + random 1%, v_f = v_all + random mu")
     print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
+    K = steps_per_call(a)
+    print(f"# {K} step(s) per train_steps call, every variant")
     speedups, bounds = [], []
     for name in (a.shapes or "ptb-small,ptb-medium").split(","):
         shape = SHAPES[name]
         B = a.batch or shape[6]
         toks = shape[5] * B
         batches, source = sampled_batches(shape, B)
-        full, _ = make_rnnlm_loop(xp, shape, B, batches)
-        samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled)
-        seed, _ = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, variant="literal")
-        for _ in range(8):
+        full, _ = make_rnnlm_loop(xp, shape, B, batches, per_call=K)
+        samp, sizes = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, per_call=K)
+        seed, _ = make_rnnlm_loop(xp, shape, B, batches, mu=a.sampled, variant="literal", per_call=K)
+        for _ in range(-(-8 // K)):
             samp()                                  # the sets' mean sizes, for the ceilings below
         ceilings = []
         for n in np.mean(sizes, axis=0)[1::-1]:                     # over |v_f| words, then |v_all|
             small, folded = vocab_of(shape, batches, round(n))
-            ceilings.append(make_rnnlm_loop(xp, small, B, folded)[0])
-        t_f, t_s, t_0, t_cf, t_ca = interleaved([full, samp, seed, *ceilings], a.seconds, a.rounds, sync)
+            ceilings.append(make_rnnlm_loop(xp, small, B, folded, per_call=K)[0])
+        times = interleaved([full, samp, seed, *ceilings], a.seconds, a.rounds, sync)
+        t_f, t_s, t_0, t_cf, t_ca = (t / K for t in times)         # seconds per step
         n_all, n_f, t_sets = np.mean(sizes, axis=0)
         speedups.append(t_f / t_s)
         bounds.append(t_f / t_ca)
@@ -335,6 +336,11 @@ def make_torch_step(torch, shape, B, device):
     return step
 
 
+def steps_per_call(a) -> int:
+    """``--steps-per-call``, by default 1 on the CPU and 10 (the confs' ``train.local_steps``) on a GPU."""
+    return a.steps_per_call or (10 if a.device == "gpu" else 1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -348,8 +354,8 @@ def main(argv=None):
     ap.add_argument("--sampled", type=float, default=None, metavar="MU",
                     help="time full against sampled softmax (v_f adds MU of the vocabulary), no PyTorch")
     ap.add_argument("--steps-per-call", type=int, default=0,
-                    help="rnnlm steps per train_steps call (one device read each); default 1 on CPU, "
-                         "10 on a GPU (the conf's train.local_steps: PyTorch's step does not sync either)")
+                    help="rnnlm steps per train_steps call (one device read each; --sampled too); default 1 "
+                         "on CPU, 10 on a GPU (the conf's train.local_steps: PyTorch's step does not sync either)")
     ap.add_argument("--no-graphs", action="store_true", help="GPU: run every step eagerly (no CUDA graphs)")
     ap.add_argument("--torch-tf32", choices=("default", "off"), default="default",
                     help="off: PyTorch's cuDNN in strict float32 as rnnlm computes (its default lets cuDNN use TF32)")
@@ -380,7 +386,7 @@ def main(argv=None):
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
     print(blas_line())
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
-    K = a.steps_per_call or (10 if a.device == "gpu" else 1)
+    K = steps_per_call(a)
     print(f"# rnnlm: {K} step(s) per train_steps call; CUDA graphs {'off' if a.no_graphs else 'on where usable'}; "
           f"torch TF32: cudnn {torch.backends.cudnn.allow_tf32}, matmul {torch.backends.cuda.matmul.allow_tf32}")
     ratios = []

@@ -1,7 +1,7 @@
 """One PyTorch process training PTB small or medium: the wall-time reference for the Spark trainer.
 
     python benchmarks/torch_ptb.py [--model small|medium] [--epochs 2] [--threads 2] [--evals-per-epoch 2]
-                                   [--device cpu|cuda] [--data DIR] [--rnnlm-biases]
+                                   [--device cpu|cuda] [--data DIR] [--rnnlm-biases] [--set optim.KEY=VALUE]
 
 Zaremba et al.'s "small" model as ``conf/ptb_word_small.toml`` has it (2x200 LSTM,
 embedding 200, no dropout, T=20, B=20, SGD lr 1, gradient norm clipped at 5, init
@@ -20,7 +20,9 @@ where DIR has ``ptb.test.txt``. PyTorch's LSTM has two bias vectors per gate (``
 as Zaremba et al.'s Torch code has), both drawn uniformly and both trained, so plain SGD moves
 their sum at twice the learning rate; ``--rnnlm-biases`` gives it rnnlm's one bias per gate,
 starting at zero (``bias_hh`` zero and frozen), the output bias at zero too: then its step is
-rnnlm's (``benchmarks/torch_equivalence.py``). PyTorch is a benchmark-only dependency.
+rnnlm's (``benchmarks/torch_equivalence.py``). ``--set optim.KEY=VALUE`` changes the schedule as
+``rnnlm train --set`` changes the conf's (e.g. ``optim.decay=0.8``); the rest of the model is fixed
+here. PyTorch is a benchmark-only dependency.
 """
 from __future__ import annotations
 
@@ -43,7 +45,12 @@ def main(argv=None):
     ap.add_argument("--data", default=os.path.join(ROOT, "data"))
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--rnnlm-biases", action="store_true", help="one bias per gate, from zero, as rnnlm")
+    ap.add_argument("--set", action="append", default=[], metavar="optim.KEY=VALUE",
+                    help="override the conf's schedule, as rnnlm train --set (repeatable)")
     a = ap.parse_args(argv)
+    for s in a.set:
+        if not s.startswith("optim."):
+            ap.error(f"--set {s}: only optim.* keys apply here (the model is fixed by --model)")
     import numpy as np
     import torch
     from torch import nn
@@ -60,7 +67,11 @@ def main(argv=None):
     train = vocab.encode(train_text)
     valid = vocab.encode(open(os.path.join(a.data, "ptb.valid.txt"), encoding="utf-8").read())
     test_path = os.path.join(a.data, "ptb.test.txt")
-    sched = Schedule(config.load(os.path.join(ROOT, "conf", f"ptb_word_{a.model}.toml")).optim)
+    try:
+        optim = config.load(os.path.join(ROOT, "conf", f"ptb_word_{a.model}.toml"), a.set).optim
+    except config.ConfigError as e:
+        ap.error(str(e))
+    sched = Schedule(optim)
     H, T, scale, drop = {"small": (200, 20, 0.1, 0.0), "medium": (650, 35, 0.05, 0.5)}[a.model]
     V, B = len(vocab), 20
 
@@ -107,7 +118,8 @@ def main(argv=None):
         return math.exp(nll / n)
 
     print(f"# torch={torch.__version__} device={a.device} threads={a.threads} model={a.model} V={V} "
-          f"steps/epoch={steps_per_epoch} biases={'rnnlm' if a.rnnlm_biases else 'torch'}", flush=True)
+          f"steps/epoch={steps_per_epoch} biases={'rnnlm' if a.rnnlm_biases else 'torch'} "
+          f"schedule={optim.schedule} lr={optim.lr} decay={optim.decay} after={optim.decay_after}", flush=True)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     state, wall, t0 = None, 0.0, time.perf_counter()
     for k in range(total):
