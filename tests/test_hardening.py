@@ -211,3 +211,64 @@ def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path)
     finally:
         os.remove(path)
         sc._jsc.hadoopConfiguration().unset(MAX_LINE)
+
+
+@pytest.mark.parametrize("limit, sets, first, last", [
+    ("1m", ["model.hidden=512"], "error: round 1: the Spark job failed: Total size of serialized results of ",
+     "is bigger than spark.driver.maxResultSize (1024.0 KiB); stopped, no checkpoint was written yet"),
+    ("1k", [], "error: a Spark job failed: Total size of serialized results of ",
+     "is bigger than spark.driver.maxResultSize (1024.0 B)"),
+])
+def test_a_spark_job_that_fails_is_one_line_and_exit_code_2(tmp_path, limit, sets, first, last):
+    """A job that Spark aborts in its JVM (as a driver out of heap does; here the tasks' results exceed
+    ``spark.driver.maxResultSize``), in a round or before one (reading the corpus), ended in a
+    Py4JJavaError's 60-line traceback, exit code 1."""
+    env = dict(os.environ, PYSPARK_SUBMIT_ARGS=f"--conf spark.driver.maxResultSize={limit} pyspark-shell")
+    more = [a for s in [*sets, "train.results=spark", "train.rounds=2"] for a in ("--set", s)]
+    r = subprocess.run([sys.executable, "jobs/train.py", "--config", DEMO, "--out", str(tmp_path / "run"),
+                        *HARDENED_RUN, *more], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Py4JJavaError" not in r.stderr, r.stderr[-3000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(first) and line.endswith(last), line
+
+
+HEAP = """
+import json, urllib.parse, urllib.request
+from rnnlm.spark.session import get_spark
+sc = get_spark("heap").sparkContext
+port = urllib.parse.urlparse(sc.uiWebUrl).port
+with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/applications/{sc.applicationId}/executors") as r:
+    print(json.load(r)[0]["maxMemory"])
+"""
+
+
+@pytest.mark.parametrize("given, low, high", [(None, 1.6e9, 2.6e9), ("1g", 0.3e9, 0.7e9)])
+def test_the_driver_started_by_plain_python_has_4g_of_heap_unless_told_otherwise(given, low, high):
+    """Spark's 1g made a dense PTB medium round (2 x 80 MB of results through the JVM) fail now and then;
+    a user's ``$SPARK_DRIVER_MEMORY`` (or ``spark.driver.memory``) still decides. Spark's storage memory,
+    as its REST API reports it: 60% of the heap above 300 MiB."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_DRIVER_MEMORY", "PYSPARK_SUBMIT_ARGS")}
+    env.update({"PYTHONPATH": ROOT, **({"SPARK_DRIVER_MEMORY": given} if given else {})})
+    r = subprocess.run([sys.executable, "-c", HEAP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert low < int(r.stdout.split()[-1]) < high, r.stdout
+
+
+# the error of a PTB medium round (dense results through Spark) whose driver ran out of its 1g heap, 2026-11-26
+TASK_RESULT_LOST = """An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 96.0 failed 1 times, most \
+recent failure: Lost task 1.0 in stage 96.0 (TID 102) (192.0.2.2 executor driver): TaskResultLost (result lost \
+from block manager)
+Driver stacktrace:
+\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2935)
+"""
+
+
+def test_a_job_that_lost_a_result_says_so_and_what_memory_to_raise():
+    from rnnlm.spark.session import job_failure
+    line = job_failure(TASK_RESULT_LOST)
+    assert line.startswith("Task 1 in stage 96.0 failed 1 times, most recent failure: Lost task 1.0 in stage 96.0 "
+                           "(TID 102) (192.0.2.2 executor driver): TaskResultLost (result lost from block manager) "
+                           "(a JVM's memory: raise spark.driver.memory"), line
+    assert "\n" not in line and "$SPARK_DRIVER_MEMORY" in line

@@ -9,7 +9,7 @@ from ..spark import corpus
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields
 from ..spark.rundir import Init, TrainingError
-from ..spark.session import release
+from ..spark.session import job_failure, release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
@@ -35,10 +35,19 @@ def guarded(fn) -> int:
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
+        if _failed_in_spark(e):          # a job Spark aborted outside a round (which says its own line)
+            print(f"error: a Spark job failed: {job_failure(str(e))}", file=sys.stderr)
+            return 2
         if not isinstance(e, EXPECTED):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _failed_in_spark(e) -> bool:
+    """Whether ``e`` is a Spark job's failure as PySpark raises it (a ``Py4JJavaError``)."""
+    from py4j.protocol import Py4JJavaError
+    return isinstance(e, Py4JJavaError)
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):

@@ -10,7 +10,6 @@ docs/async.md says what this guarantees and what a driver failure loses.
 from __future__ import annotations
 
 import math
-import re
 import time
 
 from .. import config
@@ -23,7 +22,7 @@ from ..server import wire
 from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s, server_in_flight
 from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
-from .session import bind_host
+from .session import bind_host, job_failure
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, total_rounds, unpersist_corpus
 from .executor import device_field
@@ -142,7 +141,7 @@ class _Job:
         try:
             self.result = rdd.mapPartitions(task).collect()
         except Exception as e:           # py4j carries the executor's traceback: keep its cause
-            self.error = _cause(str(e)) or type(e).__name__
+            self.error = job_failure(str(e)) or type(e).__name__
         finally:
             self.sc.setJobGroup(None, None)
 
@@ -282,15 +281,6 @@ def _train_loss(drained: dict) -> dict:
     none: a 0.0 there read as a perfect model in the log and on plots."""
     tokens = drained.get("tokens", 0)
     return {"train_loss": drained.get("loss_sum", 0.0) / tokens} if tokens else {}
-
-
-def _cause(text: str) -> str:
-    """The line of a Spark job's error that says why: the last ``SomethingError: ...`` of the
-    Python traceback it carries (the first line only names the py4j call)."""
-    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
-    causes = [x for x in lines if re.match(r"^[\w.]*(Error|Exception): ", x) and "Py4JJavaError" not in x
-              and not x.startswith(("org.apache.spark", "py4j"))]
-    return (causes[-1] if causes else lines[0] if lines else "")[:300]
 
 
 def _collect(rdd) -> list:

@@ -8,6 +8,9 @@ import re
 import sys
 
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# the driver JVM's heap when this process starts it and nothing else names one (conf/spark/local.properties'
+# figure): Spark's own 1g fails a dense 20M-parameter round (2 x 80 MB task results through the JVM) now and then
+DRIVER_MEMORY = "4g"
 
 
 _DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
@@ -22,7 +25,10 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     is used. Executors' BLAS threads follow ``spark.task.cpus`` unless set, so
     concurrent tasks do not oversubscribe the cores. The driver's JVM, when this
     call starts it, logs with ``rnnlm/data/log4j2.properties`` (``quiet``: warnings
-    and errors only, no start-up INFO lines) or ``log4j2-verbose.properties`` (INFO).
+    and errors only, no start-up INFO lines) or ``log4j2-verbose.properties`` (INFO), and
+    has a heap of :data:`DRIVER_MEMORY` unless ``spark.driver.memory`` (``conf``,
+    ``spark-defaults.conf``) or ``$SPARK_DRIVER_MEMORY`` names one: it is the launcher's
+    last resort before Spark's 1g.
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -33,6 +39,8 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is not None or not submitted:
         c.setMaster(master or "local[2]")
+    if not submitted:
+        os.environ.setdefault("SPARK_DRIVER_MEMORY", DRIVER_MEMORY)
     opts = c.get("spark.driver.extraJavaOptions", "")
     if not submitted and "log4j2.configurationFile" not in opts:
         c.set("spark.driver.extraJavaOptions", f"{opts} -Dlog4j2.configurationFile=file:{LOG4J2[quiet]}".strip())
@@ -85,6 +93,22 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     if _LOCAL_MASTER.fullmatch(master.strip()):
         return "127.0.0.1"
     return driver_host or "127.0.0.1"
+
+
+def job_failure(text: str) -> str:
+    """One line for a failed Spark job, from its error's text (a ``Py4JJavaError``'s): the last
+    ``SomethingError: ...`` of the Python traceback it carries (its first line only names the py4j
+    call), else Spark's reason for aborting the job; with a hint where memory is what failed."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    causes = [x for x in lines if re.match(r"^[\w.]*(Error|Exception): ", x) and "Py4JJavaError" not in x
+              and not x.startswith(("org.apache.spark", "py4j"))]
+    aborted = [x.split("Job aborted due to stage failure: ", 1)[1] for x in lines
+               if "Job aborted due to stage failure: " in x]
+    line = (causes[-1] if causes else aborted[0] if aborted else lines[0] if lines else "")[:300]
+    if "OutOfMemoryError" in text or "TaskResultLost" in text:
+        line += (" (a JVM's memory: raise spark.driver.memory, which in local mode holds the executors' "
+                 "results too, or spark.executor.memory; plain python runs take $SPARK_DRIVER_MEMORY)")
+    return line
 
 
 def release(broadcasts=(), rdds=(), blocking: bool = False) -> None:

@@ -22,6 +22,7 @@ from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_c
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
+from .session import job_failure
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -157,13 +158,17 @@ class Trainer(Driver):
 
     def _round(self, cfg, layout, data, sync: AllReduce, at: RunState, rounds: int, stop) -> tuple:
         """Train round ``at.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
+        from py4j.protocol import Py4JJavaError        # pyspark's, imported on use as the package does
         r, t0 = at.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, at.schedule)
         lr = sched.lr(at.tokens / data.tokens)
         evaluated = due(r, cfg.train.eval_every, rounds) and (data.valid is not None or data.test is not None)
         # under overlap the next round's job waits for this one before an evaluation or a checkpoint by count
         job = sync.start(r, lr, pause=evaluated or due(r, cfg.train.checkpoint_every, rounds))
-        agg = sync.wait(job)
+        try:
+            agg = sync.wait(job)
+        except Py4JJavaError as e:          # the round's job failed in Spark (its retries spent)
+            self._stop(r, f"the Spark job failed: {job_failure(str(e))}")
         arrived, t_agg = time.time(), time.perf_counter()
         # the mean change applied, unless a partition failed or a value is not finite
         errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
