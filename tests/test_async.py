@@ -224,21 +224,26 @@ def test_a_local_run_does_not_listen_on_the_drivers_external_address(spark, tmp_
 @pytest.mark.serial          # whether the last line counts a push depends on the CPU's other work
 def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, monkeypatch):
     """The last line of an async run often counts no push; it said train_loss 0.0000, and so did the run's
-    closing line. A resumed run with every window applied writes only such a line."""
+    closing line. A resumed run with every window applied writes only such a line. Whether the last line
+    counts a push depends on when the last window lands against the driver's line (once in a CI run it did):
+    the run is repeated, at most 3 times, until it does not."""
     import argparse
     import os
     from rnnlm import cli
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    a = argparse.Namespace(config=None, set=BASE + ["data.partitions=2", "train.mode=async", "train.push_every=2",
-                                                    "train.rounds=2"],
-                           out=str(tmp_path / "run"), resume=False, master=None, samples=0, dry_run=False,
-                           verbose=False)
     monkeypatch.chdir(root)
-    assert cli.guarded(lambda: cli.train(a)) == 0
-    a.resume = True
-    assert cli.guarded(lambda: cli.train(a)) == 0
-    m = metrics(tmp_path / "run")
-    assert m[-1]["pushes"] == 0 and m[-1]["syncs"] == 4 and "train_loss" not in m[-1]
+    for attempt in range(3):
+        out = tmp_path / f"run{attempt}"
+        a = argparse.Namespace(config=None, set=BASE + ["data.partitions=2", "train.mode=async",
+                                                        "train.push_every=2", "train.rounds=2"],
+                               out=str(out), resume=False, master=None, samples=0, dry_run=False, verbose=False)
+        assert cli.guarded(lambda: cli.train(a)) == 0
+        a.resume = True
+        assert cli.guarded(lambda: cli.train(a)) == 0
+        m = metrics(out)
+        if m[-1]["pushes"] == 0:
+            break
+    assert m[-1]["pushes"] == 0 and m[-1]["syncs"] == 4 and "train_loss" not in m[-1], m
     assert all(("train_loss" in x) == (x["pushes"] > 0) for x in m), m
     loss = [x["train_loss"] for x in m if "train_loss" in x][-1]
     done = capsys.readouterr().out.strip().splitlines()[-1]
