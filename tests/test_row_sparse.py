@@ -72,12 +72,12 @@ def test_the_model_names_the_tables_and_their_rows(softmax, names):
                                                   grad_scale=0.125)
     assert loss_s == loss_d and [t.slot.name for t in tables] == names
     for t in tables:
-        full = t.view(dense)
+        full = t.slot.view(dense)
         nonzero = np.flatnonzero(np.any(full != 0, axis=tuple(range(1, full.ndim))))
         assert set(nonzero.tolist()) <= set(t.rows.tolist())                  # every nonzero row named
         assert np.array_equal(np.unique(t.rows), np.sort(t.rows))             # ...once
         assert np.array_equal(full[t.rows], t.values)
-        assert np.isnan(t.view(sparse)).all()                                 # the slot is left alone
+        assert np.isnan(t.slot.view(sparse)).all()                                 # the slot is left alone
     assert tables[0].rows.tolist() == np.unique(b.x).tolist()
     for r in dense_ranges(p.size, tables):
         assert np.array_equal(sparse[r], dense[r])

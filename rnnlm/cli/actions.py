@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from py4j.protocol import Py4JJavaError
+
 from ..core import checkpoint
 from .. import config
 from ..spark import corpus
@@ -35,19 +37,13 @@ def guarded(fn) -> int:
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
-        if _failed_in_spark(e):          # a job Spark aborted outside a round (which says its own line)
+        if isinstance(e, Py4JJavaError):    # a job Spark aborted outside a round (which says its own line)
             print(f"error: a Spark job failed: {job_failure(str(e))}", file=sys.stderr)
             return 2
         if not isinstance(e, EXPECTED):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def _failed_in_spark(e) -> bool:
-    """Whether ``e`` is a Spark job's failure as PySpark raises it (a ``Py4JJavaError``)."""
-    from py4j.protocol import Py4JJavaError
-    return isinstance(e, Py4JJavaError)
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):

@@ -24,6 +24,10 @@ class Slot:
     def end(self) -> int:
         return self.offset + self.size
 
+    def view(self, flat):
+        """This slot's shaped view into the flat buffer ``flat`` (P,)."""
+        return flat[self.offset:self.end].reshape(self.shape)
+
 
 class Layout:
     """An ordered table of ``(name, offset, shape)`` over a flat buffer."""
@@ -49,7 +53,7 @@ class Layout:
         """Named, shaped views sharing memory with ``flat``."""
         if flat.shape != (self.size,):
             raise ValueError(f"flat buffer has shape {flat.shape}, layout needs ({self.size},)")
-        return {s.name: flat[s.offset:s.end].reshape(s.shape) for s in self}
+        return {s.name: s.view(flat) for s in self}
 
     def describe(self) -> list:
         """JSON-ready table: ``[[name, offset, [shape...]], ...]``."""
@@ -66,10 +70,6 @@ class RowGrad(NamedTuple):
     slot: Slot
     rows: object
     values: object
-
-    def view(self, flat):
-        """The slot's shaped view into the flat buffer ``flat`` (P,)."""
-        return flat[self.slot.offset:self.slot.end].reshape(self.slot.shape)
 
 
 def dense_ranges(size: int, tables) -> list:

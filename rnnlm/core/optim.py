@@ -128,7 +128,7 @@ class SGD(Optimizer):
         for t in tables:
             step = t.values
             step *= lr
-            t.view(params)[t.rows] -= step                               # distinct rows: no update lost
+            t.slot.view(params)[t.rows] -= step                               # distinct rows: no update lost
 
 
 class Momentum(Optimizer):

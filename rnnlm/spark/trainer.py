@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from py4j.protocol import Py4JJavaError
 
 from ..core import checkpoint
 from .. import config
@@ -158,7 +159,6 @@ class Trainer(Driver):
 
     def _round(self, cfg, layout, data, sync: AllReduce, at: RunState, rounds: int, stop) -> tuple:
         """Train round ``at.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
-        from py4j.protocol import Py4JJavaError        # pyspark's, imported on use as the package does
         r, t0 = at.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, at.schedule)
         lr = sched.lr(at.tokens / data.tokens)
