@@ -11,6 +11,7 @@ from rnnlm.core import backend, cells, gemm, graphs
 from rnnlm.core.local import train_steps
 from rnnlm.core.models import build
 from rnnlm.core.optim import make_optimizer
+from rnnlm.core.sampled import corrected_sets, presence
 from rnnlm.core.strategies import StreamBlock
 
 pytestmark = pytest.mark.skipif(not backend.gpu_available(), reason="no CUDA device / CuPy")
@@ -67,7 +68,7 @@ def test_capturable_products_match_cupy(cp, dtype):
     assert cp.allclose(out, cp.matmul(A, Bm), rtol=tol, atol=tol)
 
 
-def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0, biases="one"):
+def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0, biases="one", sampled=False):
     m = build(ModelConfig(cell=cell, vocab_size=300, embed=16, hidden=24, layers=2, dropout=dropout,
                           biases=biases), xp=xp)
     opt = make_optimizer(OptimConfig(name=optim, lr=0.5))
@@ -76,24 +77,30 @@ def _train(xp, use_graphs, cell="lstm", steps=7, optim="momentum", dropout=0.0, 
     ids = (np.random.default_rng(4).zipf(1.4, 800) % 300).astype(np.int32)
     block = StreamBlock(ids, 4, 10)                            # a pass of 19 steps: resets at step 0 only
     state = m.zero_state(4)
+    pres = presence(ids, 10, 300)
     res = None
     for k in range(0, steps * 3, steps):                       # three calls, as a trainer makes them
         drop = backend.rng_for(xp, 9, k) if dropout else None
+        sets = None
+        if sampled:                                            # the corrected sets, sizes varying by step
+            sets = lambda i, y, k=k: corrected_sets(y, 300, 3, np.array([5, 7]), 0.05,   # noqa: E731
+                                                    np.random.default_rng(k + i), pres)
         res = train_steps(m, opt, p, st, block.batches(k, steps), state, lr=0.5, clip_norm=0.5,
-                          dropout_rng=drop, cuda_graphs=use_graphs)
+                          dropout_rng=drop, cuda_graphs=use_graphs, softmax_sets=sets)
         state = res.state
     return m, res, [backend.to_numpy(a) for a in (res.params, res.state, st["velocity"])]
 
 
-@pytest.mark.parametrize("cell,dropout,biases", [("lstm", 0.0, "one"), ("rnn", 0.0, "one"), ("lstm", 0.4, "one"),
-                                                 ("lstm", 0.4, "two"), ("rnn", 0.0, "two")])
-def test_graph_steps_equal_eager_steps_bit_for_bit(cp, cell, dropout, biases):
+@pytest.mark.parametrize("cell,dropout,biases,sampled", [
+    ("lstm", 0.0, "one", False), ("rnn", 0.0, "one", False), ("lstm", 0.4, "one", False),
+    ("lstm", 0.4, "two", False), ("rnn", 0.0, "two", False), ("lstm", 0.0, "one", True), ("lstm", 0.4, "two", True)])
+def test_graph_steps_equal_eager_steps_bit_for_bit(cp, cell, dropout, biases, sampled):
     if not backend.graphs_available(cp):
         pytest.skip("nvmath-python is not installed")
-    m, res, graphed = _train(cp, True, cell, dropout=dropout, biases=biases)
+    m, res, graphed = _train(cp, True, cell, dropout=dropout, biases=biases, sampled=sampled)
     assert len(graphs.StepGraphs.of(m).graphs) >= 1            # steps were replayed from a graph
     assert res.opt_state["t"] == 21
-    m_eager, res_eager, eager = _train(cp, False, cell, dropout=dropout, biases=biases)
+    m_eager, res_eager, eager = _train(cp, False, cell, dropout=dropout, biases=biases, sampled=sampled)
     assert not graphs.StepGraphs.of(m_eager).graphs
     for a, b in zip(graphed, eager):
         assert np.array_equal(a, b), float(np.abs(a.astype(np.float64) - b).max())

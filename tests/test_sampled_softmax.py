@@ -457,3 +457,27 @@ def test_corrected_sets_inclusion_probabilities():
     assert np.allclose(np.exp(s.log_pi), [want_f[i] for i in v_f], rtol=1e-14, atol=0)
     assert np.allclose(np.exp(s.log_pi_rows), [1.0, 1 - 0.9 ** 3, 1 - 0.9 ** 3, 1 - 0.95 ** 2 * 0.9],
                        rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("bucket", [4, 128])
+@pytest.mark.parametrize("sets", [Sets(V_ALL, V_F), Sets(V_ALL, V_F, LOG_PI, True, LOG_PI_ROWS)],
+                         ids=["literal", "corrected"])
+def test_padded_rows_compute_the_unpadded_step(xp, bucket, sets):
+    """A GPU pads the sets to multiples of ROW_BUCKET rows (so that its steps can be replayed from a
+    graph): a padded row is a word outside v_f whose probability and gradient are exactly zero.
+    bucket 4 pads after v_all (7 -> 8) and at the end (11 -> 12); 128 pads v_all up to the
+    vocabulary's room (13 - 3 dummy words = 10)."""
+    m, p, x, y, state, reset = _setup(xp)
+    lay = m.out.layout(sets, y, bucket)
+    na, nf = V_ALL.size, V_F.size
+    assert (lay.n_all, lay.n_f) == {4: (8, 12), 128: (10, 13)}[bucket]
+    pads = np.r_[lay.rows[na:lay.n_all], lay.rows[lay.n_all + nf - na:]]
+    assert np.array_equal(lay.rows[:na], V_ALL) and np.array_equal(lay.rows[lay.n_all:][:nf - na], GAMMA)
+    assert pads.size == lay.n_f - nf and np.unique(pads).size == pads.size and not np.isin(pads, V_F).any()
+    padded = _grad(m, p, x, y, state, reset, m.sampled_rows(lay, *x.shape))
+    plain = _grad(m, p, x, y, state, reset, sets)
+    assert padded[1] == plain[1] and padded[0] == pytest.approx(plain[0], rel=1e-13)
+    assert np.allclose(padded[2], plain[2], rtol=1e-13, atol=1e-15)
+    assert np.allclose(padded[3], plain[3], rtol=1e-11, atol=1e-14)
+    for name in ("Wo", "bo"):                           # the pads' rows get no gradient
+        assert np.all(_slot(m, padded[3], name)[pads] == 0)

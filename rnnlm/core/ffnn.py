@@ -15,6 +15,8 @@ from . import backend, output
 from ..config import ModelConfig
 from .layout import Layout
 
+NO_SAMPLED = "the sampled softmax is not supported by model.cell = 'ffnn'"
+
 
 class _ChunkBuffers:
     """Everything one (T, B) chunk needs, allocated once and reused."""
@@ -153,6 +155,10 @@ class FFNNLM:
         buf, new_state = self._forward(self.layout.views(params), x, state, None)
         return self.out.last(buf.out, *x.shape), new_state
 
+    def sampled_layout(self, softmax, y):
+        """The recurrent model's entry to the sampled softmax (:meth:`rnnlm.core.model.RNNLM.sampled_layout`): refused here."""
+        raise ValueError(NO_SAMPLED)
+
     # --------------------------------------------------------------- backward
     def loss_and_grad(self, params, grads, x, y, state, reset=None, grad_scale=None, rng=None,
                       softmax=None):
@@ -172,7 +178,7 @@ class FFNNLM:
             ``softmax`` is not None: the sampled softmax is not implemented here.
         """
         if softmax is not None:
-            raise ValueError("the sampled softmax is not supported by model.cell = 'ffnn'")
+            raise ValueError(NO_SAMPLED)
         xp, K, E = self.xp, self.K, self.E
         p, g = self.layout.views(params), self.layout.views(grads)
         T, B = x.shape

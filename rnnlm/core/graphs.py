@@ -9,7 +9,9 @@ the host dispatches. A graph launches them all at once. What it needs (docs/desi
   input buffers before each launch), no random draws (cuRAND refuses capture: a step's dropout
   masks are drawn before its launch, as an eager step draws them), and the same arithmetic every
   step (a scale that depends on the step count, as Adam's bias correction, or on the batch, as the
-  token norm, would be frozen: those run eagerly);
+  token norm, would be frozen: those run eagerly), and shapes that repeat (a sampled softmax's
+  sets are padded to multiples of ``output.ROW_BUCKET`` rows, laid out on the host and copied into
+  the graph's buffers before its launch, as the dropout masks are drawn there);
 - memory that outlives the graph: what the step allocates while captured comes from a pool of the
   graph's own, and the graph holds the model's chunk buffers and the optimizer's scratch.
 
@@ -33,10 +35,9 @@ def capturable(model) -> bool:
     return backend.graphs_available(model.xp) and hasattr(model, "resets")
 
 
-def usable(model, optimizer, *, grad_norm: str, softmax_sets) -> bool:
+def usable(model, optimizer, *, grad_norm: str) -> bool:
     """Whether this call's steps can be replayed from a graph (else they run eagerly)."""
-    return (capturable(model) and optimizer.same_every_step and grad_norm == "batch"
-            and softmax_sets is None)
+    return capturable(model) and optimizer.same_every_step and grad_norm == "batch"
 
 
 def _capture(xp, body):

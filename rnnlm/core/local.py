@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 
-from . import backend, graphs, sampled
+from . import backend, graphs
 from .metrics import EVAL_BPTT
 from .model import DRAWN
 from .optim import clip_factor
@@ -68,7 +68,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     """
     xp = model.xp
     grads = xp.empty_like(params) if grads is None else grads
-    graphed = cuda_graphs and graphs.usable(model, optimizer, grad_norm=grad_norm, softmax_sets=softmax_sets)
+    graphed = cuda_graphs and graphs.usable(model, optimizer, grad_norm=grad_norm)
     steps = 0
     watch = []                  # per step, on the device: its loss, its gradient's norm, the tokens scored
 
@@ -87,23 +87,25 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     for b in batches:
         # (the token norm counts the targets first: on the host, where the trainer's batches are)
         scale = 1.0 / b.x.shape[1] if grad_norm == "batch" else 1.0 / max(1, int((b.y >= 0).sum()))
-        reset = b.reset
+        reset, lay = b.reset, None
+        if softmax_sets is not None:                    # the step's sets, checked and laid out on the host
+            yh = backend.to_numpy(b.y)
+            lay = model.sampled_layout(softmax_sets(steps, yh), yh)
         if graphed:
             reset = model.resets(b.reset)
-            graph = _graph(model, optimizer, params, grads, opt_state, b, reset, state, step, scale,
+            graph = _graph(model, optimizer, params, grads, opt_state, b, reset, state, step, scale, lay,
                            lr=lr, clip_norm=clip_norm, clip_value=clip_value, dropout=dropout_rng is not None)
-            if graph is not None:
+            if graph is not None:                       # into the buffers the graph reads:
                 if dropout_rng is not None:
-                    model.draw_dropout(dropout_rng, graph.buffers)     # into the buffers the graph reads
+                    model.draw_dropout(dropout_rng, graph.buffers)     # the dropout masks
+                if lay is not None:
+                    model.sampled_rows(lay, *b.x.shape, graph.buffers)  # the sampled rows
                 seen, state = graph.replay(b.x, b.y, reset, state)
                 opt_state["t"] += 1
                 watch.append(seen)
                 steps += 1
                 continue
-        softmax = None
-        if softmax_sets is not None:
-            sets = sampled.Sets(*softmax_sets(steps, backend.to_numpy(b.y)))
-            softmax = sets._replace(v_all=xp.asarray(sets.v_all), v_f=xp.asarray(sets.v_f))
+        softmax = None if lay is None else model.sampled_rows(lay, *b.x.shape)
         loss, norm, count, state = step(xp.asarray(b.x), xp.asarray(b.y), reset, state, scale, softmax)
         watch.append(xp.stack([loss, norm, count]))                     # float64, all three
         steps += 1
@@ -126,21 +128,26 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     return LocalResult(params, opt_state, state, tokens, loss_sum, steps)
 
 
-def _graph(model, optimizer, params, grads, opt_state, b, resets, state, step, scale, **frozen):
-    """The step's CUDA graph (:mod:`rnnlm.core.graphs`), or None where it runs eagerly this time."""
+def _graph(model, optimizer, params, grads, opt_state, b, resets, state, step, scale, lay, **frozen):
+    """The step's CUDA graph (:mod:`rnnlm.core.graphs`), or None where it runs eagerly this time.
+    ``lay``: the step's sampled softmax (an ``output.Layout``: its sizes are frozen), or None."""
     xp = model.xp
-    key = graphs.step_key(optimizer, params, grads, opt_state, b.x, b.y, resets, state, scale=scale, **frozen)
+    sizes = None if lay is None else (lay.n_all, lay.n_f, lay.through_gamma, lay.log_pi is not None,
+                                      lay.log_pi_rows is not None)
+    key = graphs.step_key(optimizer, params, grads, opt_state, b.x, b.y, resets, state, scale=scale,
+                          sampled=sizes, **frozen)
 
     def make():
         T, B = b.x.shape
         rng = DRAWN if frozen["dropout"] else None
+        buffers = model.chunk_buffers(T, B)
+        rows = None if lay is None else model.sampled_rows(lay, T, B, buffers)   # views the graph reads
 
         def fn(x, y, r, s):
-            return step(x, y, r, s, scale, rng=rng)
+            return step(x, y, r, s, scale, softmax=rows, rng=rng)
         t = opt_state["t"]
         try:
-            return graphs.StepGraph(xp, fn, b.x, b.y, resets, state, model.chunk_buffers(T, B),
-                                    hold=optimizer.scratch(params))
+            return graphs.StepGraph(xp, fn, b.x, b.y, resets, state, buffers, hold=optimizer.scratch(params))
         finally:
             opt_state["t"] = t                  # the capture ran the step's Python once, and nothing on the device
     return graphs.StepGraphs.of(model).get(key, make)

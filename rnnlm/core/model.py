@@ -136,6 +136,17 @@ class RNNLM:
         """The buffers of (T, B) chunks, allocated on first use (a new shape replaces them)."""
         return output.reuse(self._buffers, (T, B), lambda: _ChunkBuffers(self.xp, self, T, B))
 
+    def sampled_layout(self, softmax, y) -> output.Layout:
+        """A sampled softmax's sets (see :meth:`loss_and_grad`) for the targets ``y`` (T, B),
+        checked and laid out on the host (:meth:`rnnlm.core.output.Softmax.layout`): on a GPU
+        padded to multiples of ``output.ROW_BUCKET`` rows, so that a step's shapes repeat."""
+        return self.out.layout(softmax, y, 1 if self.xp is np else output.ROW_BUCKET)
+
+    def sampled_rows(self, lay: output.Layout, T: int, B: int, buffers=None) -> output.Rows:
+        """``lay`` copied into the (T, B) chunk buffers (or ``buffers``: a CUDA graph's), for
+        :meth:`loss_and_grad`."""
+        return self.out.load((self.chunk_buffers(T, B) if buffers is None else buffers).out, lay)
+
     # ---------------------------------------------------------------- forward
     def resets(self, reset) -> Resets | None:
         """``reset`` (T, B) bool, on the host (None: no stream restarts) as the device mask and the steps."""
@@ -238,7 +249,8 @@ class RNNLM:
 
         ``softmax`` None is the full softmax. Otherwise a :class:`rnnlm.core.sampled.Sets`
         (or a plain ``(v_all, v_f)``: two sorted unique int arrays of vocabulary ids, NumPy
-        or ``xp``, v_all a subset of v_f) is a sampled softmax:
+        or ``xp``, v_all a subset of v_f), or the :class:`rnnlm.core.output.Rows` that
+        :meth:`sampled_rows` made of one for this ``y``, is a sampled softmax:
 
         * forward: logits only for the rows v_f of ``Wo``/``bo``, normalised over v_f;
           with ``log_pi`` every non-target logit is first lowered by its word's log
@@ -287,7 +299,9 @@ class RNNLM:
         N, H = T * B, self.H
         if rng is not None and rng is not DRAWN and self.dropout:
             self.draw_dropout(rng, self.chunk_buffers(T, B))
-        rows = None if softmax is None else self.out.select(self.chunk_buffers(T, B).out, softmax, y)
+        rows = softmax
+        if softmax is not None and not isinstance(softmax, output.Rows):
+            rows = self.sampled_rows(self.sampled_layout(softmax, y), T, B)
         buf, new_state, keep, reset_steps = self._forward(p, x, state, reset, rng, rows)
         loss, count = self.out.loss_grad(buf.out, y, grad_scale, rows)
         dtop = buf.dh[-1].reshape(H, N)

@@ -57,16 +57,41 @@ class Buffers:
             self.rows = xp.empty(V, dtype=xp.int64)    # output rows: v_all, then v_f minus v_all
             self.Wf = xp.empty((V, H), dtype=dtype)    # gathered Wo rows, then their gradient
             self.bf = xp.empty(V, dtype=dtype)         # gathered bo rows, then their gradient
+            self.ypos = xp.empty(self.cols.size, dtype=xp.int64)
+            self.log_pi = xp.empty(V, dtype=dtype)
+            self.log_pi_rows = xp.empty(V, dtype=dtype)
+
+
+# On a GPU the sampled sets are padded to multiples of this many rows, so that a step's shapes repeat
+# and it can be replayed from a CUDA graph (rnnlm.core.graphs); NumPy runs them unpadded.
+ROW_BUCKET = 128
+PAD = 1.0e4       # a padded row's log_pi: its logit drops by 1e4 and its exp is exactly 0
+
+
+class Layout(NamedTuple):
+    """One chunk's sampled softmax as the output layer reads it (NumPy, on the host;
+    :meth:`Softmax.layout`): ``rows[:n_f]`` are v_all, padding up to ``n_all``, V_gamma (v_f
+    minus v_all, sorted), padding up to ``n_f``. A padded row is a word outside v_f whose
+    ``log_pi`` is :data:`PAD`: its probability, its logit's gradient and its row's gradient are
+    exactly zero, so the padded step computes the unpadded one (summed in another order)."""
+    rows: np.ndarray            # (n_f,) int64
+    n_all: int
+    n_f: int
+    ypos: np.ndarray            # (N,) int64: each target's row (0 where unscored)
+    log_pi: np.ndarray | None   # (n_f,) subtracted from every logit but the target's, or None
+    log_pi_rows: np.ndarray | None   # (n_all,) the rows' reweighting (Sets.log_pi_rows), or None
+    through_gamma: bool
 
 
 class Rows(NamedTuple):
-    """One chunk's sampled softmax, laid out by :meth:`Softmax.select`: ``buf.rows[:n_f]`` holds
-    v_all followed by v_f minus v_all (V_gamma), so v_all's rows are the slice ``[:n_all]``."""
-    sets: sampled.Sets
+    """A :class:`Layout` on the device: ``buf.rows[:n_f]`` and views of the chunk buffers
+    (:meth:`Softmax.load`), which a CUDA graph reads from one step to the next."""
     n_all: int
     n_f: int
-    ypos: object      # (N,) each target's row in that layout
-    log_pi: object    # (n_f,) ``sets.log_pi`` in that layout, or None
+    ypos: object                # (N,)
+    log_pi: object              # (n_f,) or None
+    log_pi_rows: object         # (n_all,) or None
+    through_gamma: bool
 
 
 class Softmax:
@@ -166,55 +191,80 @@ class Softmax:
         return loss, count
 
     # --------------------------------------------------------------- backward
-    def select(self, buf: Buffers, softmax, y) -> Rows:
+    def layout(self, softmax, y, bucket: int = 1) -> Layout:
         """Check ``softmax`` (a :class:`rnnlm.core.sampled.Sets` or a plain ``(v_all, v_f)``)
-        against the targets ``y`` and lay out ``buf.rows`` (see :class:`Rows`).
+        against the targets ``y`` (T, B) on the host and lay it out (:class:`Layout`), each
+        block padded to a multiple of ``bucket`` rows as far as the vocabulary allows.
 
         Raises
         ------
         ValueError
             A scored target is not in v_all, the sets are not sorted unique ids with v_all a
-            subset of v_f, or ``log_pi`` does not match v_f.
+            subset of v_f, or ``log_pi`` / ``log_pi_rows`` does not match v_f / v_all.
         """
-        xp, V = self.xp, self.V
-        softmax = sampled.Sets(*softmax)
-        v_all = xp.asarray(softmax.v_all).reshape(-1)
-        v_f = xp.asarray(softmax.v_f).reshape(-1)
-        na, nf = int(v_all.size), int(v_f.size)
+        V = self.V
+        sets = sampled.Sets(*softmax)
+        v_all = np.asarray(backend.to_numpy(sets.v_all), dtype=np.int64).reshape(-1)
+        v_f = np.asarray(backend.to_numpy(sets.v_f), dtype=np.int64).reshape(-1)
+        na, nf = v_all.size, v_f.size
         if not 0 < na <= nf <= V:
             raise ValueError(f"softmax sets: need 0 < |v_all| <= |v_f| <= V={V} (got {na} and {nf})")
-        yv = y.reshape(-1)
-        valid = yv >= 0
-        loc = xp.minimum(xp.searchsorted(v_f, v_all), nf - 1)           # (n_all,) v_all in v_f
-        ypos = xp.minimum(xp.searchsorted(v_all, xp.where(valid, yv, 0)), na - 1)   # (N,)
-        # one device-to-host transfer for every check
-        sets_ok = ((v_f[loc] == v_all).all() & (v_all[1:] > v_all[:-1]).all()
-                   & (v_f[1:] > v_f[:-1]).all() & (v_f[0] >= 0) & (v_f[-1] < V))
-        targets_ok = ((v_all[ypos] == yv) | ~valid).all()
-        ok = backend.to_numpy(xp.stack([sets_ok, targets_ok]))
-        if not ok[0]:
+        loc = np.minimum(np.searchsorted(v_f, v_all), nf - 1)           # (n_all,) v_all in v_f
+        if not ((v_f[loc] == v_all).all() and (v_all[1:] > v_all[:-1]).all()
+                and (v_f[1:] > v_f[:-1]).all() and v_f[0] >= 0 and v_f[-1] < V):
             raise ValueError(f"softmax sets: v_all and v_f must be sorted unique ids in [0, {V}) "
                              "with v_all a subset of v_f")
-        if not ok[1]:
-            yh, ah = backend.to_numpy(yv), backend.to_numpy(v_all)
-            missing = np.setdiff1d(yh[yh >= 0], ah)
+        yv = np.asarray(backend.to_numpy(y)).reshape(-1)
+        valid = yv >= 0
+        ypos = np.minimum(np.searchsorted(v_all, np.where(valid, yv, 0)), na - 1)   # (N,)
+        if not ((v_all[ypos] == yv) | ~valid).all():
+            missing = np.setdiff1d(yv[valid], v_all)
             raise ValueError(f"sampled softmax: every scored target must be in v_all; "
                              f"{missing.size} target id(s) are not, e.g. {missing[:5].tolist()}")
-        buf.sampled(xp, V, self.H, self.dtype)
-        buf.rows[:na] = v_all
-        lp = log_pi = None
-        if softmax.log_pi is not None:
-            lp = xp.asarray(softmax.log_pi, dtype=self.dtype)
+        gamma = np.ones(nf, dtype=bool)
+        gamma[loc] = False
+        n_all = min(-(-na // bucket) * bucket, V - (nf - na))            # room left for V_gamma
+        n_f = min(-(-(n_all + nf - na) // bucket) * bucket, V)
+        pads = np.empty(0, np.int64)
+        if n_f > nf:
+            outside = np.ones(V, dtype=bool)
+            outside[v_f] = False
+            pads = np.flatnonzero(outside)[:n_f - nf]                    # words outside v_f, distinct
+        rows = np.concatenate([v_all, pads[:n_all - na], v_f[gamma], pads[n_all - na:]])
+        log_pi = lp_rows = None
+        if sets.log_pi is not None:
+            lp = np.asarray(backend.to_numpy(sets.log_pi), dtype=self.dtype)
             if lp.shape != (nf,):
                 raise ValueError(f"softmax log_pi: need one value per word of v_f ({nf}), got {lp.shape}")
-            log_pi = lp[loc]
-        if nf > na:
-            gamma = xp.ones(nf, dtype=bool)
-            gamma[loc] = False
-            buf.rows[na:nf] = v_f[gamma]                                 # V_gamma, sorted
-            if lp is not None:
-                log_pi = xp.concatenate([log_pi, lp[gamma]])
-        return Rows(softmax, na, nf, ypos, log_pi)
+            log_pi = lp[np.concatenate([loc, np.flatnonzero(gamma)])]
+            if sets.log_pi_rows is not None:
+                lp_rows = np.asarray(backend.to_numpy(sets.log_pi_rows), dtype=self.dtype)
+                if lp_rows.shape != (na,):
+                    raise ValueError(f"softmax log_pi_rows: need one value per word of v_all ({na}), "
+                                     f"got {lp_rows.shape}")
+        if n_f > nf:                                                     # the pads' PAD, the rest as they were
+            lp = np.zeros(nf, self.dtype) if log_pi is None else log_pi
+            pad = np.full(n_f - nf, PAD, self.dtype)
+            log_pi = np.concatenate([lp[:na], pad[:n_all - na], lp[na:], pad[n_all - na:]])
+            if lp_rows is not None:
+                lp_rows = np.concatenate([lp_rows, pad[:n_all - na]])
+        return Layout(rows, n_all, n_f, ypos, log_pi, lp_rows, bool(sets.through_gamma))
+
+    def load(self, buf: Buffers, lay: Layout) -> Rows:
+        """Copy ``lay`` into the chunk's buffers (ordered on the device after the steps before it)."""
+        xp = self.xp
+        buf.sampled(xp, self.V, self.H, self.dtype)
+        na, nf = lay.n_all, lay.n_f
+        buf.rows[:nf] = xp.asarray(lay.rows)
+        buf.ypos[...] = xp.asarray(lay.ypos)
+        log_pi = lp_rows = None
+        if lay.log_pi is not None:
+            log_pi = buf.log_pi[:nf]
+            log_pi[...] = xp.asarray(lay.log_pi)
+        if lay.log_pi_rows is not None:
+            lp_rows = buf.log_pi_rows[:na]
+            lp_rows[...] = xp.asarray(lay.log_pi_rows)
+        return Rows(na, nf, buf.ypos, log_pi, lp_rows, lay.through_gamma)
 
     def backward(self, p: dict, g: dict, buf: Buffers, h, dh, rows: Rows | None = None,
                  sparse: bool = False) -> tuple:
@@ -223,7 +273,7 @@ class Softmax:
 
         With ``rows`` (the rules: :meth:`rnnlm.core.model.RNNLM.loss_and_grad`) ``Wo``/``bo``'s
         gradient is zero outside v_all, and dL/dh sums over v_f's rows with
-        ``sets.through_gamma``, else over v_all's. With ``rows`` and ``sparse`` that gradient is
+        ``rows.through_gamma``, else over v_all's. With ``rows`` and ``sparse`` that gradient is
         returned as ``(("Wo", (v_all, (n_all, H))), ("bo", (v_all, (n_all,))))`` (views of ``buf``)
         and ``g``'s are not written; otherwise the return is ``()``.
         """
@@ -234,24 +284,21 @@ class Softmax:
             backend.matmul(dlg, buf.ones_n, out=g["bo"])
             backend.matmul(p["Wo"].T, dlg, out=dh)                       # (H, N)
             return ()
-        sets, na, ypos, log_pi = rows.sets, rows.n_all, rows.ypos, rows.log_pi
-        n_top = rows.n_f if sets.through_gamma else na                   # dL/dh: v_f's or v_all's
+        na, ypos, log_pi = rows.n_all, rows.ypos, rows.log_pi
+        n_top = rows.n_f if rows.through_gamma else na                   # dL/dh: v_f's or v_all's
         backend.matmul(buf.Wf[:n_top].T, buf.logits[:n_top], out=dh)    # (H, N)
         dlg, Wa, ba = buf.logits[:na], buf.Wf[:na], buf.bf[:na]          # (n_all, N), (n_all, H)
-        if sets.log_pi_rows is not None and log_pi is not None:
+        if rows.log_pi_rows is not None:
             # a row moves only in steps where it is in v_all (probability pi_all), but its
             # push-down was weighted for v_f (1 / pi_f): reweight it to 1 / pi_all, so that in
             # expectation each row is pushed down as under the full softmax; a target's
             # own entry (in v_all for sure) stays
-            lpr = xp.asarray(sets.log_pi_rows, dtype=self.dtype)
-            if lpr.shape != (na,):
-                raise ValueError(f"softmax log_pi_rows: need one value per word of v_all ({na}), got {lpr.shape}")
             ey = dlg[ypos, buf.cols]                                     # (N,) a copy
-            dlg *= xp.exp(log_pi[:na] - lpr)[:, None]
+            dlg *= xp.exp(log_pi[:na] - rows.log_pi_rows)[:, None]
             dlg[ypos, buf.cols] = ey
         backend.matmul(dlg, h.T, out=Wa)                                 # the weights are spent
         backend.matmul(dlg, buf.ones_n, out=ba)
-        idx = buf.rows[:na]                                              # v_all: sorted, distinct
+        idx = buf.rows[:na]                                              # v_all (and pads): distinct
         if sparse:
             return ("Wo", (idx, Wa)), ("bo", (idx, ba))
         g["Wo"].fill(0)
