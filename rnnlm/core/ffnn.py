@@ -156,7 +156,8 @@ class FFNNLM:
         return self.out.last(buf.out, *x.shape), new_state
 
     def sampled_layout(self, softmax, y):
-        """The recurrent model's entry to the sampled softmax (:meth:`rnnlm.core.model.RNNLM.sampled_layout`): refused here."""
+        """The recurrent model's entry to the sampled softmax
+        (:meth:`rnnlm.core.model.RNNLM.sampled_layout`): refused here."""
         raise ValueError(NO_SAMPLED)
 
     # --------------------------------------------------------------- backward
