@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rnnlm.core import backend
+from rnnlm.core import backend, sampled
 from rnnlm.config import ModelConfig, OptimConfig
 from rnnlm.core.local import train_steps
 from rnnlm.core.model import RNNLM
@@ -225,6 +225,24 @@ def test_softmax_sets_contents():
         softmax_sets(targets, Vb, top=10, beta=np.array([Vb]), mu=0.05, rng=r)
     with pytest.raises(ValueError):
         softmax_sets(targets, Vb, top=10, beta=beta, mu=1.5, rng=r)
+
+
+@pytest.mark.parametrize("V, mu, sorts", [(1000, 0.05, False), (100_000, 0.001, True)])
+def test_softmax_sets_by_flags_or_by_sorting_are_the_sets_defined(V, mu, sorts):
+    """Both ways of building the sets (a (V,) array of flags, or sorting where V is large against the
+    ids) give the sorted unique union of the ids, v_f with exactly the dummy words the rng draws."""
+    r = np.random.default_rng(1)
+    targets = r.integers(0, V, (20, 5))
+    targets[0, :3] = -1
+    beta = np.array([V - 1, 7, 7, V // 2])
+    k = sampled.gamma_size(mu, V)
+    assert (V > sampled.BITMAP_RATIO * (97 + 10 + beta.size + k)) == sorts      # the path under test
+    v_all, v_f = softmax_sets(targets, V, top=10, beta=beta, mu=mu, rng=np.random.default_rng(9))
+    gamma = np.random.default_rng(9).choice(V, size=k, replace=False)
+    expected = np.unique(np.concatenate([targets[targets >= 0], np.arange(10), beta]))
+    assert v_all.dtype == v_f.dtype == np.int64
+    assert np.array_equal(v_all, expected)
+    assert np.array_equal(v_f, np.union1d(expected, gamma))
 
 
 def test_softmax_sets_feed_loss_and_grad(xp):

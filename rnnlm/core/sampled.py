@@ -45,6 +45,12 @@ from . import backend
 VARIANTS = ("corrected", "literal")
 
 
+# softmax_sets marks its ids in a (V,) array of flags where V is at most this many times their
+# number, and sorts them (np.unique) where V is larger: at PTB's sizes (V 10k, ~1,100 ids) the flags
+# take 11 us and the sorts 97 (docs/design.md, "The sampled softmax in a graph")
+BITMAP_RATIO = 32
+
+
 class Sets(NamedTuple):
     """One step's sampled softmax for :meth:`rnnlm.core.model.RNNLM.loss_and_grad`.
 
@@ -142,12 +148,18 @@ def softmax_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Gene
     for name, ids in (("target", t), ("beta", b)):
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             raise ValueError(f"{name} ids must be in [0, {V})")
-    v_all = np.unique(np.concatenate([t.astype(np.int64), np.arange(top, dtype=np.int64), b]))
     k = gamma_size(mu, V)
-    if k >= V:
-        return v_all, np.arange(V, dtype=np.int64)
-    gamma = rng.choice(V, size=k, replace=False) if k else np.empty(0, np.int64)
-    return v_all, np.union1d(v_all, gamma.astype(np.int64))
+    gamma = rng.choice(V, size=k, replace=False).astype(np.int64) if 0 < k < V else np.empty(0, np.int64)
+    if V > BITMAP_RATIO * (t.size + top + b.size + gamma.size):        # sorting the ids is cheaper
+        v_all = np.unique(np.concatenate([t.astype(np.int64), np.arange(top, dtype=np.int64), b]))
+        v_f = np.union1d(v_all, gamma)
+    else:                                                              # (V,) flags: no sort
+        flags = np.zeros(V, dtype=bool)
+        flags[t], flags[:top], flags[b] = True, True, True
+        v_all = np.flatnonzero(flags).astype(np.int64, copy=False)
+        flags[gamma] = True
+        v_f = np.flatnonzero(flags).astype(np.int64, copy=False)
+    return v_all, (np.arange(V, dtype=np.int64) if k >= V else v_f)
 
 
 def corrected_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Generator, presence) -> Sets:
