@@ -257,8 +257,10 @@ def metric_lines(out):
 
 @pytest.mark.slow
 def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tmp_path):
-    """Tai and Xu (2014) section 4.2 on Spark: a worker dies mid-run; its task is retried from the first window the
-    server has not applied; every window is applied exactly once and the metrics say what was redone."""
+    """Tai and Xu (2014) section 4.2 on Spark: workers die mid-run; their tasks are retried from the first window the
+    server has not applied; every window is applied exactly once and the metrics say what was redone. Every executor
+    of the run is killed at once: under load Spark may run both partitions on one executor while the other starts,
+    and a kill of that idle one (as a CI run once had) leaves nothing to retry."""
     out = tmp_path / "kill"
     log = open(tmp_path / "kill.log", "w+")
     proc = subprocess.Popen(cluster_cmd(out, "local-cluster[2,1,1024]", "train.rounds=40", *ASYNC, *SLOW_WINDOWS),
@@ -269,13 +271,14 @@ def test_async_killed_executor_is_retried_without_losing_or_doubling_a_window(tm
         app = application_id(out)
         pids = executor_pids(app) if app else []
         if killed is None and len(metric_lines(out)) >= 3 and pids:
-            killed = pids[0]
-            os.kill(killed, signal.SIGKILL)
+            killed = pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
     proc.wait(timeout=120)
     log.seek(0)
     err = log.read()
-    assert killed is not None, f"training ended before an executor could be killed: {err[-2000:]}"
+    assert killed, f"training ended before its executors could be killed: {err[-2000:]}"
     assert proc.returncode == 0, err[-3000:]
     m = metric_lines(out)
     last = m[-1]
