@@ -227,19 +227,23 @@ def test_softmax_sets_contents():
         softmax_sets(targets, Vb, top=10, beta=beta, mu=1.5, rng=r)
 
 
-@pytest.mark.parametrize("V, mu, sorts", [(1000, 0.05, False), (100_000, 0.001, True)])
-def test_softmax_sets_by_flags_or_by_sorting_are_the_sets_defined(V, mu, sorts):
+@pytest.mark.parametrize("V, mu, top, sorts", [(1000, 0.05, 10, False), (100_000, 0.001, 10, True),
+                                               (1000, 0.001, 0, False), (100_000, 0.00001, 0, True)])
+def test_softmax_sets_by_flags_or_by_sorting_are_the_sets_defined(V, mu, top, sorts):
     """Both ways of building the sets (a (V,) array of flags, or sorting where V is large against the
-    ids) give the sorted unique union of the ids, v_f with exactly the dummy words the rng draws."""
+    ids) give the sorted unique union of the ids, v_f with exactly the dummy words the rng draws;
+    with no top words, word 0 as a target (no other set holds it) and a single dummy word."""
     r = np.random.default_rng(1)
     targets = r.integers(0, V, (20, 5))
     targets[0, :3] = -1
+    targets[1, 0] = 0
     beta = np.array([V - 1, 7, 7, V // 2])
     k = sampled.gamma_size(mu, V)
-    assert (V > sampled.BITMAP_RATIO * (97 + 10 + beta.size + k)) == sorts      # the path under test
-    v_all, v_f = softmax_sets(targets, V, top=10, beta=beta, mu=mu, rng=np.random.default_rng(9))
-    gamma = np.random.default_rng(9).choice(V, size=k, replace=False)
-    expected = np.unique(np.concatenate([targets[targets >= 0], np.arange(10), beta]))
+    assert (V > sampled.BITMAP_RATIO * (97 + top + beta.size + k)) == sorts      # the path under test
+    v_all, v_f = softmax_sets(targets, V, top=top, beta=beta, mu=mu, rng=np.random.default_rng(11))
+    gamma = np.random.default_rng(11).choice(V, size=k, replace=False)
+    expected = np.unique(np.concatenate([targets[targets >= 0], np.arange(top), beta]))
+    assert expected[0] == 0 and np.setdiff1d(gamma, expected).size >= 1        # the cases can fail
     assert v_all.dtype == v_f.dtype == np.int64
     assert np.array_equal(v_all, expected)
     assert np.array_equal(v_f, np.union1d(expected, gamma))
@@ -461,9 +465,10 @@ def test_row_weights_reweigh_only_the_push_down_of_v_all_rows(xp):
 
 
 def test_corrected_sets_inclusion_probabilities():
-    # V = 10, 2 streams of 2 targets; top 1 (word 0); beta {5}; mu 0.1: one dummy word
-    y = np.array([[3, 0], [4, 3]])
-    pres = np.array([0.4, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02])   # in a stream's 2 targets
+    # V = 10, T = 4, B = 3: 2 streams with targets (one of them only word 0) and a third with none
+    # (its end padded); top 1 (word 0); beta {5}; mu 0.1: one dummy word
+    y = np.array([[3, 0, -1], [4, 0, -1], [3, 0, -1], [-1, 0, -1]])
+    pres = np.array([0.4, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.03, 0.02])   # in a stream's 4 targets
     s = corrected_sets(y, 10, 1, np.array([5]), 0.1, np.random.default_rng(3), pres)
     v_all, v_f = softmax_sets(y, 10, 1, np.array([5]), 0.1, np.random.default_rng(3))
     assert s.through_gamma and np.array_equal(s.v_all, v_all) and np.array_equal(s.v_f, v_f)
