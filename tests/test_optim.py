@@ -32,23 +32,25 @@ def test_momentum_and_nesterov():
     assert np.allclose(p, [1 - 0.19 - 0.271, -2.0])
 
 
-def test_adagrad():
-    p, st = run("adagrad", [[2.0, 0.0], [1.0, 0.0]], eps=1e-12)
+@pytest.mark.parametrize("eps", [1e-12, 0.5])     # eps large enough to count, and where it cannot
+def test_adagrad(eps):
+    p, st = run("adagrad", [[2.0, 0.0], [1.0, 0.0]], eps=eps)
     assert np.allclose(st["sum_sq"], [5.0, 0.0])
-    assert np.allclose(p[0], 1 - 0.1 * 2 / 2 - 0.1 * 1 / math.sqrt(5))
+    assert p[0] == pytest.approx(1 - 0.1 * 2 / (2 + eps) - 0.1 * 1 / (math.sqrt(5) + eps), rel=1e-14)
     assert p[1] == -2.0
 
 
-def test_adam():
-    p, st = run("adam", [[2.0, -1.0], [1.0, 3.0]], lr=0.01, eps=1e-8)
+@pytest.mark.parametrize("eps", [1e-8, 0.1])
+def test_adam(eps):
+    p, st = run("adam", [[2.0, -1.0], [1.0, 3.0]], lr=0.01, eps=eps)
     b1, b2 = 0.9, 0.999
     ref = np.array([1.0, -2.0])
     m = v = np.zeros(2)
     for t, g in enumerate([np.array([2.0, -1.0]), np.array([1.0, 3.0])], 1):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
-        ref = ref - 0.01 * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + 1e-8)
-    assert np.allclose(p, ref, rtol=1e-10) and np.allclose(st["m"], m) and np.allclose(st["v"], v)
+        ref = ref - 0.01 * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    assert np.allclose(p, ref, rtol=1e-12, atol=0) and np.allclose(st["m"], m) and np.allclose(st["v"], v)
 
 
 def test_float32_updates_in_place():
