@@ -133,3 +133,29 @@ def test_init_is_seeded_and_forget_bias_set():
     n = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal", init_scale=1.0)).init_params(1)
     wh = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal")).layout.views(n)["Whh0"]
     assert wh.std() == pytest.approx(1 / 8, rel=0.05)   # scale / sqrt(fan_in)
+    assert abs(wh.mean()) < 0.01                        # centred: 4096 draws, the mean's sd 0.002
+
+
+def test_a_chunk_with_nothing_scored_has_zero_loss_and_zero_gradient(xp):
+    """Every target unscored (a stream's padded end): no division by zero tokens, nothing to learn."""
+    m = RNNLM(ModelConfig(cell="lstm", vocab_size=9, embed=3, hidden=4), xp=xp, dtype="float64")
+    p = m.init_params(2)
+    x = xp.asarray(np.random.default_rng(0).integers(0, 9, (4, 2)))
+    g = xp.full(p.shape, np.nan)
+    loss, count, _ = m.loss_and_grad(p, g, x, xp.full((4, 2), -1), m.zero_state(2))
+    assert float(loss) == 0.0 and int(count) == 0
+    assert np.all(backend.to_numpy(g) == 0)
+
+
+def test_float32_loss_is_stable_where_logits_are_large(xp):
+    """The log-softmax shifts by the largest logit: a logit of 100 would overflow float32's exp
+    (e^100 > 3.4e38 is not, e^200 is); the float32 loss equals the float64 one."""
+    cfg = ModelConfig(cell="lstm", vocab_size=9, embed=3, hidden=4)
+    m32, m64 = RNNLM(cfg, xp=xp, dtype="float32"), RNNLM(cfg, xp=xp, dtype="float64")
+    p = m64.init_params(2)
+    m64.layout.views(p)["bo"][3] = 100.0
+    r = np.random.default_rng(1)
+    x, y = xp.asarray(r.integers(0, 9, (4, 2))), xp.asarray(r.integers(0, 9, (4, 2)))
+    want = m64.loss(p, x, y, m64.zero_state(2))[0]
+    got = m32.loss(p.astype(np.float32), x, y, m32.zero_state(2))[0]
+    assert np.isfinite(got) and want > 300 and got == pytest.approx(want, rel=1e-5)
