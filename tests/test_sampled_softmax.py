@@ -181,6 +181,16 @@ def test_a_target_outside_v_all_is_rejected(xp):
         m.loss_and_grad(p, g, x, y, state, reset, softmax=(V_ALL, np.setdiff1d(V_F, [9])))
     with pytest.raises(ValueError, match="subset"):
         m.loss_and_grad(p, g, x, y, state, reset, softmax=(V_ALL, np.append(V_F, V)))
+    for v_all_bad, v_f_bad in [(np.insert(V_ALL, 1, 0), V_F),                   # a repeated id
+                               (V_ALL, np.insert(V_F, 7, 7)),
+                               (V_ALL[[0, 3, 2, 1, 4, 5, 6]], V_F),                 # unsorted past the first
+                               (V_ALL, V_F[[0, 1, 2, 3, 4, 5, 6, 7, 9, 8]])]:
+        with pytest.raises(ValueError, match="sorted unique"):
+            m.loss_and_grad(p, g, x, y, state, reset, softmax=(v_all_bad, v_f_bad))
+    # the targets 0 (the smallest id) and 6 (above every id of v_all) are not in it
+    for v_all_bad, missing in [(np.array([1, 2, 3, 4, 6, 9]), 0), (np.array([0, 1, 2, 3, 4]), 6)]:
+        with pytest.raises(ValueError, match=f"every scored target must be in v_all.*\\[{missing}\\]"):
+            m.loss_and_grad(p, g, x, y, state, reset, softmax=(v_all_bad, V_F))
     # an unscored target (-1) needs no row
     y2 = backend.to_numpy(y).copy()
     y2[y2 == 4] = -1
