@@ -367,6 +367,9 @@ def main(argv=None):
     ap.add_argument("--no-graphs", action="store_true", help="GPU: run every step eagerly (no CUDA graphs)")
     ap.add_argument("--torch-tf32", choices=("default", "off"), default="default",
                     help="off: PyTorch's cuDNN in strict float32 as rnnlm computes (its default lets cuDNN use TF32)")
+    ap.add_argument("--torch-onednn", choices=("default", "off"), default="default",
+                    help="CPU, off: PyTorch's LSTM without oneDNN's RNN primitive (which packs the weights once per "
+                         "sequence), its generic per-step products, as rnnlm's")
     a = ap.parse_args(argv)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)   # before NumPy loads OpenBLAS
     from rnnlm.core import backend
@@ -385,6 +388,8 @@ def main(argv=None):
     if a.torch_tf32 == "off":
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
+    if a.torch_onednn == "off":
+        torch.backends.mkldnn.enabled = False
 
     def sync():
         if a.device == "gpu":
@@ -396,7 +401,8 @@ def main(argv=None):
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     K = steps_per_call(a)
     print(f"# rnnlm: {K} step(s) per train_steps call; CUDA graphs {'off' if a.no_graphs else 'on where usable'}; "
-          f"torch TF32: cudnn {torch.backends.cudnn.allow_tf32}, matmul {torch.backends.cuda.matmul.allow_tf32}")
+          f"torch TF32: cudnn {torch.backends.cudnn.allow_tf32}, matmul {torch.backends.cuda.matmul.allow_tf32}; "
+          f"torch oneDNN {torch.backends.mkldnn.enabled}")
     ratios = []
     for name in (a.shapes or ",".join(SHAPES)).split(","):
         shape = SHAPES[name]
