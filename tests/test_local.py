@@ -7,7 +7,8 @@ import pytest
 from rnnlm.core import backend
 from rnnlm.config import ModelConfig, OptimConfig
 from rnnlm.core.generate import generate
-from rnnlm.core.local import evaluate, train_steps
+from rnnlm.core.local import evaluate, held_out_nll, train_steps
+from rnnlm.core.metrics import EVAL_BPTT
 from rnnlm.core.strategies import StreamBlock
 from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import clip_grads, make_optimizer
@@ -40,7 +41,11 @@ def _setup(xp, cell="lstm", optim="sgd", lr=0.5):
     return vocab, m, opt, p, opt.init_state(p)
 
 
-def test_train_steps_equals_manual_steps(xp):
+@pytest.mark.parametrize("grad_norm, scale, clip", [("batch", 1 / 4, 1.0), ("batch", 1 / 4, 0.0),
+                                                    ("token", 1 / 40, 0.0)])
+def test_train_steps_equals_manual_steps(xp, grad_norm, scale, clip):
+    """As the step is defined: the summed NLL's gradient over B = 4 streams (or the 40 tokens
+    scored), clipped (or not: clipping to a norm would hide a wrong scale), then the update."""
     vocab, m, opt, p, st = _setup(xp, optim="momentum", lr=0.3)
     blk = StreamBlock(vocab.encode(TEXT), B=4, T=10)
     ref_p, ref_st, state = p.copy(), opt.init_state(p), m.zero_state(4)
@@ -49,11 +54,12 @@ def test_train_steps_equals_manual_steps(xp):
     for k in range(3):
         b = blk.batch(k)
         loss, _, state = m.loss_and_grad(ref_p, g, xp.asarray(b.x), xp.asarray(b.y), state,
-                                         None if b.reset is None else xp.asarray(b.reset), grad_scale=0.25)
-        clip_grads(g, 1.0)
+                                         None if b.reset is None else xp.asarray(b.reset), grad_scale=scale)
+        clip_grads(g, clip)
         opt.step(ref_p, g, ref_st, 0.3)
         losses += float(loss)
-    res = train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(4), lr=0.3, clip_norm=1.0)
+    res = train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(4), lr=0.3, clip_norm=clip,
+                      grad_norm=grad_norm)
     assert res.steps == 3 and res.tokens == 3 * 40
     assert res.loss_sum == pytest.approx(losses, rel=1e-6)
     assert np.array_equal(backend.to_numpy(res.params), backend.to_numpy(ref_p))   # bit for bit
@@ -108,6 +114,20 @@ def test_evaluate_matches_model_loss_on_one_stream():
     ref, count, _ = m.loss(p, x, y, m.zero_state(1))
     assert n == count == 100 and total == pytest.approx(ref, rel=1e-5)
     assert math.isfinite(total)
+
+
+def test_held_out_nll_scores_each_stream_whole_from_a_zero_state():
+    """Streams of 0, 1, 2 tokens and one longer than two evaluation chunks plus a tail: each scored
+    as one stream from a zero state (as the model's loss over the whole stream at once)."""
+    vocab, m, _, p, _ = _setup(np)
+    long = vocab.encode(TEXT)[:2 * EVAL_BPTT + 7]
+    streams = [long[:0], long[:1], long[5:7], long]
+    total, count = held_out_nll(m, p, streams)
+    want, n = 0.0, 0
+    for s in streams[2:]:
+        loss, c, _ = m.loss(p, s[:-1, None], s[1:, None], m.zero_state(1))
+        want, n = want + loss, n + c
+    assert count == n == 1 + 2 * EVAL_BPTT + 6 and total == pytest.approx(want, rel=1e-5)
 
 
 @pytest.mark.parametrize("bad", [0, 1])
