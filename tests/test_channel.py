@@ -77,6 +77,10 @@ ALONE = "partition 0: an error is a string of 1 to 2000 characters, sent alone"
     (_field("stats", {"tokens": 1, "steps": 1, "x": float("nan")}),
      "partition 0: stat 'x' must be a finite number named [A-Za-z0-9_.]"),
     (_field("stats", {"tokens": -1, "steps": 1}), "partition 0: stat tokens must be a non-negative integer"),
+    (_field("stats", [["tokens", 1], ["steps", 1]]), "partition 0: stats must be an object of at most 256 numbers"),
+    (_field("stats", {"tokens": 1, "steps": 1, **{f"s{i}": 0 for i in range(255)}}),
+     "partition 0: stats must be an object of at most 256 numbers"),
+    (_array("carry.opt.m", np.full(29, np.nan, np.float32)), "partition 0: optimizer slot m holds non-finite values"),
     (_field("stats", {"tokens": 1, "steps": 1, "a b": 1}),
      "partition 0: stat 'a b' must be a finite number named [A-Za-z0-9_.]"),
     (lambda f, a: f["blocks"].pop("opt.m"), "partition 0: blocks must be exactly ['opt.m', 'params.E', 'params.b']..."),
@@ -227,9 +231,24 @@ def test_a_partition_no_run_carries_state_for_is_refused_with_a_carry():
     del arrays["carry.state"]
     pid, b = contribution_from_wire(fields, arrays, stateless)
     assert b.local[0].state is None and b.local[0].opt is None
-    fields["opt"], fields["t"] = [], 3
-    with pytest.raises(Malformed, match="this run's partitions carry no optimizer state"):
-        contribution_from_wire(fields, arrays, stateless)
+    for names, t in ([], 3), (None, 3), ([], None):                  # either half of one is refused
+        fields["opt"], fields["t"] = names, t
+        with pytest.raises(Malformed, match="this run's partitions carry no optimizer state"):
+            contribution_from_wire(fields, arrays, stateless)
+
+
+def test_the_edges_of_a_well_formed_contribution_are_accepted():
+    """A partition that scored nothing (weight, tokens, steps and its step count 0), 256 statistics,
+    one at 2**53, and an error of one character all pass the checks."""
+    fields, arrays = contribution_to_wire(0, leaf(0))
+    fields.update(weight=0.0, t=0, stats={"tokens": 0, "steps": 0, "big": 2 ** 53,
+                                          **{f"s{i}": 0 for i in range(253)}})
+    pid, got = contribution_from_wire(fields, arrays, EXPECT)
+    assert (got.weight, got.local[0].opt["t"], len(got.stats), got.stats["big"]) == (0.0, 0, 256, 2 ** 53)
+    fields, arrays = contribution_to_wire(0, leaf(0))
+    _error_alone()(fields, arrays)
+    fields["error"] = "x"
+    assert contribution_from_wire(fields, arrays, EXPECT)[1].errors() == ["partition 0: x"]
 
 
 def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(monkeypatch, channel):
