@@ -505,3 +505,48 @@ def test_a_client_replaces_a_connection_idle_longer_than_max_idle(server, secret
     assert c.call("sum", {}, {"x": np.arange(5)})[1] == {"total": 10.0}
     assert server.connections == 2 and server.refused == {}
     c.close()
+
+
+@pytest.mark.parametrize("version, kind, refused", [(wire.VERSION, "hello", False), (wire.VERSION - 1, "hello", True),
+                                                    (wire.VERSION, "hi", True)])
+def test_a_client_hello_of_another_version_or_kind_is_refused(server, secret, version, kind, refused):
+    """A hello MAC'd with the run's secret and answering the server's nonce, but of another version or
+    kind, gets no welcome (the first: the same hello at this version does)."""
+    with raw(server) as s:
+        _, hello = read_frame(s)
+        s.sendall(frame(secret, wire._TO_SERVER, {"kind": kind, "seq": 0, "arrays": [], "fields": {
+            "v": version, "nonce_s": hello["fields"]["nonce"], "nonce_c": "00" * 16}}))
+        if refused:
+            refused_once(server, secret, "handshake")
+        else:
+            assert read_frame(s)[1]["kind"] == "welcome" and server.refused == {}
+
+
+@pytest.mark.parametrize("key, ok", [(b"k" * 16, True), (b"k" * 15, False), ("k" * 32, False)])
+def test_a_secret_is_at_least_16_bytes(key, ok):
+    if ok:
+        wire.Client("127.0.0.1", 1, key, MAX_FRAME).close()
+    else:
+        with pytest.raises(ValueError, match="the secret must be at least 16 bytes"):
+            wire.Client("127.0.0.1", 1, key, MAX_FRAME)
+
+
+def test_the_cap_on_bytes_in_flight_is_taken_and_given_back():
+    """A server's bodies in flight: taken up to the limit, a take that does not fit waits until a body
+    is given back (or its time ends), and a closed cap takes nothing."""
+    cap = wire._InFlight(100)
+    soon = lambda: time.monotonic() + 0.05       # noqa: E731
+    assert cap.take(60, soon()) and cap.used == 60
+    assert not cap.take(50, soon()) and cap.used == 60                 # 110 > 100: no room in its time
+    got = []
+    waiting = threading.Thread(target=lambda: got.append(cap.take(50, time.monotonic() + 5.0)))
+    waiting.start()
+    time.sleep(0.05)
+    assert got == []                                                   # still waiting for room
+    cap.give(60)
+    waiting.join(5.0)
+    assert got == [True] and cap.used == 50
+    assert cap.take(50, soon()) and cap.used == 100 and not cap.take(1, soon())
+    cap.give(100)
+    cap.close()
+    assert cap.used == 0 and not cap.take(1, soon())
