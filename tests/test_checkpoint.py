@@ -208,6 +208,9 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_not_read(tmp_path, ck):
     ("optim dtype", "optimizer slot m is int64[{size}], the configuration needs float32[{size}]"),
     ("optim name", "optimizer slot name 'px/m' is not one a trainer writes"),
     ("object array", "hidden.npy contains pickled data, refused"),
+    ("manifest lacks", "manifest lacks vocab.json"),
+    ("optim member name", "optim.npz holds 'm.bin' ("),
+    ("optim member size", "optim.npz holds 'm.npy' ("),
 ])
 def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, needle):
     size = ck.params.size
@@ -243,6 +246,18 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     elif what == "object array":
         np.save(b, np.array([None, {"evil": 1}], dtype=object), allow_pickle=True)
         path = _crafted(tmp_path, ck, **{"hidden.npy": b.getvalue()})
+    elif what == "manifest lacks":
+        path = _saved(tmp_path, ck)
+        man = json.load(open(os.path.join(path, ckpt.MANIFEST)))
+        del man["vocab.json"]
+        open(os.path.join(path, ckpt.MANIFEST), "w").write(json.dumps(man))
+    elif what.startswith("optim member"):          # refused from the zip's directory, before it is read
+        import zipfile
+        with zipfile.ZipFile(b, "w") as z:
+            z.writestr("m.bin" if what.endswith("name") else "m.npy",
+                       _save(ck.optim["m"] if what.endswith("name") else np.zeros(size + 2000, np.float32)))
+            z.writestr("v.npy", _save(ck.optim["v"]))
+        path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
     elif what == "optim dtype":
         np.savez(b, m=np.zeros(size, np.int64), v=ck.optim["v"])
         path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
@@ -259,6 +274,8 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     ("position", {"round": 3, "tokens": -1}, "state.json: position: tokens must be a finite number >= 0, not -1"),
     ("position", {"round": 3, "wall_s": float("nan")}, "state.json: position: wall_s must be a finite number"),
     ("position", {"version": 2, "done": [1]}, "state.json: position: done must be a list of 2 integers >= 0"),
+    ("position", {"version": 2, "done": [0, -1]}, "state.json: position: done must be a list of 2 integers >= 0"),
+    ("position", {"version": 2, "done": ["a", 1]}, "state.json: position: done must be a list of 2 integers >= 0"),
     ("position", {"totals": {"pushes": "many"}}, "state.json: position: totals must be a table of integers >= 0"),
     ("position", {"line": {"round": 1}}, "state.json: position: line must be a metrics line with integer round"),
     ("position", {"best": [1]}, "state.json: position: best must be a table or null"),
@@ -272,6 +289,17 @@ def test_state_json_fields_are_typed_by_the_loader(tmp_path, ck, field, value, n
     with pytest.raises(ckpt.CheckpointError) as e:
         ckpt.load(path)
     assert str(e.value).startswith(f"{path}: {needle}"), str(e.value)
+
+
+@pytest.mark.parametrize("best", [None, {"round": 0, "valid_ppl": 120.0}])
+def test_a_position_at_its_edges_loads(tmp_path, ck, best):
+    """Every count and amount at 0 (a run stopped before its first round), a best entry or none: a
+    position the trainers write, taken as written."""
+    position = {"round": 0, "version": 0, "step": 0, "tokens": 0, "bytes_sent": 0, "bytes_broadcast": 0,
+                "wall_s": 0.0, "eval_s": 0.0, "epoch": 0.0, "pending_lr": 0.0, "done": [0, 0],
+                "totals": {"pushes": 0}, "best": best, "line": {"round": 0, "syncs": 0}}
+    got = ckpt.load(_crafted(tmp_path, ck, **{"state.json": _state(ck, position=position, optim_t=0)}))
+    assert got.position == position and got.optim_t == 0
 
 
 def test_a_checkpoint_to_resume_must_hold_what_its_trainer_reads_back(tmp_path, ck):
