@@ -9,7 +9,7 @@ from rnnlm.config import ModelConfig, OptimConfig
 from rnnlm.core.generate import generate
 from rnnlm.core.local import evaluate, held_out_nll, train_steps
 from rnnlm.core.metrics import EVAL_BPTT
-from rnnlm.core.strategies import StreamBlock
+from rnnlm.core.strategies import Batch, StreamBlock
 from rnnlm.core.model import RNNLM
 from rnnlm.core.optim import clip_grads, make_optimizer
 from rnnlm.core.vocab import Vocab
@@ -114,6 +114,19 @@ def test_evaluate_matches_model_loss_on_one_stream():
     ref, count, _ = m.loss(p, x, y, m.zero_state(1))
     assert n == count == 100 and total == pytest.approx(ref, rel=1e-5)
     assert math.isfinite(total)
+
+
+def test_no_batches_and_a_batch_with_nothing_scored():
+    """No steps: nothing counted and the parameters untouched; a batch whose targets are all unscored
+    (-1) under the token norm: no division by zero tokens, and no step that moves a parameter."""
+    vocab, m, opt, p, st = _setup(np)
+    before = p.copy()
+    res = train_steps(m, opt, p, st, [], m.zero_state(2), lr=0.3)
+    assert (res.steps, res.tokens, res.loss_sum) == (0, 0, 0.0) and np.array_equal(res.params, before)
+    b = StreamBlock(vocab.encode(TEXT), B=2, T=5).batch(0)
+    b = Batch(b.x, np.full_like(b.y, -1), b.reset)
+    res = train_steps(m, opt, p, st, [b], m.zero_state(2), lr=0.3, grad_norm="token")
+    assert (res.steps, res.tokens, res.loss_sum) == (1, 0, 0.0) and np.array_equal(res.params, before)
 
 
 def test_held_out_nll_scores_each_stream_whole_from_a_zero_state():

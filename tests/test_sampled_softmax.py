@@ -184,7 +184,8 @@ def test_a_target_outside_v_all_is_rejected(xp):
     for v_all_bad, v_f_bad in [(np.insert(V_ALL, 1, 0), V_F),                   # a repeated id
                                (V_ALL, np.insert(V_F, 7, 7)),
                                (V_ALL[[0, 3, 2, 1, 4, 5, 6]], V_F),                 # unsorted past the first
-                               (V_ALL, V_F[[0, 1, 2, 3, 4, 5, 6, 7, 9, 8]])]:
+                               (V_ALL, V_F[[0, 1, 2, 3, 4, 5, 6, 7, 9, 8]]),
+                               (V_ALL, np.insert(V_F, 0, -1))]:                 # an id below 0
         with pytest.raises(ValueError, match="sorted unique"):
             m.loss_and_grad(p, g, x, y, state, reset, softmax=(v_all_bad, v_f_bad))
     # the targets 0 (the smallest id) and 6 (above every id of v_all) are not in it
