@@ -78,6 +78,8 @@ ALONE = "partition 0: an error is a string of 1 to 2000 characters, sent alone"
      "partition 0: stat 'x' must be a finite number named [A-Za-z0-9_.]"),
     (_field("stats", {"tokens": -1, "steps": 1}), "partition 0: stat tokens must be a non-negative integer"),
     (_field("stats", [["tokens", 1], ["steps", 1]]), "partition 0: stats must be an object of at most 256 numbers"),
+    (_field("stats", {"tokens": 1, "steps": 1, "x": 2.0 ** 53 + 2}),
+     "partition 0: stat 'x' must be a finite number named [A-Za-z0-9_.]"),        # past float64's exact integers
     (_field("stats", {"tokens": 1, "steps": 1, **{f"s{i}": 0 for i in range(255)}}),
      "partition 0: stats must be an object of at most 256 numbers"),
     (_array("carry.opt.m", np.full(29, np.nan, np.float32)), "partition 0: optimizer slot m holds non-finite values"),
