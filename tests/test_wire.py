@@ -550,3 +550,39 @@ def test_the_cap_on_bytes_in_flight_is_taken_and_given_back():
     cap.give(100)
     cap.close()
     assert cap.used == 0 and not cap.take(1, soon())
+
+
+def test_bytes_are_counted_on_both_sides_as_the_sockets_carried_them(server, secret, recorded):
+    """Every byte a client's sockets carried, handshakes included and over a reconnection, is in its
+    counts, and the server counts the same bytes the other way (live connections and ended ones)."""
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0)
+    c.call("sum", {}, {"x": np.arange(100, dtype=np.int64)})
+    c.close()                                                   # the next call reconnects
+    c.call("echo", {"a": 1}, {"y": np.ones(7)})
+    sent, received = sum(len(r.sent) for r in recorded), sum(len(r.received) for r in recorded)
+    assert len(recorded) == 2 and sent > 800 and (c.bytes_sent, c.bytes_received) == (sent, received)
+    wait_for(lambda: (server.bytes_received, server.bytes_sent) == (sent, received))    # one live, one ended
+    c.close()
+    wait_for(lambda: server.connections == 2 and (server.bytes_received, server.bytes_sent) == (sent, received))
+
+
+def test_authenticated_connections_beyond_the_cap_are_refused_until_one_closes(secret):
+    logs = []
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=logs.append, max_connections=1).start()
+    try:
+        first, second = (wire.Client(*s.address, secret, MAX_FRAME, timeout=2.0) for _ in range(2))
+        assert first.call("echo", {"n": 1})[1] == {"n": 1}
+        with pytest.raises((wire.WireError, OSError)):
+            second.call("echo", {"n": 2})                       # no welcome: the one slot is taken
+        wait_for(lambda: s.refused.get("busy") == 1)
+        first.close()
+
+        def answered():
+            try:
+                return second.call("echo", {"n": 3})[1] == {"n": 3}
+            except (wire.WireError, OSError):                  # before the server saw the first one go
+                return False
+        wait_for(answered, timeout=5.0)
+        assert set(s.refused) == {"busy"}
+    finally:
+        s.close()
