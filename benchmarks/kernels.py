@@ -5,6 +5,7 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
     python benchmarks/kernels.py --device gpu --batch 128   # CuPy vs PyTorch CUDA
     python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax
     python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time
+    python benchmarks/kernels.py --torch-onednn off         # against PyTorch's LSTM without oneDNN
 
 Prints one line per shape and, last, ``min_ratio_vs_torch=<number>``.
 Character models take one-hot inputs in both (PyTorch: an LSTM whose input
