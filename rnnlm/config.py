@@ -311,7 +311,7 @@ def _shown(value) -> str:
 
 
 def _interval(low, high, brackets: str) -> str:
-    return f"{brackets[0]}{low}, {high if high < _INF else f'{sys.float_info.max:.3g}'}{brackets[1]}"
+    return f"{brackets[0]}{low}, {high}{brackets[1]}"                 # (0, inf): every finite number above 0
 
 
 def _within(value, low, high, brackets: str) -> bool:

@@ -1,5 +1,8 @@
 import dataclasses
 import math
+import pathlib
+import re
+import sys
 import time
 import typing
 
@@ -211,3 +214,58 @@ def test_max_streams_caps_the_streams_in_all_and_the_outer_step_follows_the_stre
         == "average"                                   # the cap alone leaves the outer step as set
     with pytest.raises(ConfigError, match=r"^train.global_batch and train.max_streams: set one"):
         config.load(None, ["train.global_batch=20", "train.max_streams=80"])
+
+
+def _documented_ranges():
+    """``docs/usage.md``'s table of ranges: {(section, key): (low, high, brackets)}, read as a user reads it
+    (a range applies to the keys listed before it: `` `bptt`, `batch` [1, 100000]``)."""
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    table = text[text.index("| section | ranges"):]
+    table = table[:table.index("\n\n")]
+    named = {"inf": math.inf, "10^12": 10 ** 12, "10^9": 10 ** 9, "2^63 - 1": 2 ** 63 - 1}
+    token = re.compile(r"`(\w+)`|([\[(])([^,]+), ([^\])]+)([\])])")
+    out = {}
+    for row in table.splitlines()[2:]:
+        section, cell = re.fullmatch(r"\| `\[(\w+)\]` \| (.*) \|", row).groups()
+        keys = []
+        for key, opening, low, high, closing in token.findall(cell):
+            if key:
+                keys.append(key)
+                continue
+            bounds = [named[v] if v in named else (int(v) if re.fullmatch(r"-?\d+", v) else float(v))
+                      for v in (low.strip(), high.strip())]
+            out.update({(section, k): (*bounds, opening + closing) for k in keys})
+            keys = []
+    return out
+
+
+def test_the_ranges_usage_md_states_are_the_ones_a_run_takes():
+    """Each documented bound probed: a value at an inclusive bound (or just inside an exclusive one)
+    is not refused as out of range, one at an exclusive bound (or just beyond an inclusive one) is
+    refused naming its key. Companion keys are set where another rule would refuse an inside value."""
+    documented = _documented_ranges()
+    ints = set(_numeric_keys(int))
+    assert sorted(documented) == sorted(_numeric_keys(int) + _numeric_keys(float))
+    for (section, key), (low, high, brackets) in documented.items():
+        where = f"{section}.{key}"
+        step = 1 if (section, key) in ints else 0.5 * min(1.0, (high - low) / 2)
+        inside = [low if brackets[0] == "[" else low + step]
+        outside = [low if brackets[0] == "(" else low - step]
+        if brackets[1] == "]":
+            inside.append(high)
+            outside.append(high + step)
+        else:
+            inside.append(high - step if high < math.inf else sys.float_info.max)
+            outside.append(high)
+        for value in inside:
+            extra = {"server.heartbeat_s": ["server.timeout_s=86400"],
+                     "server.timeout_s": [f"server.heartbeat_s={value / 2}"],
+                     "optim.min_lr": [f"optim.lr={max(value, 1.0)}"],
+                     "train.epochs": ["train.rounds=1"]}.get(where, [])
+            try:
+                config.load(None, [f"{where}={value}", *extra])
+            except ConfigError as e:
+                assert f"{where} = " not in str(e) or "out of range" not in str(e), (where, value, str(e))
+        for value in outside:
+            with pytest.raises(ConfigError, match=re.escape(key)):          # "optim.clip_norm and clip_value ..."
+                config.load(None, [f"{where}={value}"])
