@@ -123,7 +123,7 @@ def test_row_blocks_in_a_codec_arrive_as_the_worker_encoded_them():
 
 
 @pytest.mark.parametrize("breakage", ["unknown slot", "missing slot", "bad ids", "unsorted ids", "wrong dtype",
-                                      "nan", "short data", "bad codec", "extra array"])
+                                      "nan", "short data", "bad codec", "extra array", "blocks a list"])
 def test_malformed_pushes_are_refused_before_anything_is_applied(breakage):
     ps = server()
     hello(ps, 0)
@@ -145,6 +145,8 @@ def test_malformed_pushes_are_refused_before_anything_is_applied(breakage):
         arrays["Wo.data"] = arrays["Wo.data"][:3]
     elif breakage == "bad codec":
         meta["W1"]["codec"] = "pickle"
+    elif breakage == "blocks a list":
+        fields["blocks"] = sorted(meta)                        # the slots' names, not a table of them
     else:
         arrays["evil"] = np.zeros(3, np.float32)
     fields.update(pid=0, lease=1, window=0, version=0)
