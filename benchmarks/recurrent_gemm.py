@@ -13,18 +13,16 @@ Prints one line per B and thread count, and the L2 size the OS reports.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
+from kernels import time_loop          # benchmarks/kernels.py, beside this script
 
-def per_call(fn, seconds=0.5):
+
+def per_call(fn, seconds):
+    """Seconds per call of ``fn`` after one call to warm it."""
     fn()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        fn()
-        n += 1
-    return (time.perf_counter() - t0) / n
+    return time_loop(fn, seconds)
 
 
 def l2_line():
