@@ -81,3 +81,26 @@ def test_a_clean_up_that_fails_after_a_signal_is_still_the_signals_one_line_and_
             "sys.exit(guarded(run))\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stderr) == (143, "error: stopped (SIGTERM)\n")
+
+
+def test_a_signal_inside_an_at_fork_hook_or_a_finaliser_still_stops_the_command():
+    """CI saw it once: SIGTERM as PySpark's Popen forked the JVM ran the handler inside logging's at-fork
+    hook (``_releaseLock``), where Python prints an exception as "Exception ignored" and drops it. Here the
+    signal lands in such a hook (a fork with a preexec_fn, as PySpark's) and in a ``__del__``; after it,
+    a loop that would otherwise finish and print must not."""
+    for where in ("fork", "finaliser"):
+        code = ("import os, signal, subprocess, sys, time\n"
+                "from rnnlm.cli import signals\nfrom rnnlm.cli.actions import guarded\n"
+                "signals.install(command=True)\n"
+                "def hit():\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(1)\n"
+                "class Hit:\n    def __del__(self):\n        hit()\n"
+                "os.register_at_fork(after_in_parent=hit)\n"
+                "def run():\n"
+                f"    if {where == 'fork'}:\n"
+                "        subprocess.Popen(['true'], preexec_fn=lambda: None).wait()\n"
+                "    else:\n        h = Hit()\n        del h\n"
+                "    for _ in range(10 ** 6):\n        pass\n"
+                "    print('not stopped')\n"
+                "sys.exit(guarded(run))\n")
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert (p.returncode, p.stdout, p.stderr) == (143, "", "error: stopped (SIGTERM)\n"), where

@@ -8,7 +8,9 @@ which logs tracebacks (``reentrant call``): :func:`install` is called again once
 and once a signal has come Python's logging is off (py4j logs the call it interrupted).
 A JVM still starting (inside :func:`starting_jvm`) is stopped with the signal: it would not notice
 this process go (it watches its stdin only once up) and would live on, printing a stack trace when it
-finds no one to connect back to.
+finds no one to connect back to. A signal that lands where Python cannot raise (an at-fork hook, as
+logging's ``_releaseLock`` after Popen forks the JVM; a finaliser) would be printed as "Exception ignored"
+and lost: :func:`_unraisable` raises it again at the next line of Python instead.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class Stopped(KeyboardInterrupt):
 
 _fired = []      # signals received: the first raises, a second exits
 _starting = []   # non-empty while Spark's JVM is being started
+_again = []      # a Stopped that Python could not raise where the signal landed, to raise once more
 
 
 @contextmanager
@@ -82,13 +85,38 @@ def _signal_children(sig: int) -> None:
             pass
 
 
+def _unraisable(u) -> None:
+    """``sys.unraisablehook``: a :class:`Stopped` raised where Python can only print it is raised again at
+    the next call or return outside this hook (:func:`_raise_again`); if that lands in another such place
+    (the next at-fork hook) it comes back here. Anything else goes to the hook there was before."""
+    if isinstance(u.exc_value, Stopped) and threading.current_thread() is threading.main_thread():
+        _again.append(u.exc_value.signum)
+        sys.setprofile(_raise_again)
+    else:
+        _previous_hook(u)
+
+
+def _raise_again(frame, event, arg) -> None:
+    if frame.f_code is _unraisable.__code__ or not _again:
+        return
+    sys.setprofile(None)
+    raise Stopped(_again.pop())
+
+
+_previous_hook = sys.unraisablehook
+
+
 def install(command: bool = False) -> None:
     """Make Ctrl-C and SIGTERM raise :class:`Stopped` (the main thread only: signals reach no other);
     ``command``: a command starts, with no signal received yet and logging on (a notebook or a test
     runs several in one process)."""
+    global _previous_hook
     if command:
         _fired.clear()
+        _again.clear()
         logging.disable(logging.NOTSET)
+    if sys.unraisablehook is not _unraisable:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
     if threading.current_thread() is threading.main_thread():
         for sig in NAMES:
             signal.signal(sig, _handle)
