@@ -13,10 +13,11 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # Spark stays on loopback
 # The tests' JVMs (a driver, its executors) live for seconds: HotSpot's C1 compiler alone, without C2's
 # optimising recompiles, halves what each costs the CPU (a demo run: 29 CPU-s -> 15; docs/results.md,
 # "The test suite's time").
-# The driver reads SPARK_SUBMIT_OPTS; executors take the system property the driver's SparkConf loads.
+# The driver reads SPARK_SUBMIT_OPTS; executors and YARN's ApplicationMaster take the system properties
+# the driver's SparkConf loads (a properties file or --conf naming the key wins over them).
 JIT = "-XX:TieredStopAtLevel=1"
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
-    [os.environ.get("SPARK_SUBMIT_OPTS", ""), JIT, f"-Dspark.executor.extraJavaOptions={JIT}"]).strip()
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join([os.environ.get("SPARK_SUBMIT_OPTS", ""), JIT] + [
+    f"-Dspark.{k}.extraJavaOptions={JIT}" for k in ("executor", "yarn.am", "driver")]).strip()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
 HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")            # the project's own small corpus
