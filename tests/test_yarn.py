@@ -2,6 +2,7 @@
 environment, conf/spark/yarn.properties), spark-submit in client and cluster deploy mode with
 the corpus and the output on HDFS, an executor's container killed mid-run, and async training
 with the parameter server reached from the containers."""
+import getpass
 import json
 import os
 import re
@@ -130,6 +131,13 @@ def test_client_mode_trains_on_hdfs_and_names_the_application(hadoop, webhdfs, c
     assert (app["state"], app["finalStatus"], app["applicationType"]) == ("FINISHED", "SUCCEEDED", "SPARK")
     assert [m["round"] for m in metrics(webhdfs, client_run)] == list(range(1, 9))
     assert set(webhdfs.list(client_run)) == {"run.json", "metrics.jsonl", "checkpoint"}
+    # its containers' logs reach HDFS, where docs/cluster.md's `yarn logs -applicationId` reads them
+    deadline = time.time() + 60
+    while app["logAggregationStatus"] not in ("SUCCEEDED", "FAILED", "DISABLED") and time.time() < deadline:
+        time.sleep(0.5)
+        app = application(hadoop, info["application_id"])
+    assert app["logAggregationStatus"] == "SUCCEEDED", app
+    assert webhdfs.list(f"/tmp/logs/{getpass.getuser()}", status=False), "no aggregated logs"
 
 
 def test_cluster_mode_survives_a_killed_executor_container(hadoop, webhdfs, shipped, client_run):
