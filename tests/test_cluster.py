@@ -70,17 +70,17 @@ def rounds_done(out):
         return 0
 
 
+# compressed row exchange, every codec: a retried task must reproduce its rows and codecs exactly; with error
+# feedback, the lost executor's residuals are recomputed from their lineage (one run holds both: each
+# local-cluster run costs CI half a minute)
+SPARSE = ("exchange.embed=rows+fp16", "exchange.softmax=rows+onebit", "exchange.hidden=dense+bf16",
+          "exchange.random=0.1", "exchange.feedback=true", "train.checkpoint_every=5")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sparse", [
-    # compressed row exchange: a retried task must reproduce its rows and codecs exactly too
-    ("exchange.embed=rows+fp16", "exchange.softmax=rows+fp16", "exchange.hidden=dense+bf16", "exchange.random=0.1"),
-    # error feedback: the lost executor's residuals are recomputed from their lineage
-    ("exchange.embed=rows+onebit", "exchange.softmax=rows+onebit", "exchange.hidden=dense+onebit",
-     "exchange.random=0.1", "exchange.feedback=true", "train.checkpoint_every=5"),
-], ids=["rows-fp16", "onebit-feedback"])
-def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
+def test_killed_executor_does_not_change_the_result(tmp_path):
     master = "local-cluster[2,1,1024]"
-    ref = subprocess.run(cluster_cmd(tmp_path / "ref", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
+    ref = subprocess.run(cluster_cmd(tmp_path / "ref", master, "train.rounds=8", *SPARSE), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]
     # its executors end with it (the worker stops them as the application ends: a moment later under load)
@@ -89,7 +89,7 @@ def test_killed_executor_does_not_change_the_result(tmp_path, sparse):
         time.sleep(0.2)
     assert executor_pids(app) == []
     log = open(tmp_path / "kill.log", "w+")
-    proc = subprocess.Popen(cluster_cmd(tmp_path / "kill", master, "train.rounds=8", *sparse), cwd=ROOT, env=env(),
+    proc = subprocess.Popen(cluster_cmd(tmp_path / "kill", master, "train.rounds=8", *SPARSE), cwd=ROOT, env=env(),
                             stdout=log, stderr=log, text=True)
     killed = None
     deadline = time.time() + 300
