@@ -104,3 +104,14 @@ def test_a_signal_inside_an_at_fork_hook_or_a_finaliser_still_stops_the_command(
                 "sys.exit(guarded(run))\n")
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert (p.returncode, p.stdout, p.stderr) == (143, "", "error: stopped (SIGTERM)\n"), where
+
+
+def test_an_ordinary_exception_in_a_finaliser_is_still_printed_and_the_command_goes_on():
+    """Only a signal's Stopped is raised again: anything else a finaliser raises goes to Python's own hook."""
+    code = ("import sys\nfrom rnnlm.cli import signals\n"
+            "signals.install(command=True)\n"
+            "class Bad:\n    def __del__(self):\n        raise ValueError('in a finaliser')\n"
+            "b = Bad()\ndel b\nprint('went on')\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "went on\n"), p.stderr
+    assert "Exception ignored in" in p.stderr and "ValueError: in a finaliser" in p.stderr, p.stderr
