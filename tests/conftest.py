@@ -16,8 +16,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # Spark stays on loopback
 # The driver reads SPARK_SUBMIT_OPTS; executors and YARN's ApplicationMaster take the system properties
 # the driver's SparkConf loads (a properties file or --conf naming the key wins over them).
 JIT = "-XX:TieredStopAtLevel=1"
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join([os.environ.get("SPARK_SUBMIT_OPTS", ""), JIT] + [
-    f"-Dspark.{k}.extraJavaOptions={JIT}" for k in ("executor", "yarn.am", "driver")]).strip()
+if JIT not in os.environ.get("SPARK_SUBMIT_OPTS", ""):      # xdist's workers inherit the controller's
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join([os.environ.get("SPARK_SUBMIT_OPTS", ""), JIT] + [
+        f"-Dspark.{k}.extraJavaOptions={JIT}" for k in ("executor", "yarn.am", "driver")]).strip()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
 HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")            # the project's own small corpus
