@@ -576,3 +576,130 @@ def test_a_worker_whose_window_outlasts_the_servers_idle_limit_still_pushes():
     finally:
         client.close()
         frames.close()
+
+
+def test_drains_count_pulls_per_window_and_syncs_over_the_run():
+    """Every push is answered with a pull (a refused duplicate too); ``syncs`` adds up the applied pushes
+    of every drain so far, while the other counters restart at each drain."""
+    ps = server(windows=3)
+    hello(ps, 0)
+    hello(ps, 1)
+    one = np.ones(LAYOUT.size, np.float32)
+    push(ps, 0, 1, 0, 0, one)
+    push(ps, 1, 1, 0, 1, one)
+    push(ps, 0, 1, 0, 2, one)                                  # a duplicate: not applied, still pulls
+    d = ps.drain()
+    assert (d["pushes"], d["pulls"], d["syncs"]) == (2, 3, 2)
+    push(ps, 0, 1, 1, 2, one)
+    d = ps.drain()
+    assert (d["pushes"], d["pulls"], d["syncs"]) == (1, 1, 3)
+    d = ps.drain()
+    assert "pushes" not in d and "pulls" not in d and d["syncs"] == 3
+
+
+@pytest.mark.parametrize("window, accepted", [(-1, False), (0, True), (2, True), (3, True), (4, False)])
+def test_a_heartbeat_names_a_window_of_the_run_or_the_end_of_it(window, accepted):
+    """[0, windows]: ``windows`` itself is what an attempt that found nothing left to train reports."""
+    ps = server(windows=3)
+    hello(ps, 0)
+    kind, f, _ = ps.handle("t", "heartbeat", {"pid": 0, "lease": 1, "window": window}, {})
+    if accepted:
+        assert (kind, f) == ("ok", {}) and ps.started == [window, 0]
+    else:
+        assert (kind, f) == ("refused", {"reason": f"heartbeat: window {window} is not in [0, 3]"})
+
+
+@pytest.mark.parametrize("length, accepted", [(0, False), (1, True), (2000, True), (2001, False)])
+def test_a_failure_report_carries_1_to_2000_characters(length, accepted):
+    ps = server()
+    hello(ps, 0)
+    kind, f, _ = ps.handle("t", "failed", {"pid": 0, "lease": 1, "error": "e" * length}, {})
+    if accepted:
+        assert kind == "ok" and ps.failures == [f"partition 0: {'e' * min(length, 300)}"]
+    else:
+        assert kind == "refused" and f["reason"].startswith("failed: the error must be a string of 1 to 2000")
+        assert ps.failures == []
+
+
+def test_hello_gives_the_version_every_push_below_it_has_landed_in():
+    """Hogwild! lands pushes out of order: with claim 2 still being applied, a retried attempt starts from
+    version 1 (its copy holds claim 1, not claim 2), so its first pull sends claim 2's rows."""
+    ps = server()
+    hello(ps, 0)
+    hello(ps, 1)
+    one = np.ones(LAYOUT.size, np.float32)
+    push(ps, 0, 1, 0, 0, one)                                   # claim 1, landed
+    applying, release, original = threading.Event(), threading.Event(), ps.apply
+
+    def held_apply(decoded, scale):
+        applying.set()
+        release.wait(5)
+        original(decoded, scale)
+
+    ps.apply = held_apply
+    th = threading.Thread(target=push, args=(ps, 1, 1, 0, 1, one * 2))   # claim 2, held mid-apply
+    th.start()
+    try:
+        assert applying.wait(5)
+        f, p = hello(ps, 0)
+        assert f["version"] == 1 and f["window"] == 1
+        np.testing.assert_array_equal(p, 1.0)
+    finally:
+        release.set()
+        th.join(5)
+    ps.apply = original
+    kind, r, a = push(ps, 0, 2, 1, f["version"], np.zeros(LAYOUT.size, np.float32))
+    patch(LAYOUT, p, r["pulled"], a)
+    assert r["version"] == 3
+    np.testing.assert_array_equal(p, 3.0)
+    np.testing.assert_array_equal(p, ps.params)
+
+
+def test_windows_redone_counts_the_window_after_the_last_push_and_none_after_the_last_window():
+    ps = server(windows=3)
+    hello(ps, 0)
+    one = np.ones(LAYOUT.size, np.float32)
+    push(ps, 0, 1, 0, 0, one)
+    push(ps, 0, 1, 1, 1, one)                                  # dies training window 2, before a heartbeat
+    f, _ = hello(ps, 0)
+    assert f["window"] == 2 and ps.totals["windows_redone"] == 1
+    push(ps, 0, 2, 2, 2, one)                                  # finishes, then its task is retried anyway
+    f, _ = hello(ps, 0)
+    assert f["window"] == 3 and ps.totals["windows_redone"] == 1 and ps.totals["attempts_retried"] == 2
+
+
+def test_wait_returns_as_soon_as_the_pushes_asked_for_have_landed():
+    ps = server()
+    hello(ps, 0)
+    hello(ps, 1)
+    push(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32))
+    push(ps, 1, 1, 0, 1, np.ones(LAYOUT.size, np.float32))
+    t0 = time.monotonic()
+    assert ps.wait(2, timeout=3.0) == 2 and time.monotonic() - t0 < 1.0
+    assert ps.wait(3, timeout=0.2) == 2                         # and gives up after timeout
+
+
+@pytest.mark.parametrize("update", ["add", "adagrad"])
+def test_staleness_divides_a_row_blocks_change_and_adagrads_step(update):
+    """A push computed two versions behind lands at a third of its weight: for row blocks under ``add``, and
+    for AdaGrad's step (its accumulator takes the change itself)."""
+    ps = server(staleness="divide", update=update, lr=0.5, eps=1e-6)
+    hello(ps, 0)
+    hello(ps, 1)
+    one = np.ones(LAYOUT.size, np.float32)
+    push(ps, 0, 1, 0, 0, one)
+    push(ps, 0, 1, 1, 1, one)
+    before = ps.params.copy()
+    change = np.zeros(LAYOUT.size, np.float32)
+    LAYOUT.views(change)["embed"][[1, 2]] = 3.0               # the rows read (push_msg's words 1 and 2)
+    fields, arrays = push_msg(change, embed="rows")
+    assert arrays["embed.ids"].tolist() == [1, 2]
+    fields.update(pid=1, lease=1, window=0, version=0)
+    assert ps.handle("t", "push", fields, arrays)[1]["applied"]
+    assert ps.drain()["staleness"] == {0: 2, 2: 1}
+    got = LAYOUT.views(ps.params - before)["embed"][[1, 2]]
+    if update == "add":
+        want = 3.0 / 3
+    else:                                   # accumulator 1 + 1 + 9 = 11: lr / 3 * 3 / sqrt(11)
+        want = 0.5 / 3 * 3.0 / (np.sqrt(11.0) + 1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
