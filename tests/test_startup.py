@@ -1,5 +1,6 @@
 """A run's start-up, as a user at a terminal meets it: every phase said, and Ctrl-C or SIGTERM at any
 moment one line and exit 130 / 143, never a traceback."""
+import logging
 import os
 import signal
 import subprocess
@@ -115,3 +116,16 @@ def test_an_ordinary_exception_in_a_finaliser_is_still_printed_and_the_command_g
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout) == (0, "went on\n"), p.stderr
     assert "Exception ignored in" in p.stderr and "ValueError: in a finaliser" in p.stderr, p.stderr
+
+
+def test_the_spark_sessions_install_keeps_a_signal_already_received():
+    """The session installs the handlers again once PySpark has put its own in place: a signal received
+    before that is still the command's (a second one exits at once, logging stays off)."""
+    code = ("import logging, os, signal\nfrom rnnlm.cli import signals\n"
+            "signals.install(command=True)\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    for _ in range(10 ** 6):\n        pass\n"
+            "except signals.Stopped:\n    pass\n"
+            "signals.install()\n"
+            "print(signals.stopped(), logging.root.manager.disable)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, f"SIGTERM {logging.CRITICAL}\n"), p.stderr
