@@ -590,6 +590,7 @@ def test_drains_count_pulls_per_window_and_syncs_over_the_run():
     push(ps, 0, 1, 0, 2, one)                                  # a duplicate: not applied, still pulls
     d = ps.drain()
     assert (d["pushes"], d["pulls"], d["syncs"]) == (2, 3, 2)
+    assert (d["tokens"], d["loss_sum"], d["steps"]) == (0, 0.0, 0)         # no statistics sent: none counted
     push(ps, 0, 1, 1, 2, one)
     d = ps.drain()
     assert (d["pushes"], d["pulls"], d["syncs"]) == (1, 1, 3)

@@ -77,9 +77,9 @@ def _amount(fields: dict, key: str) -> float:
 class PushStats:
     """What a pushed window trained, checked (the driver's metrics add these up)."""
 
-    tokens: int = 0
-    loss_sum: float = 0.0
-    steps: int = 0
+    tokens: int
+    loss_sum: float
+    steps: int
 
     @classmethod
     def of(cls, fields: dict) -> "PushStats":
