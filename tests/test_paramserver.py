@@ -239,9 +239,12 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
         assert ps.totals["refused_protocol"] == 1 and ps.version == 0
         client.fail("loss became nan at local step 3")
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
+        time.sleep(0.35)                                    # heartbeats on the second connection
     finally:
         client.close()
         frames.close()
+    # the worker's bytes, both connections and their handshakes, are the server's seen from the other side
+    assert client.bytes == (frames.bytes_received, frames.bytes_sent) and frames.connections == 2
 
 
 def test_a_snapshot_waits_for_a_push_being_applied():
@@ -704,3 +707,40 @@ def test_staleness_divides_a_row_blocks_change_and_adagrads_step(update):
     else:                                   # accumulator 1 + 1 + 9 = 11: lr / 3 * 3 / sqrt(11)
         want = 0.5 / 3 * 3.0 / (np.sqrt(11.0) + 1e-6)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_snapshot_holds_new_pushes_back_until_it_is_taken_and_drains_only_when_asked():
+    """While a snapshot waits for a push being applied, a push of another partition waits for the snapshot
+    (else a steady stream of pushes could keep it waiting for ever); the snapshot holds exactly the first."""
+    ps = server()
+    hello(ps, 0)
+    hello(ps, 1)
+    applying, release, original = threading.Event(), threading.Event(), ps.apply
+
+    def held_apply(decoded, scale):
+        if not applying.is_set():
+            applying.set()
+            release.wait(5)
+        original(decoded, scale)
+
+    ps.apply = held_apply
+    one = np.ones(LAYOUT.size, np.float32)
+    first = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, one))
+    first.start()
+    assert applying.wait(5)
+    snaps = []
+    taker = threading.Thread(target=lambda: snaps.append(ps.snapshot()))
+    taker.start()
+    end = time.monotonic() + 5
+    while not ps._frozen and time.monotonic() < end:          # (until the snapshot waits for the first push)
+        time.sleep(0.005)
+    second = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one * 2))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and ps.version == 1             # held back: not even reserved
+    release.set()
+    for th in (first, taker, second):
+        th.join(5)
+    assert snaps[0]["done"] == [1, 0] and snaps[0]["version"] == 1 and snaps[0]["drained"] is None
+    np.testing.assert_array_equal(snaps[0]["params"], 1.0)
+    assert ps.done == [1, 1] and ps.drain()["pushes"] == 2      # snapshot() alone drained nothing
