@@ -151,6 +151,65 @@ def test_a_sum_of_rows_folds_into_a_dense_sum():
     assert s.values.tolist() == [[1, 1], [3, 3], [1, 1], [3, 3]]
 
 
+def test_a_sum_of_rows_merges_rows_it_holds_and_rows_it_does_not():
+    """The other's rows a subset of these, a superset, the same, overlapping, disjoint: each the dense sum."""
+    rng = np.random.default_rng(2)
+    shape = (10, 3)
+    for mine, theirs in [([1, 4, 7], [4]), ([1, 4, 7], [1, 7]), ([4], [1, 4, 7]), ([2, 3], [2, 3]),
+                         ([1, 4], [4, 5]), ([0], [9])]:
+        a, b = rng.standard_normal((len(mine), 3)), rng.standard_normal((len(theirs), 3))
+        want = np.zeros(shape)
+        want[mine] += a
+        want[theirs] += b
+        s = Sum(shape, np.array(mine, np.int32), a.copy()).add(Sum(shape, np.array(theirs, np.int32), b))
+        assert s.ids.tolist() == sorted(set(mine) | set(theirs)), (mine, theirs)
+        np.testing.assert_array_equal(s.dense(1.0, np.float64), want)
+
+
+EDGES = np.array([[0, 0, 0, 0], [-1, -2, -3, -4], [1, 2, 3, 4], [0.5, -0.5, 0, 0.25]], np.float32)
+EDGES_ONEBIT = np.array([[0] * 4, [-2.5] * 4, [2.5] * 4, [0.25, -0.5, 0.25, 0.25]], np.float32)
+
+
+@pytest.mark.parametrize("codec", ["f32", "fp16", "bf16", "int8", "onebit"])
+def test_blocks_of_no_rows_zero_rows_and_one_signed_rows_pass_the_receivers_checks(codec):
+    """What a sender encodes, a receiver takes (no NaN scale for a zero row or a row of one sign, a zero-row
+    block in the shapes the receiver checks), decodes without a floating-point warning, and counts in full."""
+    from rnnlm.exchange.frames import block_from_wire, block_to_wire
+    cases = [("rows", EDGES, (6, 4), [0, 2, 3, 5]), ("no rows", EDGES[:0], (6, 4), []),
+             ("all zero", np.zeros((6, 4), np.float32), (6, 4), None),
+             ("zero vector", np.zeros(6, np.float32), (6,), None), ("empty vector", np.zeros(0, np.float32), (6,), [])]
+    for name, values, shape, ids in cases:
+        with np.errstate(all="raise"):
+            b = Block(values, shape, None if ids is None else np.array(ids, np.int32), codec)
+            meta, arrays = block_to_wire("w", b)
+            got = block_from_wire("w", shape, meta, arrays).decode()
+        assert b.nbytes == sum(a.nbytes for a in arrays.values()), name          # what travels, all of it
+        want = values.reshape(len(values), *(shape[1:] or (1,)))
+        want = EDGES_ONEBIT if codec == "onebit" and name == "rows" else want
+        if codec == "int8":
+            top = np.abs(want).max(axis=1, keepdims=True) if want.size else 0
+            assert np.all(np.abs(got - want) <= top / 254), name
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    with np.errstate(all="raise"):                                               # non-finite: scale 1, no error
+        assert Block(np.float32([[np.inf, 1]]), (1, 2), codec="fp16").scale == 1.0
+
+
+@pytest.mark.parametrize("codec", ["f32", "int8", "onebit"])
+def test_a_round_that_left_the_embedding_alone_sends_no_embedding_rows(codec):
+    """A partition whose embedding did not move (nothing trained this round) sends a row block of no rows;
+    it failed to build one (a reshape to (0, -1)), which failed the task and every retry of it."""
+    from rnnlm.core.layout import Layout
+    layout = Layout([("embed", (30, 8)), ("Wx0", (16, 8)), ("b0", (16,)), ("Wo", (30, 8)), ("bo", (30,))])
+    change = np.zeros(layout.size, np.float32)
+    layout.views(change)["Wx0"][...] = 1.0
+    name = "rows" if codec == "f32" else f"rows+{codec}"
+    blocks, _, _ = plan.encode(layout, change, Ex(embed=name), np.array([1, 2]), 5, 1, 0, 2)
+    assert blocks["params.embed"].rows == 0 and blocks["params.embed"].decode().shape == (0, 8)
+    agg = merge(Aggregate.contribution(1, blocks), hop(Aggregate.contribution(1, blocks)))
+    assert not agg.mean("params.embed").any() and agg.mean("params.Wx0").all()
+
+
 class Ex:
     def __init__(self, **kw):
         self.__dict__.update(dict(config.ExchangeConfig().__dict__, **kw))

@@ -43,7 +43,8 @@ class Block:
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}")
         self.shape, self.ids, self.codec, self.scale = tuple(shape), ids, codec, 1.0
-        values = np.ascontiguousarray(values).reshape(len(values), -1)                     # (n, C)
+        C = math.prod(self.shape[1:])                                   # (not -1: a block may hold no rows)
+        values = np.ascontiguousarray(values).reshape(len(values), C)                      # (n, C)
         if codec == "f32":
             self.data = values          # float32, or float64 for a float64 model (model.dtype)
             return
