@@ -154,8 +154,6 @@ class Sum:
 
     def add(self, other: "Sum") -> "Sum":
         """Fold ``other`` in (in place where the shapes allow) and return the result."""
-        if not self.values.flags.writeable:     # arrived from another process: read-only buffers
-            self.values = self.values.copy()
         if self.ids is None and other.ids is None:
             self.values += other.values
             return self
