@@ -104,8 +104,8 @@ def test_too_short():
 
 
 def leaf(w, v, pid):
-    return Aggregate.contribution(w, {"p": np.full(3, v, np.float32)}, {pid: {"s": pid}},
-                                  tokens=int(w), loss_sum=float(w), steps=1, compute_s=float(pid))
+    return Aggregate.contribution(w, {"p": np.full(3, v, np.float32)}, {pid: {"s": pid}}, words=[pid + 1, 9],
+                                  tokens=int(w), loss_sum=float(w) / 2, steps=1, compute_s=pid / 10)
 
 
 def test_aggregate_is_the_weighted_mean_whatever_the_order():
@@ -122,7 +122,8 @@ def test_aggregate_is_the_weighted_mean_whatever_the_order():
     for a in outs + [tree]:
         assert np.array_equal(a.mean("p"), outs[0].mean("p"))
         assert a.mean("p")[0] == np.float32(ref)
-        assert a.stats["tokens"] == 26 and a.stats["compute_s"] == 3.0 and sorted(a.local) == [0, 1, 2, 3]
+        assert a.stats == {"tokens": 26, "loss_sum": 13.0, "steps": 4, "compute_s": 0.3}     # the zero value adds none
+        assert sorted(a.local) == [0, 1, 2, 3] and a.words.tolist() == [1, 2, 3, 4, 9] and a.wire_bytes == 0
 
 
 def test_a_failed_partition_merges_with_healthy_ones_at_any_depth():
