@@ -227,8 +227,37 @@ def test_softmax_rows_are_words_frequent_and_seeded_random_shared_within_a_seed_
     assert np.array_equal(rows, again) and not np.array_equal(rows, other_group)
     assert not np.array_equal(rows, other_round)
     assert [plan.seed_groups(h, 8) for h in ("one", "partition", "log2", "pow064")] == [1, 8, 3, 4]
+    assert [plan.seed_groups(h, 1) for h in ("one", "partition", "log2", "pow064")] == [1, 1, 1, 1]
     change[[2, 9]] = 1.0
     assert plan.select_rows("embed", 0, change, ex, words, 3, 2, 0).tolist() == [2, 9]   # exactly what changed
+
+
+def test_encode_shares_random_rows_within_a_seed_group_and_counts_each_group_in_full():
+    """Six partitions in ceil(log2 6) = 3 seed groups: 0 and 3 draw the same random hidden rows, 1 and 4 too,
+    exactly ceil(random * R) distinct rows each; the statistics add up every slot of a group."""
+    from rnnlm.core.layout import Layout
+    layout = Layout([("embed", (30, 8)), ("Wx0", (40, 8)), ("b0", (40,)), ("Wo", (30, 8)), ("bo", (30,))])
+    ex = Ex(embed="rows", softmax="rows+int8", hidden="rows+fp16", random=0.5, frequent=0.0, seed_groups="log2")
+    change = np.random.default_rng(0).standard_normal(layout.size).astype(np.float32)
+    sent = {pid: plan.encode(layout, change, ex, np.array([1, 2]), 5, 1, pid, 6) for pid in range(6)}
+    ids = {pid: sent[pid][0]["params.Wx0"].ids.tolist() for pid in range(6)}
+    assert ids[0] == ids[3] and ids[1] == ids[4] and len({str(ids[p]) for p in range(3)}) == 3
+    assert all(len(set(ids[p])) == len(ids[p]) == 20 for p in range(6))             # ceil(0.5 * 40), distinct
+    blocks, stats, _ = sent[0]
+    for group, slots in (("embed", ["embed"]), ("softmax", ["Wo", "bo"]), ("hidden", ["Wx0", "b0"])):
+        got = [blocks[plan.PARAMS + s] for s in slots]
+        assert stats[f"rows_sent.{group}"] == sum(b.rows for b in got)
+        assert stats[f"rows_total.{group}"] == sum(b.shape[0] for b in got)
+        assert stats[f"block_bytes.{group}"] == sum(b.nbytes for b in got) > 0
+    softmax = blocks["params.Wo"].ids.tolist()
+    assert softmax == blocks["params.bo"].ids.tolist() and {1, 2} <= set(softmax) and len(softmax) >= 15
+    merged = merge(Aggregate.contribution(3, blocks), Aggregate.contribution(1, blocks))
+    mean = plan.mean_change(layout, merged, np.float32)
+    for slot in layout:
+        b = blocks[plan.PARAMS + slot.name]
+        want = np.zeros((slot.shape[0], b.decode().shape[1]), np.float32)
+        want[slice(None) if b.ids is None else b.ids] = b.decode()
+        np.testing.assert_allclose(mean[slot.offset:slot.end], want.ravel(), rtol=1e-6, err_msg=slot.name)
 
 
 def train(spark, tmp_path, name, *sets):
