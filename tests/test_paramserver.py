@@ -179,6 +179,15 @@ def test_a_silent_worker_is_reported_once_until_it_says_hello_again():
     assert not ps.lost[0]
 
 
+def test_a_partition_that_pushed_its_last_window_is_never_reported_lost():
+    """Its task has ended: silence is expected, and a retry would find nothing left to train."""
+    ps = server(windows=1, heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)
+    hello(ps, 1)
+    push(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32))
+    assert ps.check_workers(ps.last_seen[0] + 5.0) == [1] and ps.totals["workers_lost"] == 1
+
+
 def test_lock_free_pushes_from_threads_all_land_once():
     """Hogwild! applies without a lock, but the bookkeeping is exact: every window lands once."""
     P, W = 4, 30
