@@ -248,6 +248,8 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
         assert ps.totals["refused_protocol"] == 1 and ps.version == 0
         client.fail("loss became nan at local step 3")
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
+        client.fail("x" * 5000)                             # cut to what the server takes, not refused
+        assert ps.failures[1] == "partition 1: " + "x" * 300
         time.sleep(0.35)                                    # heartbeats on the second connection
     finally:
         client.close()
