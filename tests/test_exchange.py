@@ -304,7 +304,14 @@ def test_changed_rows_rebuild_the_parameters_bit_for_bit():
     rows = rebase.changed_rows(layout, params, base)
     assert rows["embed"][0].tolist() == [7] and rows["W"][0] is None and "b" not in rows
     assert np.array_equal(rebase.rebuild(layout, base, rows), params)
-    assert rebase.size(rows) < 0.25 * layout.size
+    assert rebase.size(rows) == 4 + 1 + 18                      # values and ids: embed row 7 (and its id), all of W
+    # a slot goes whole once more than half its rows changed (ids would cost more), not at half
+    for changed, whole in ((3, False), (4, True)):
+        p = base.copy()
+        p[200:200 + 3 * changed] += 1.0                             # the first rows of W (6, 3)
+        d = p - base
+        assert (rebase.changed_rows(layout, p, base)["W"][0] is None) == whole
+        assert (rebase.delta_blocks(layout, d, "f32")["W"].ids is None) == whole
 
 
 def test_the_broadcast_shrinks_to_the_rows_that_changed(spark, tmp_path):
