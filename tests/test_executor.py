@@ -1,5 +1,6 @@
 """Task functions called in-process, as an executor's Python worker calls them."""
 import numpy as np
+import pytest
 
 from rnnlm import config
 from rnnlm.exchange import plan
@@ -29,11 +30,39 @@ def cfg_for(vocab_size, *sets):
                               "train.grad_norm=token", "train.rounds=1", *sets])
 
 
-def run_task(cfg, params, pid, tokens, bc_local=None):
+def contribute(cfg, params, pid, tokens, bc_local=None):
+    """Partition ``pid``'s round-1 contribution, as its task yields it."""
     task = executor.round_task(cfg, Bc(params), Bc(RoundMessage("test:0", {}, None)), bc_local or {}, 1, 0.01)
     (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
     assert not agg.errors()
+    return agg
+
+
+def run_task(cfg, params, pid, tokens, bc_local=None):
+    agg = contribute(cfg, params, pid, tokens, bc_local)
     return params + plan.mean_change(RNNLM(cfg.model).layout, agg, np.float32)
+
+
+@pytest.mark.parametrize("optim_state, strategy", [("average", "windows"), ("local", "streams"), ("reset", "streams")])
+def test_a_tasks_contribution_is_what_the_channel_expects_and_fits_its_frame_cap(optim_state, strategy):
+    """The driver's :func:`~rnnlm.spark.channel.expected` of a run takes what that run's tasks send (else
+    every contribution would be refused and the round recomputed through Spark), and the frame cap covers
+    the largest one: every block whole, the carried state, the optimizer slots, every word."""
+    from rnnlm.exchange.frames import Malformed, contribution_from_wire, contribution_to_wire
+    from rnnlm.spark.channel import expected, max_frame_bytes
+    cfg = cfg_for(20, f"train.optim_state={optim_state}", f"data.strategy={strategy}", "data.partitions=2",
+                  "train.local_steps=0")                                    # one pass: every word read
+    model = RNNLM(cfg.model)
+    agg = contribute(cfg, model.init_params(1), 1, np.arange(400, dtype=np.int32) % 20)
+    fields, arrays = contribution_to_wire(1, agg)
+    expect = expected(cfg, model)
+    pid, got = contribution_from_wire(fields, arrays, expect)
+    assert pid == 1 and got.weight == agg.weight and sorted(got.dense) == sorted(agg.dense)
+    assert len(arrays["words"]) == 20 and all(b.ids is None for b in agg.dense.values())     # the largest
+    assert sum(a.nbytes for a in arrays.values()) <= max_frame_bytes(expect) - (1 << 20)      # less its slack
+    other = expected(config.replace(cfg, "train", optim_state="local" if optim_state != "local" else "reset"), model)
+    with pytest.raises(Malformed):
+        contribution_from_wire(fields, arrays, other)
 
 
 def test_memo_never_serves_another_partitions_data():
