@@ -149,6 +149,13 @@ def test_the_inbox_merges_in_partition_order_whatever_the_arrival_order():
     assert box.missing == {2}
 
 
+def test_a_closed_inbox_takes_nothing():
+    box = Inbox(3)
+    assert box.put(1, leaf(1)) and not box.put(1, leaf(1, seed=9))
+    box.close()
+    assert not box.put(0, leaf(0)) and box.missing == {0, 2}
+
+
 def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
     """Rounds whose carryover stays in Spark without the channel: the accumulator keeps each partition's
     contribution and the round merges them in partition order."""
@@ -187,16 +194,20 @@ def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong(
     stranger = Sink(host, port, wire.new_secret(), 5, 1 << 20)
     assert not stranger.add(leaf(1))                      # another secret: refused at the handshake
     assert not Sink(host, port, ch._secret, 4, 1 << 20).add(leaf(1))     # no such round open
+    huge = Aggregate.contribution(1.0, leaf(1).dense, {1: Carry()}, words=np.arange(400_000))
+    assert not Sink(host, port, ch._secret, 5, 4 << 20).add(huge)        # over the channel's frame cap: closed
     assert sink.add(leaf(1))
     agg = ch.take(5, recompute=lambda missing: pytest.fail("nothing is missing"))
+    payload = sum(a.nbytes for p in range(3) for a in contribution_to_wire(p, leaf(p))[1].values())
+    assert payload < agg.wire_bytes < ch.server.bytes_received           # the arrays and the JSON, not the framing
     want = leaf(0).merge(leaf(1)).merge(leaf(2))
     assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
     assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
     for _ in range(200):                                  # the server counts it once its thread has closed
-        if ch.server.refused:
+        if len(ch.server.refused) == 2:
             break
         time.sleep(0.01)
-    assert ch.server.refused == {"handshake": 1}
+    assert ch.server.refused == {"handshake": 1, "size": 1}
     assert ch.taken == 3
     assert any("weight must be a finite number" in line for line in lines)
     assert not sink.add(leaf(1))                          # the round has closed: late
