@@ -374,6 +374,64 @@ def test_delta_broadcast_executors_rebuild_the_view_and_the_view_catches_up(code
         assert max(lags) == 0.0
 
 
+def test_the_base_is_renewed_when_a_rounds_rows_reach_the_fraction_or_every_rounds():
+    """One slot of 10 rows of 4 (40 values), fraction 0.5: k changed rows send 4k values and k ids, so 4 rows
+    (20) renew the base and 3 (15) do not; with ``every = N`` a base serves N rounds (it served N + 1, and
+    ``every = 1`` re-based every other round). A new base is a new token, and the old one is retired."""
+    from rnnlm.core.layout import Layout
+    from rnnlm.spark.broadcasts import ParamsBroadcast
+    layout = Layout([("W", (10, 4))])
+    base = np.zeros(40, np.float32)
+
+    def moved(rows):
+        p = base.copy()
+        p[:4 * rows] = 1.0
+        return p
+
+    retired = []
+    pb = ParamsBroadcast(_FakeSC(), layout, every=0, fraction=0.5, retire=retired.extend)
+    bc, rows, deltas, new = pb.round(base)
+    assert new == [bc] and rows == {} and deltas == [] and pb.token.endswith(":1")
+    for _ in range(5):                                          # only by size: 3 rows never renew it
+        again, rows, _, new = pb.round(moved(3))
+        assert again is bc and new == [] and rows["W"][0].tolist() == [0, 1, 2]
+    renewed, rows, _, new = pb.round(moved(4))
+    assert renewed is not bc and new == [renewed] and rows == {} and retired == [bc] and pb.token.endswith(":2")
+    assert np.array_equal(renewed.value, moved(4))
+    for every, want in ((3, "RrrRrrRr"), (1, "RRRRRRRR")):
+        pb = ParamsBroadcast(_FakeSC(), layout, every=every, fraction=0.5, retire=retired.extend)
+        assert "".join("R" if pb.round(moved(1))[3] else "r" for _ in range(8)) == want
+    assert ParamsBroadcast(_FakeSC(), layout, 0, 0.5).token != ParamsBroadcast(_FakeSC(), layout, 0, 0.5).token
+
+
+def test_a_delta_broadcast_renews_its_base_once_its_deltas_bytes_reach_the_fraction():
+    """f32 deltas of 2 rows of 4 cost 32 bytes and 8 of ids; fraction 0.5 of 160 bytes renews the base once
+    80 bytes have been sent since it: after two such deltas, at the third round's start."""
+    from rnnlm.core.layout import Layout
+    from rnnlm.spark.broadcasts import DeltaBroadcast
+    layout = Layout([("W", (10, 4))])
+    params = np.zeros(40, np.float32)
+    db = DeltaBroadcast(_FakeSC(), layout, every=0, fraction=0.5, codec="f32", retire=lambda old: None)
+    first, _, deltas, new = db.round(params)
+    assert new == [first] and deltas == []                       # nothing moved: no delta
+    kinds = []
+    for r in range(6):
+        params = params.copy()
+        params[8 * (r % 5):8 * (r % 5) + 8] += 1.0               # two rows
+        bc, _, deltas, new = db.round(params)
+        kinds.append(("base" if bc in new else "") + f"+{len(deltas)}")
+        assert np.array_equal(db.view, params) and new[-1] is deltas[-1]
+    assert kinds == ["+1", "+2", "base+1", "+2", "base+1", "+2"]
+    db = DeltaBroadcast(_FakeSC(), layout, every=2, fraction=10.0, codec="f32", retire=lambda old: None)
+    db.round(params)
+    kinds = []
+    for r in range(6):                                           # by age alone: a base serves two rounds
+        params = params + 1.0
+        bc, _, deltas, new = db.round(params)
+        kinds.append(("base" if bc in new else "") + f"+{len(deltas)}")
+    assert kinds == ["+1", "base+1", "+2", "base+1", "+2", "base+1"]
+
+
 def test_a_delta_broadcast_in_fp16_trains_like_the_exact_one_for_a_fraction_of_the_bytes(spark, tmp_path):
     rows = ("exchange.embed=rows", "exchange.softmax=rows", "exchange.frequent=0.05")
     _, mr = train(spark, tmp_path, "rows", *rows)

@@ -30,7 +30,7 @@ class ParamsBroadcast:
 
     def __init__(self, sc, layout, every: int, fraction: float, retire=None):
         self.sc, self.layout, self.every, self.fraction, self.retire = sc, layout, every, fraction, retire
-        self.base, self.bc_base, self.age = None, None, 0
+        self.base, self.bc_base, self.age = None, None, 0     # age: the rounds the base has served
         self.rebases = 0
         self.deltas, self.view = [], None     # DeltaBroadcast's deltas since the base, and their sum
         self.nonce = os.urandom(8).hex()
@@ -60,7 +60,7 @@ class ParamsBroadcast:
     def _rebase(self, params):
         """Retire the old base and its deltas; broadcast ``params`` as the new base (returned)."""
         self.close()
-        self.base, self.age = params.copy(), 0
+        self.base, self.age = params.copy(), 1                # it serves the round it is made for
         self.bc_base = self.sc.broadcast(self.base)
         self.rebases += 1
         return self.bc_base
