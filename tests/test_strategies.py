@@ -72,6 +72,7 @@ def test_paragraph_lanes_reset_at_starts_and_never_score_across():
         ends = set((np.append(STARTS[1:], 100) - 1).tolist())
         assert not any(xs[t, lane] in ends for t in np.nonzero(scored)[0])
     assert (ys >= 0).sum() == 100 - 4                            # every in-paragraph successor once
+    assert src.steps_per_pass == 5          # lanes of 30 + 20 and 15 + 35: 50 rows, 49 successors in chunks of 10
 
 
 def paragraphs_in(batches):
@@ -96,11 +97,47 @@ def test_sampled_paragraphs_train_on_the_whole_sample():
     assert paragraphs_in(whole.round_batches(1, 0)) == ([0, 1, 2, 3], 100 - 4)
 
 
+@pytest.mark.parametrize("strategy, local_steps", [("streams", 3), ("streams", 0), ("paragraphs", 2),
+                                                   ("windows", 0), ("sampled_windows", 0)])
+def test_round_tokens_counts_what_a_round_trains_on(strategy, local_steps):
+    """What ``train.epochs`` is counted in: every position of the fixed strategies' steps (all scored for
+    streams), every target of a sampled round's windows."""
+    src = Source(strategy, TOK, STARTS, B=2, T=9, fraction=0.3, seed=1)
+    batches = src.round_batches(1, local_steps)
+    positions, scored = sum(b.x.size for b in batches), sum(int((b.y >= 0).sum()) for b in batches)
+    assert src.round_tokens(local_steps) == (scored if strategy == "sampled_windows" else positions)
+    if strategy == "streams":
+        assert scored == positions == (local_steps or src.steps_per_pass) * 2 * 9
+
+
+def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_length():
+    lengths = np.diff(np.append(STARTS, 100))
+    src = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=0.5, seed=1)
+    drawn = [sum(lengths[i] for i in paragraphs_in(src.round_batches(rnd, 0))[0]) for rnd in range(1, 41)]
+    assert src.round_tokens(0) == 50.0 and abs(np.mean(drawn) - 50.0) < 5
+
+
 def test_too_short():
     with pytest.raises(TooShort):
         Source("windows", TOK[:5], np.array([0]), B=2, T=9)
     with pytest.raises(TooShort):
         Source("streams", TOK[:15], np.array([0]), B=2, T=9)
+
+
+def test_the_smallest_partition_each_strategy_takes_trains_and_one_token_less_is_too_short():
+    """Streams of exactly T + 1 tokens, one window of T + 1 (its step's other slot padded), one paragraph
+    of 2 tokens, a sample of one paragraph: each makes whole (T, B) batches; one token fewer is refused."""
+    for strategy, n in (("streams", 20), ("windows", 10), ("sampled_windows", 10), ("paragraphs", 2),
+                        ("sampled_paragraphs", 2)):
+        src = Source(strategy, TOK[:n], np.array([0]), B=2, T=9, fraction=0.5, seed=1)
+        batches = src.round_batches(1, 0)
+        assert all(b.x.shape == b.y.shape == b.reset.shape == (9, 2) for b in batches), strategy
+        scored = sum(int((b.y >= 0).sum()) for b in batches)
+        assert scored == {"streams": 18, "paragraphs": 1, "sampled_paragraphs": 1}.get(strategy, 9), strategy
+        with pytest.raises(TooShort):
+            Source(strategy, TOK[:n - 1], np.array([0]), B=2, T=9, fraction=0.5, seed=1).round_batches(1, 0)
+    # 18 tokens a stream: one chunk of 9 and its successors; a second chunk would lack its last successor
+    assert Source("streams", TOK[:36], np.array([0]), B=2, T=9).steps_per_pass == 1
 
 
 def leaf(w, v, pid):
