@@ -38,6 +38,21 @@ def hello(ps, pid):
     return f, a["params"]
 
 
+def hold_first_apply(ps, seconds=5.0):
+    """Make the next push's apply wait (up to ``seconds``) until released: ``(applying, release)`` events.
+    Later pushes apply at once."""
+    applying, release, original = threading.Event(), threading.Event(), ps.apply
+
+    def held(decoded, scale):
+        if not applying.is_set():
+            applying.set()
+            release.wait(seconds)
+        original(decoded, scale)
+
+    ps.apply = held
+    return applying, release
+
+
 def test_a_window_is_applied_at_most_once_and_a_retry_resumes_after_it():
     ps = server()
     f, p0 = hello(ps, 0)
@@ -315,19 +330,11 @@ def test_a_push_in_flight_during_a_pull_is_sent_by_the_next_pull():
     ps = server()
     f0, p0 = hello(ps, 0)
     hello(ps, 1)
-    applying, release, original = threading.Event(), threading.Event(), ps.apply
-
-    def held_apply(decoded, scale):
-        applying.set()
-        release.wait(5)
-        original(decoded, scale)
-
-    ps.apply = held_apply
+    applying, release = hold_first_apply(ps)
     one = np.ones(LAYOUT.size, np.float32)
     th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one * 2))
     th.start()
     assert applying.wait(5)
-    ps.apply = original
     kind, r, a = push(ps, 0, 1, 0, 0, one)             # lands while worker 1's push is held mid-apply
     patch(LAYOUT, p0, r["pulled"], a)
     assert r["version"] == 0                           # claim 1 (worker 1's) has not landed: watermark 0
@@ -397,15 +404,7 @@ def test_a_snapshot_waits_for_a_push_that_never_lands_at_most_timeout_s():
     ps = server(heartbeat_s=0.1, timeout_s=0.5)
     hello(ps, 0)
     hello(ps, 1)
-    applying, release, original = threading.Event(), threading.Event(), ps.apply
-
-    def stuck(decoded, scale):
-        if not applying.is_set():
-            applying.set()
-            release.wait(20)
-        original(decoded, scale)
-
-    ps.apply = stuck
+    applying, release = hold_first_apply(ps, 20)
     th = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, np.ones(LAYOUT.size, np.float32)), daemon=True)
     th.start()
     try:
@@ -644,14 +643,7 @@ def test_hello_gives_the_version_every_push_below_it_has_landed_in():
     hello(ps, 1)
     one = np.ones(LAYOUT.size, np.float32)
     push(ps, 0, 1, 0, 0, one)                                   # claim 1, landed
-    applying, release, original = threading.Event(), threading.Event(), ps.apply
-
-    def held_apply(decoded, scale):
-        applying.set()
-        release.wait(5)
-        original(decoded, scale)
-
-    ps.apply = held_apply
+    applying, release = hold_first_apply(ps)
     th = threading.Thread(target=push, args=(ps, 1, 1, 0, 1, one * 2))   # claim 2, held mid-apply
     th.start()
     try:
@@ -662,7 +654,6 @@ def test_hello_gives_the_version_every_push_below_it_has_landed_in():
     finally:
         release.set()
         th.join(5)
-    ps.apply = original
     kind, r, a = push(ps, 0, 2, 1, f["version"], np.zeros(LAYOUT.size, np.float32))
     patch(LAYOUT, p, r["pulled"], a)
     assert r["version"] == 3
@@ -726,15 +717,7 @@ def test_a_snapshot_holds_new_pushes_back_until_it_is_taken_and_drains_only_when
     ps = server()
     hello(ps, 0)
     hello(ps, 1)
-    applying, release, original = threading.Event(), threading.Event(), ps.apply
-
-    def held_apply(decoded, scale):
-        if not applying.is_set():
-            applying.set()
-            release.wait(5)
-        original(decoded, scale)
-
-    ps.apply = held_apply
+    applying, release = hold_first_apply(ps)
     one = np.ones(LAYOUT.size, np.float32)
     first = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, one))
     first.start()
