@@ -209,6 +209,7 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_not_read(tmp_path, ck):
     ("optim name", "optimizer slot name 'px/m' is not one a trainer writes"),
     ("object array", "hidden.npy contains pickled data, refused"),
     ("manifest lacks", "manifest lacks vocab.json"),
+    ("vocab count", "vocabulary counts must be a list of integers in [0, 2**63)"),
     ("optim member name", "optim.npz holds 'm.bin' ("),
     ("optim member size", "optim.npz holds 'm.npy' ("),
 ])
@@ -251,6 +252,10 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
         man = json.load(open(os.path.join(path, ckpt.MANIFEST)))
         del man["vocab.json"]
         open(os.path.join(path, ckpt.MANIFEST), "w").write(json.dumps(man))
+    elif what == "vocab count":                    # was an OverflowError's traceback
+        vocab = json.loads(ck.vocab.to_json())
+        vocab["counts"][0] = 10 ** 30
+        path = _crafted(tmp_path, ck, **{"vocab.json": json.dumps(vocab).encode()})
     elif what.startswith("optim member"):          # refused from the zip's directory, before it is read
         import zipfile
         with zipfile.ZipFile(b, "w") as z:

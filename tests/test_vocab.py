@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -43,3 +45,37 @@ def test_eos_at_line_ends():
     v = Vocab.build("a b\nc\n", "word")
     assert v.decode(v.encode("a b\nc\n")).split() == ["a", "b", "c"]
     assert (v.encode("a b\nc\n") == v.index[EOS]).sum() == 2
+
+
+_GOOD = {"level": "char", "tokens": ["a", "b", UNK_CHAR], "counts": [3, 1, 0]}
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"tokens": "ab" + UNK_CHAR}, "tokens must be a list of non-empty strings"),      # a string is a list of chars
+    ({"tokens": [1, "b", UNK_CHAR]}, "tokens must be a list of non-empty strings"),
+    ({"tokens": ["", "b", UNK_CHAR]}, "tokens must be a list of non-empty strings"),
+    ({"tokens": ["ab", "b", UNK_CHAR]}, "a character vocabulary's tokens must be single characters"),
+    ({"counts": [10 ** 30, 1, 0]}, "counts must be a list of integers in [0, 2**63)"),   # was an OverflowError
+    ({"counts": [2 ** 63, 1, 0]}, "counts must be a list of integers in [0, 2**63)"),
+    ({"counts": [3, -1, 0]}, "counts must be a list of integers in [0, 2**63)"),
+    ({"counts": ["3", 1, 0]}, "counts must be a list of integers in [0, 2**63)"),
+    ({"counts": [3.5, 1, 0]}, "counts must be a list of integers in [0, 2**63)"),
+    ({"counts": [True, 1, 0]}, "counts must be a list of integers in [0, 2**63)"),
+    ({"counts": {"a": 3}}, "counts must be a list of integers in [0, 2**63)"),
+    ({"level": ["char"] * 1000}, "unknown vocabulary level ['char', 'char'"),
+    ({"extra": 1}, "must be a table of level, tokens and counts"),
+])
+def test_a_vocabulary_file_is_checked_field_by_field(change, needle):
+    """What a checkpoint's vocab.json may hold: each field typed and in range, or one short line (a
+    count beyond int64 was an OverflowError's traceback; a string of tokens, ints or negative counts
+    were taken)."""
+    with pytest.raises(VocabError) as e:
+        Vocab.from_json(json.dumps({**_GOOD, **change}))
+    assert needle in str(e.value) and len(str(e.value)) < 200, str(e.value)
+
+
+def test_a_vocabulary_file_at_its_edges_loads():
+    v = Vocab.from_json(json.dumps({**_GOOD, "counts": [2 ** 63 - 1, 0, 0]}))
+    assert v.counts.tolist() == [2 ** 63 - 1, 0, 0] and v.tokens == _GOOD["tokens"]
+    w = Vocab.from_json(json.dumps({"level": "word", "tokens": ["<unk>", "<eos>", "x"], "counts": [2, 1, 1]}))
+    assert w.unk_id == 0 and len(w) == 3

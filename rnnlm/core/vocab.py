@@ -52,7 +52,7 @@ class Vocab:
 
     def __init__(self, tokens, counts, level):
         if level not in ("char", "word"):
-            raise VocabError(f"unknown vocabulary level {level!r}")
+            raise VocabError(f"unknown vocabulary level {level!r:.40}")
         if len(tokens) != len(counts) or len(set(tokens)) != len(tokens):
             raise VocabError("vocabulary tokens must be unique and match counts")
         self.level = level
@@ -128,11 +128,21 @@ class Vocab:
 
     @classmethod
     def from_json(cls, text: str) -> "Vocab":
+        """The vocabulary of :meth:`to_json`'s text (a checkpoint's ``vocab.json``), every field checked."""
         try:
             d = json.loads(text)
-            return cls(d["tokens"], d["counts"], d["level"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise VocabError(f"invalid vocabulary JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise VocabError(f"invalid vocabulary JSON: {type(e).__name__}") from None
+        if not (isinstance(d, dict) and set(d) == {"level", "tokens", "counts"}):
+            raise VocabError("a vocabulary file must be a table of level, tokens and counts")
+        tokens, counts = d["tokens"], d["counts"]
+        if not (isinstance(tokens, list) and all(isinstance(t, str) and t for t in tokens)):
+            raise VocabError("vocabulary tokens must be a list of non-empty strings")
+        if d["level"] == "char" and any(len(t) != 1 for t in tokens):
+            raise VocabError("a character vocabulary's tokens must be single characters")
+        if not (isinstance(counts, list) and all(type(c) is int and 0 <= c < 2 ** 63 for c in counts)):
+            raise VocabError("vocabulary counts must be a list of integers in [0, 2**63)")
+        return cls(tokens, counts, d["level"])
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, Vocab) and self.level == other.level
