@@ -58,3 +58,31 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     (tmp_path / "run" / "run.json").write_text("{}")
     again.prepare(resume=False, overwrite=True)
     assert list((tmp_path / "run").iterdir()) == []
+
+
+@pytest.mark.parametrize("lines, key, taken", [
+    ('{"round": 1}\n{"round": 2}\n{"rou', "round", [{"round": 1}, {"round": 2}]),    # a crash cut the last
+    ('{"round": 0, "syncs": 0}\n', "syncs", [{"round": 0, "syncs": 0}]),
+    ('{"round": 1}\n5\n{"round": 3}\n', "round", 2),                # a JSON number: m["round"] was a TypeError
+    ('{"round": 1}\n{"loss": 2.0}\n', "round", 2),                  # no round: a KeyError
+    ('{"round": "1"}\n', "round", 1),                               # a string: "1" <= 2 was a TypeError
+    ('{"round": -1}\n', "round", 1),
+    ('{"round": true}\n', "round", 1),
+    ('{"round": 1}\n{"round": 2}\n', "syncs", 1),                   # an async resume reads syncs
+    ('{"round": 1}\n{"rou\n{"round": 3}\n', "round", 2),           # only the last line may be cut short:
+])                                                                  # json_lines dropped round 3 on resume
+def test_saved_metrics_lines_are_metrics_lines_or_one_line_error(tmp_path, lines, key, taken):
+    """What a resume reads back from metrics.jsonl: tables with the integer counts it filters on. A
+    line of anything else was a traceback in the resume (or, before Spark, in the plateau check); a
+    cut line before the last silently dropped every line after it when the resume rewrote the file."""
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    run = RunDir(str(tmp_path), fs=LocalFS())
+    keys = ("round", "syncs") if key == "syncs" else ("round",)
+    if isinstance(taken, list):
+        assert run.saved_lines(keys) == taken
+        return
+    with pytest.raises(TrainingError) as e:
+        run.saved_lines(keys)
+    assert str(e.value) == (f"{tmp_path}/metrics.jsonl: line {taken} is not a metrics line (a JSON table with "
+                            f"integers {' and '.join(keys)} >= 0): mend or remove it, or start again with "
+                            "--overwrite"), str(e.value)

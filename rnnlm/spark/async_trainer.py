@@ -118,7 +118,7 @@ class AsyncTrainer(Driver):
 
     def _load_checkpoint(self):
         ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
-        lines = [m for m in self.dir.saved_lines() or [] if m["syncs"] <= ck.position["version"]]
+        lines = [m for m in self.dir.saved_lines(("round", "syncs")) or [] if m["syncs"] <= ck.position["version"]]
         line = ck.position.get("line")
         if line and (not lines or lines[-1]["syncs"] < line["syncs"]):
             lines.append(line)        # the driver died between the checkpoint and its line

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from .. import config
 from ..core import checkpoint
-from ..core.metrics import json_lines
 from . import runinfo
 from .hfs import HadoopFS
 
@@ -224,10 +223,27 @@ class RunDir:
         (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights."""
         runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
 
-    def saved_lines(self) -> list | None:
-        """The metrics file's lines, or None when it is missing or empty."""
+    def saved_lines(self, keys: tuple = ("round",)) -> list | None:
+        """The metrics file's lines, or None when it is missing or empty; a last line cut short by a
+        crash is dropped. TrainingError for any other line that is not a JSON table with integers
+        ``keys`` >= 0 (what a resume filters the lines on)."""
         raw = self.fs.read(self.metrics_path)
-        return json_lines(raw) if raw else None
+        if not raw:
+            return None
+        text, out = raw.decode("utf-8", errors="replace").splitlines(), []
+        for i, line in enumerate(text, 1):
+            try:
+                m = json.loads(line)
+            except (ValueError, RecursionError):
+                if i == len(text):
+                    break
+                m = None
+            if not (isinstance(m, dict) and all(type(m.get(k)) is int and m[k] >= 0 for k in keys)):
+                raise TrainingError(f"{self.metrics_path}: line {i} is not a metrics line (a JSON table with "
+                                    f"integers {' and '.join(keys)} >= 0): mend or remove it, or start again "
+                                    "with --overwrite")
+            out.append(m)
+        return out
 
     def keep_lines(self, lines: list) -> None:
         """On resume: the metrics file holds ``lines`` only (the work after the checkpoint runs
