@@ -275,3 +275,12 @@ def test_the_bytes_axis_reads_in_megabytes_and_gigabytes(tmp_path):
 def test_relative_paths_in_rnnlm_runs_are_read_from_the_given_root():
     assert runs.env_paths("runs/a, /abs/b,,webhdfs://nn:9870/r,file:///x", "/repo") == [
         "/repo/runs/a", "/abs/b", "webhdfs://nn:9870/r", "file:///x"]
+
+
+@pytest.mark.parametrize("tail", ["5\n", "[1, 2]\n", "null\n", '"round"\n'])
+def test_a_line_that_is_not_a_table_ends_the_record_as_a_cut_line_does(tmp_path, tail):
+    """A metrics line of JSON that is not a table (an edit, a disk's garbage) reached the plots as a
+    point, where ``m.get`` raised AttributeError: a traceback from ``rnnlm plot``."""
+    d = make_run(tmp_path, "a", LINES, raw_tail=tail + json.dumps(line(5, 500, 50, 25, 5.0, 2.8)) + "\n")
+    assert runs.load(str(d)).metrics == LINES
+    plots.save(plots.plot_metric(runs.load_all([str(d)]), y="valid_ppl"), str(tmp_path / "p.png"))

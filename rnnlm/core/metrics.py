@@ -26,12 +26,15 @@ def log_line(m: dict, skip=()) -> str:
 
 
 def json_lines(data: bytes) -> list:
-    """The JSON objects of ``data``, one per line, up to the first line that does not parse
-    (a line cut short by a crash or still being written ends the record)."""
+    """The JSON tables of ``data``, one per line, up to the first line that is not one (a line cut
+    short by a crash or still being written ends the record, as does any other line)."""
     out = []
     for line in data.decode("utf-8", errors="replace").splitlines():
         try:
-            out.append(json.loads(line))
-        except ValueError:
+            m = json.loads(line)
+        except (ValueError, RecursionError):
             break
+        if not isinstance(m, dict):
+            break
+        out.append(m)
     return out
