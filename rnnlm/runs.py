@@ -161,8 +161,13 @@ def load(path: str) -> Run:
     if not metrics:
         raise RunError(f"{path}: metrics.jsonl holds no complete line yet")
     info = _json(fs, f"{p}/run.json")
-    cfg = info.get("config") or _json(fs, f"{p}/checkpoint/config.json")
+    cfg = _sections(info.get("config")) or _sections(_json(fs, f"{p}/checkpoint/config.json"))
     return Run(prefix + p if prefix else path.rstrip("/"), metrics, cfg, info)
+
+
+def _sections(cfg) -> dict:
+    """The tables of sections of a configuration read back (a file edited or damaged holds other things)."""
+    return {s: keys for s, keys in cfg.items() if isinstance(keys, dict)} if isinstance(cfg, dict) else {}
 
 
 def load_all(paths) -> list:

@@ -284,3 +284,15 @@ def test_a_line_that_is_not_a_table_ends_the_record_as_a_cut_line_does(tmp_path,
     d = make_run(tmp_path, "a", LINES, raw_tail=tail + json.dumps(line(5, 500, 50, 25, 5.0, 2.8)) + "\n")
     assert runs.load(str(d)).metrics == LINES
     plots.save(plots.plot_metric(runs.load_all([str(d)]), y="valid_ppl"), str(tmp_path / "p.png"))
+
+
+@pytest.mark.parametrize("config_", [5, [1], {"train": 5, "model": {"hidden": 8}}])
+def test_a_run_json_whose_config_is_not_sections_is_read_for_what_it_holds(tmp_path, config_):
+    """``{"config": 5}`` in run.json reached ``flat_config`` (AttributeError: 'int' object has no
+    attribute 'items'): a traceback from ``rnnlm plot`` on two runs."""
+    a, b = (make_run(tmp_path, n, LINES, info=False) for n in "ab")
+    (a / "run.json").write_text(json.dumps({"config": config_}))
+    r = runs.load(str(a))
+    assert r.config == ({"model": {"hidden": 8}} if isinstance(config_, dict) else {})
+    assert runs.differing([r, runs.load(str(b))]) == (["model.hidden"] if isinstance(config_, dict) else [])
+    plots.save(plots.plot_metric(runs.load_all([str(a), str(b)]), y="valid_ppl"), str(tmp_path / "p.png"))
