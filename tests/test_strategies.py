@@ -194,7 +194,7 @@ def test_wire_bytes_count_every_pickled_hop():
 
 def test_downloader_mirror_checksums(tmp_path, monkeypatch):
     data = b"hello corpus\n"
-    entry = ("https://example.invalid/toy.txt", hashlib.sha256(data).hexdigest())
+    entry = ("https://example.invalid/toy.txt", hashlib.sha256(data).hexdigest(), len(data))
     monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": entry})
     mirror = tmp_path / "mirror"
     mirror.mkdir()
@@ -202,7 +202,7 @@ def test_downloader_mirror_checksums(tmp_path, monkeypatch):
     dest = tmp_path / "data"
     assert download.fetch("toy", str(dest), str(mirror), log=lambda s: None) == [str(dest / "toy.txt")]
     assert (dest / "toy.txt").read_bytes() == data
-    (mirror / "toy.txt").write_bytes(b"tampered\n")
+    (mirror / "toy.txt").write_bytes(b"hellO corpus\n")              # its size, not its bytes
     (dest / "toy.txt").unlink()
     with pytest.raises(download.DownloadError, match="checksum mismatch"):
         download.fetch("toy", str(dest), str(mirror), log=lambda s: None)

@@ -1,0 +1,92 @@
+"""Fetching a corpus over HTTP from a real server on loopback that misbehaves in each way a server can."""
+import hashlib
+import http.server
+import threading
+import time
+
+import pytest
+
+from rnnlm import download
+
+DATA = bytes(range(256)) * 4            # 1 KiB
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"       # a body without Content-Length ends when the connection closes
+
+    def do_GET(self):
+        how = self.path.strip("/")
+        if how == "missing":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        if how != "endless":
+            self.send_header("Content-Length", str(10 ** 12 if how == "announced" else len(DATA)))
+        self.end_headers()
+        try:
+            if how == "endless":                    # streamed beyond the file's size, with no length
+                for _ in range(10 ** 4):
+                    self.wfile.write(DATA)
+            elif how == "trickle":                  # every byte in time for the socket, the whole far too slow
+                for i in range(0, len(DATA), 16):
+                    self.wfile.write(DATA[i:i + 16])
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            elif how == "short":
+                self.wfile.write(DATA[:100])
+            elif how in ("ok", "announced"):
+                self.wfile.write(DATA)
+        except OSError:                             # the client hung up: what it should do
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{s.server_address[1]}"
+    s.shutdown()
+    s.server_close()
+
+
+def fetch(monkeypatch, tmp_path, url):
+    monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": (url, hashlib.sha256(DATA).hexdigest(), len(DATA))})
+    return download.fetch("toy", str(tmp_path / "data"), log=lambda s: None)
+
+
+def test_a_corpus_is_fetched_over_http_and_verified(monkeypatch, tmp_path, server):
+    assert fetch(monkeypatch, tmp_path, f"{server}/ok") == [str(tmp_path / "data" / "toy.txt")]
+    assert (tmp_path / "data" / "toy.txt").read_bytes() == DATA
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("announced", "announces '1000000000000' bytes, expected 1024"),     # refused before a byte of the body
+    ("endless", "sent more than the 1024 bytes expected"),               # read no further than 1025 bytes
+    ("trickle", "took longer than 0.3 s (after "),
+    ("short", "ended after 100 of 1024 bytes"),
+    ("missing", "HTTPError: HTTP Error 404"),
+])
+def test_a_server_cannot_fill_the_disk_hold_the_fetch_or_cut_it_short(monkeypatch, tmp_path, server, how, needle):
+    """Every fetch before read the whole response (shutil.copyfileobj) with only a per-read timeout:
+    an endless body filled the disk and a trickle held the fetch for ever."""
+    monkeypatch.setattr(download, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(download, "MIN_RATE", 1 << 40)
+    t0 = time.monotonic()
+    with pytest.raises(download.DownloadError) as e:
+        fetch(monkeypatch, tmp_path, f"{server}/{how}")
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert time.monotonic() - t0 < 1.5
+    assert list((tmp_path / "data").iterdir()) == []                    # nothing half-written is left
+
+
+def test_a_mirror_file_of_another_size_is_refused_before_it_is_copied(monkeypatch, tmp_path):
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "mirror" / "toy.txt").write_bytes(DATA + b"x")
+    monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": ("https://example.invalid/toy.txt",
+                                                              hashlib.sha256(DATA).hexdigest(), len(DATA))})
+    with pytest.raises(download.DownloadError, match=f"^toy.txt: 1025 bytes in the mirror {tmp_path}/mirror, "
+                                                     "expected 1024$"):
+        download.fetch("toy", str(tmp_path / "data"), str(tmp_path / "mirror"), log=lambda s: None)
