@@ -194,6 +194,8 @@ def test_the_servers_hello_reflected_back(server, secret):
     (wire.MAGIC + struct.pack(">IQ", 10, 1), "size"),            # a hello has no body
     (wire.MAGIC + struct.pack(">IQ", 10, 0) + b'{"kin', "truncated"),
     (wire.MAGIC + b"\0\0", "truncated"),
+    (wire.MAGIC, "truncated"),                                   # closed where the sizes begin
+    (wire.MAGIC + struct.pack(">IQ", 10, 0), "truncated"),       # ...where the header begins
     (b"", "handshake"),                                          # connected and left
 ])
 def test_refused_before_the_handshake(server, secret, data, reason):
@@ -336,12 +338,12 @@ def test_a_handler_that_raises(server, secret):
     c.close()
 
 
-def pair(secret, timeout=2.0):
+def pair(secret, timeout=2.0, max_frame=1024):
     listener = socket.create_server(("127.0.0.1", 0))
     out = {}
-    t = threading.Thread(target=lambda: out.update(conn=wire.accept(listener.accept()[0], secret, 1024, timeout)))
+    t = threading.Thread(target=lambda: out.update(conn=wire.accept(listener.accept()[0], secret, max_frame, timeout)))
     t.start()
-    client = wire.connect(*listener.getsockname(), secret, 1024, timeout)
+    client = wire.connect(*listener.getsockname(), secret, max_frame, timeout)
     t.join()
     listener.close()
     return client, out["conn"]
@@ -507,15 +509,18 @@ def test_a_client_replaces_a_connection_idle_longer_than_max_idle(server, secret
     c.close()
 
 
-@pytest.mark.parametrize("version, kind, refused", [(wire.VERSION, "hello", False), (wire.VERSION - 1, "hello", True),
-                                                    (wire.VERSION, "hi", True)])
-def test_a_client_hello_of_another_version_or_kind_is_refused(server, secret, version, kind, refused):
+@pytest.mark.parametrize("version, kind, nonce, refused", [
+    (wire.VERSION, "hello", "00" * 16, False), (wire.VERSION - 1, "hello", "00" * 16, True),
+    (wire.VERSION, "hi", "00" * 16, True), (wire.VERSION, "hello", "00" * 15, True),
+    (wire.VERSION, "hello", "0g" * 16, True), (wire.VERSION, "hello", [0] * 32, True)])
+def test_a_client_hello_of_another_version_or_kind_is_refused(server, secret, version, kind, nonce, refused):
     """A hello MAC'd with the run's secret and answering the server's nonce, but of another version or
-    kind, gets no welcome (the first: the same hello at this version does)."""
+    kind, or whose own nonce is not 16 bytes in hex, gets no welcome (the first: the same hello at this
+    version does)."""
     with raw(server) as s:
         _, hello = read_frame(s)
         s.sendall(frame(secret, wire._TO_SERVER, {"kind": kind, "seq": 0, "arrays": [], "fields": {
-            "v": version, "nonce_s": hello["fields"]["nonce"], "nonce_c": "00" * 16}}))
+            "v": version, "nonce_s": hello["fields"]["nonce"], "nonce_c": nonce}}))
         if refused:
             refused_once(server, secret, "handshake")
         else:
@@ -584,5 +589,82 @@ def test_authenticated_connections_beyond_the_cap_are_refused_until_one_closes(s
                 return False
         wait_for(answered, timeout=5.0)
         assert set(s.refused) == {"busy"}
+    finally:
+        s.close()
+
+
+def test_a_body_of_max_frame_and_a_header_of_64_kib_pass_one_byte_more_does_not(secret):
+    """The bounds themselves are inside them, on both sides: what one side may send, the other takes."""
+    client, server = pair(secret)                               # max_frame 1024
+    body = np.zeros(1024, np.uint8)
+    server.send("x", {}, {"b": body})
+    assert np.array_equal(client.recv()[2]["b"], body)
+    with pytest.raises(wire.WireError, match="^size: header 64 bytes, body 1025 "):
+        server.send("x", {}, {"b": np.zeros(1025, np.uint8)})
+    pad = (64 << 10) - len(json.dumps({"kind": "x", "seq": 2, "fields": {"p": ""}, "arrays": []},
+                                      separators=(",", ":")))
+    server.send("x", {"p": "a" * pad})                          # a header of exactly 64 KiB
+    assert len(client.recv()[1]["p"]) == pad
+    with pytest.raises(wire.WireError, match="^size: header 65537 bytes"):
+        server.send("x", {"p": "a" * (pad + 1)})
+    key = server._key                                           # what a peer that skips the check sends
+    server.sock.sendall(b"".join(wire._seal(key, wire._TO_CLIENT, b"x" * ((64 << 10) + 1), [])))
+    with pytest.raises(wire.WireError, match="^size: header 65537 bytes, body 0 "):
+        client.recv()
+    client.close()
+    server.close()
+
+
+def test_a_large_frame_may_take_longer_than_timeout_at_the_minimum_rate(secret):
+    """A frame, once begun, has ``timeout`` plus a second per MiB: a 2 MiB body arriving in 0.6 s is
+    taken with a 0.3 s timeout (each piece within it), not cut as truncated."""
+    client, server = pair(secret, timeout=0.3, max_frame=4 << 20)
+    body = np.arange(2 << 20, dtype=np.uint8)
+    data = b"".join(bytes(p) for p in server.encode("big", {}, {"b": body}))
+    server._seq_out += 1
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(frame=client.recv()))
+    reader.start()
+    for i in range(0, len(data), 256 << 10):
+        server.sock.sendall(data[i:i + (256 << 10)])
+        time.sleep(0.075)
+    reader.join(5.0)
+    assert np.array_equal(got["frame"][2]["b"], body)
+    client.close()
+    server.close()
+
+
+def test_a_body_as_large_as_the_whole_cap_is_served_and_every_byte_given_back(secret):
+    """``max_in_flight`` bytes fit in flight (one more is refused as "size" at once), and a closed
+    connection leaves the cap at 0: a byte lost either way would shrink or grow it for good."""
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=[].append, max_in_flight=1000).start()
+    try:
+        c = wire.Client(*s.address, secret, MAX_FRAME, timeout=2.0)
+        assert c.call("sum", {}, {"x": np.ones(125)})[1] == {"total": 125.0}         # 1000 bytes
+        assert c.call("sum", {}, {"x": np.ones(1)})[1] == {"total": 1.0}
+        with pytest.raises((wire.WireError, OSError)):
+            c.call("sum", {}, {"x": np.ones(1001, np.uint8)})
+        wait_for(lambda: s.refused == {"size": 1})
+        c.close()
+        wait_for(lambda: s.connections == 1 and not s._live)
+        assert s.in_flight.used == 0
+    finally:
+        s.close()
+
+
+def test_both_sides_send_without_nagles_delay_and_secrets_are_32_bytes(secret):
+    client, server = pair(secret)
+    assert client.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    assert server.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    assert len(wire.new_secret()) == 32 and wire.new_secret() != wire.new_secret()
+    client.close()
+    server.close()
+
+
+def test_a_server_with_no_pending_slots_asked_for_keeps_one(secret):
+    """``max_pending=0`` would evict from an empty table (StopIteration in the accept loop): it means 1."""
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=[].append, max_pending=0).start()
+    try:
+        assert s.max_pending == 1 and serves(s, secret)
     finally:
         s.close()

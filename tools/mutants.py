@@ -2,6 +2,7 @@
 
     python tools/mutants.py rnnlm/core/sampled.py tests/test_sampled_softmax.py [more tests ...]
     python tools/mutants.py rnnlm/exchange/frames.py tests/test_channel.py --lines 160-260
+    python tools/mutants.py rnnlm/server/wire.py tests/test_wire.py --survivors old.log   # again, with new tests
 
 Copies the tracked tree into a scratch directory (the checkout is never touched), then, one at a
 time, makes each small change below to MODULE and runs the given tests against it (``pytest -x``):
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,13 +90,21 @@ def main(argv=None):
     ap.add_argument("module", help="the file to mutate, relative to the repository root")
     ap.add_argument("tests", nargs="+", help="the test files to run against each mutant")
     ap.add_argument("--lines", default=None, help="only mutants on lines A-B")
+    ap.add_argument("--survivors", default=None, metavar="LOG",
+                    help="only the mutants this script's output LOG says survived (their line and change)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run (a run past it counts as caught)")
     a = ap.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
     source = open(os.path.join(root, a.module)).read()
     lo, hi = map(int, a.lines.split("-")) if a.lines else (0, 10 ** 9)
-    count = sum(lo <= n.lineno <= hi for n, _, _ in sites(ast.parse(source)))
+    wanted = survivors(a.survivors) if a.survivors else None
+
+    def chosen(node, kind, parent) -> bool:
+        if not lo <= node.lineno <= hi:
+            return False
+        return wanted is None or (node.lineno, mutate(node, kind, parent)) in wanted     # a throwaway tree's node
+    count = sum(chosen(*site) for site in sites(ast.parse(source)))
     print(f"# {count} mutants of {a.module}; tests: {' '.join(a.tests)}", flush=True)
     survived = done = 0
     with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
@@ -111,8 +121,9 @@ def main(argv=None):
                 return False
         if not passes():
             raise SystemExit(f"mutants: the tests fail on the unchanged copy: {' '.join(a.tests)}")
-        for i, (node, kind, parent) in enumerate(sites(ast.parse(source))):
-            if not lo <= node.lineno <= hi:
+        for i, site in enumerate(sites(ast.parse(source))):
+            node = site[0]
+            if not chosen(*site):
                 continue
             tree = ast.parse(source)                                 # a fresh tree: its i-th site is this one
             n, k, p = sites(tree)[i]
@@ -127,6 +138,16 @@ def main(argv=None):
             print(f"{'caught  ' if caught else 'SURVIVED'} line {node.lineno:<4d} {change:18s} "
                   f"{time.perf_counter() - t0:5.1f} s | {line[:100]}", flush=True)
     print(f"survived={survived} of {done}")
+
+
+def survivors(path: str) -> set:
+    """``{(line, change)}`` of the mutants an earlier run's output at ``path`` reported as survivors."""
+    found = set()
+    for text in open(path):
+        m = re.match(r"SURVIVED line (\d+)\s+(.+?)\s+[\d.]+ s \|", text)
+        if m:
+            found.add((int(m.group(1)), m.group(2)))
+    return found
 
 
 if __name__ == "__main__":
