@@ -298,6 +298,9 @@ def test_a_recorded_conversation_replayed_on_a_new_connection(server, secret, re
     ([["x", "float32", [1]], ["x", "float32", [1]]], bytes(8), "header"),
     ([["x", "float32", [0, 1 << 70]]], b"", "header"),
     ([["x", "float32"]], b"", "header"),
+    ([["x", "float32", [1.5]]], bytes(6), "header"),         # a float dimension: frombuffer's TypeError
+    ([[5, "float32", [1]]], bytes(4), "header"),             # a name that is not a string
+    ([["x", ["float32"], [1]]], bytes(4), "header"),         # a dtype that is not one (unhashable)
 ])
 def test_mac_valid_frames_with_bad_arrays(server, secret, spec, body, reason):
     conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
@@ -668,3 +671,16 @@ def test_a_server_with_no_pending_slots_asked_for_keeps_one(secret):
         assert s.max_pending == 1 and serves(s, secret)
     finally:
         s.close()
+
+
+def test_a_frame_that_stops_midway_is_truncated_not_a_timeout(secret):
+    """A reply that began and then stalled is a refused frame ("truncated"), not the silence between
+    frames (TimeoutError), which a caller may wait through: wherever in the frame it stalls."""
+    for partial in (wire.MAGIC[:2], wire.MAGIC + b"\0\0", wire.MAGIC + struct.pack(">IQ", 10, 0) + b"{"):
+        client, server = pair(secret, timeout=0.2)
+        server.sock.sendall(partial)
+        with pytest.raises(wire.WireError) as e:
+            client.recv()
+        assert e.value.reason == "truncated" and "TimeoutError" in str(e.value), str(e.value)
+        client.close()
+        server.close()
