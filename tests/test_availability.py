@@ -273,7 +273,7 @@ def test_log_limit_holds_back_a_flood_and_says_how_many():
         say("garbage", f"refused {i}")
     say("mac", "refused m\nerror: forged \x1b[31mred")
     assert lines == ["refused 0", "refused 1", "refused 2", "refused m error: forged [31mred"]
-    now[0] = 61.0
+    now[0] = 60.0                                   # a period is [start, start + 60): the next begins here
     say("garbage", "refused 10")
     assert lines[4:] == ["wire: 7 more refusal lines were not logged (garbage 7; at most 3 of each kind in 60 s)",
                          "refused 10"]
@@ -283,7 +283,7 @@ def test_log_limit_holds_back_a_flood_and_says_how_many():
         say("mac", f"m{i}")
     say.flush()
     assert lines[6:] == ["m0", "m1", "m2", "wire: 2 more refusal lines were not logged (mac 2; at most 3 of each "
-                                           "kind in 60 s)"]       # mac's own period began at 61 s
+                                           "kind in 60 s)"]       # mac's own period began at 60 s
 
 
 def test_two_hundred_garbage_connections_log_five_lines_and_count_every_one():

@@ -684,3 +684,23 @@ def test_a_frame_that_stops_midway_is_truncated_not_a_timeout(secret):
         assert e.value.reason == "truncated" and "TimeoutError" in str(e.value), str(e.value)
         client.close()
         server.close()
+
+
+def test_thread_slots_are_given_back_by_every_connection_that_ends(secret):
+    """A server of 3 thread slots (1 authenticated, 1 pending, 1 on its way out) serves connection
+    after connection, garbage peers among them, and counts no slot still taken once they have gone:
+    a slot lost per connection would refuse every client ("busy") after the third."""
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=[].append, max_connections=1,
+                         max_pending=1).start()
+    try:
+        for i in range(6):
+            if i % 2:
+                with raw(s) as peer:
+                    peer.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                wait_for(lambda: s.refused.get("garbage") == (i + 1) // 2)
+            else:
+                assert serves(s, secret)
+            wait_for(lambda: not s._live)
+        assert s._active == 0 and s.refused == {"garbage": 3}
+    finally:
+        s.close()
