@@ -704,3 +704,18 @@ def test_thread_slots_are_given_back_by_every_connection_that_ends(secret):
         assert s._active == 0 and s.refused == {"garbage": 3}
     finally:
         s.close()
+
+
+def test_a_server_on_ipv6_loopback_serves_and_names_its_peers(secret):
+    """Over IPv6 a peer's address is a 4-tuple: only its host and port name it in the logs."""
+    logs = []
+    s = wire.FrameServer(handle, secret, host="::1", max_frame=MAX_FRAME, timeout=2.0, log=logs.append).start()
+    try:
+        assert s.address[0] == "::1" and serves(s, secret)
+        with socket.create_connection(s.address[:2]) as peer:
+            port = peer.getsockname()[1]
+            peer.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            wait_for(lambda: s.refused == {"garbage": 1})
+        assert logs[0].startswith(f"wire: refused ::1:{port}: garbage: "), logs
+    finally:
+        s.close()
