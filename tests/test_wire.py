@@ -719,3 +719,87 @@ def test_a_server_on_ipv6_loopback_serves_and_names_its_peers(secret):
         assert logs[0].startswith(f"wire: refused ::1:{port}: garbage: "), logs
     finally:
         s.close()
+
+
+class FakeClock:
+    """``time`` for wire's retries: ``sleep`` advances ``monotonic`` at once and is recorded."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.now += s
+
+
+def closing_listener(secret, serve_from=None):
+    """A listener that closes each connection before its welcome (the first mid-frame: "truncated", the
+    rest at once: ConnectionError) and authenticates the ``serve_from``-th on; and the accepted count."""
+    listener, count = socket.create_server(("127.0.0.1", 0)), [0]
+
+    def run():
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            count[0] += 1
+            if serve_from is not None and count[0] >= serve_from:
+                wire.accept(sock, secret, MAX_FRAME, 2.0)
+                return
+            if count[0] == 1:
+                sock.sendall(wire.MAGIC[:2])
+            sock.close()
+    threading.Thread(target=run, daemon=True).start()
+    return listener, count
+
+
+def test_connect_retries_a_connection_closed_before_its_welcome_with_doubling_pauses(secret, monkeypatch):
+    """Pauses from 0.05 s doubling to 1 s, each drawn from [half, all] of it, until ``retry_s`` would be
+    passed: then the last error. A connection cut mid-frame ("truncated") is retried as one closed is."""
+    clock = FakeClock()
+    monkeypatch.setattr(wire, "time", clock)
+    draws = []
+    monkeypatch.setattr(wire.random, "uniform", lambda lo, hi: draws.append((lo, hi)) or lo)   # the shortest
+    waits = [p / 2 for p in (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)]
+    end = 0.0
+    for w in waits[:7]:
+        end += w                                # seven pauses fit exactly: the eighth would pass retry_s
+    listener, count = closing_listener(secret)
+    with pytest.raises(ConnectionError):
+        wire.connect(*listener.getsockname(), secret, MAX_FRAME, timeout=2.0, retry_s=end)
+    assert clock.sleeps == waits[:7] and count[0] == 8 and set(draws) == {(0.5, 1.0)}
+    listener.close()
+
+    clock.sleeps.clear()
+    listener, count = closing_listener(secret, serve_from=3)
+    conn = wire.connect(*listener.getsockname(), secret, MAX_FRAME, timeout=2.0, retry_s=10.0)
+    assert clock.sleeps == waits[:2] and count[0] == 3
+    conn.close()
+    listener.close()
+
+
+def test_connect_raises_at_once_what_the_server_said_that_does_not_check_out(server, monkeypatch):
+    """Another secret's hello is an answer, not a busy server: retrying would not change it."""
+    clock = FakeClock()
+    monkeypatch.setattr(wire, "time", clock)
+    with pytest.raises(wire.WireError) as e:
+        wire.connect(*server.address, wire.new_secret(), MAX_FRAME, timeout=2.0, retry_s=10.0)
+    assert e.value.reason == "mac" and clock.sleeps == []
+
+
+def test_a_servers_documented_defaults(secret):
+    """``idle`` 2 x ``timeout``, ``max_in_flight`` 2 x ``max_frame``, ``handshake`` the shorter of
+    ``timeout`` and HANDSHAKE_S, ``max_pending`` ``max_connections``, port 0 any free port."""
+    a = wire.FrameServer(handle, secret, max_frame=1000, timeout=3.0, max_connections=7)
+    b = wire.FrameServer(handle, secret, timeout=1.0)
+    try:
+        assert (a.idle, a.in_flight.limit, a.handshake, a.max_pending) == (6.0, 2000, 3.0, 7)
+        assert b.handshake == 1.0 and b.max_frame == 256 << 20 and wire.HANDSHAKE_S == 5.0
+        assert 0 != a.address[1] != b.address[1] != 0
+    finally:
+        a.close()
+        b.close()
