@@ -1,6 +1,7 @@
 import hashlib
 import io
 import json
+import struct
 import os
 import pickle
 
@@ -440,3 +441,82 @@ def test_parameters_that_are_not_finite_are_not_a_model_to_use(tmp_path, ck):
     ck.params[3] = np.nan
     with pytest.raises(ckpt.CheckpointError, match="^where: the parameters hold NaN or infinite values: not a model"):
         ckpt.finite(ckpt.load(_saved(tmp_path, ck)), "where")
+
+
+def _npy_with_header(a, total):
+    """``a`` as a version 1.0 ``.npy`` whose header (magic to newline) is ``total`` bytes."""
+    head = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (a.dtype.str, a.shape)
+    head = head.ljust(total - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode() + a.tobytes()
+
+
+@pytest.mark.parametrize("total, ok", [(4096, True), (4097, False)])
+def test_an_array_header_of_up_to_4_kib_is_taken(tmp_path, ck, total, ok):
+    """NumPy writes 128 bytes; a checkpoint's params.npy may have up to 4096 before its data."""
+    path = _crafted(tmp_path, ck, **{"params.npy": _npy_with_header(ck.params, total)})
+    if ok:
+        assert np.array_equal(ckpt.load(path).params, ck.params)
+        return
+    with pytest.raises(ckpt.CheckpointError, match=f"params.npy has {total + ck.params.nbytes} bytes, more than a "):
+        ckpt.load(path)
+
+
+def _zip64(arrays, monkeypatch) -> bytearray:
+    """``np.savez`` of ``arrays`` ending in ZIP64 records (as an optim.npz past 4 GiB or 65,535 members does)."""
+    import io
+    import zipfile
+    with monkeypatch.context() as m:
+        m.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 0)
+        b = io.BytesIO()
+        np.savez(b, **arrays)
+    return bytearray(b.getvalue())
+
+
+def _slots(ck, n):
+    """``n`` optimizer slots a trainer could write (averaged, then per partition), ``ck``'s shape."""
+    names = ["m", "v", "outer.view", "outer.momentum", "server.accumulator"]
+    names += [f"p{i}/s{j}" for i in range(4) for j in range(4)]
+    return {k: np.full(ck.params.size, i, np.float32) for i, k in enumerate(names[:n])}
+
+
+def test_a_zip64_optimizer_file_of_the_most_members_loads(tmp_path, ck, monkeypatch):
+    """ZIP64 end records (what a big run's optim.npz has) are read, and a configuration's whole count of
+    slots (adam on 2 partitions: 13) is taken."""
+    most = ckpt.optimizer_arrays(ck.config)
+    assert most == 13                               # 2 slots x (1 + 2) + outer's 2 + 2 x 2 carries + 1
+    data = _zip64(_slots(ck, most), monkeypatch)
+    assert b"PK\x06\x06" in data and b"PK\x06\x07" in data
+    got = ckpt.load(_crafted(tmp_path, ck, **{"optim.npz": bytes(data)})).optim
+    want = _slots(ck, most)
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], v) for k, v in want.items())
+
+
+@pytest.mark.parametrize("damage, needle", [
+    ("members", "optim.npz declares 14 members in a"),              # from the ZIP64 record, not the classic one
+    ("locator", "optim.npz is not a zip of NumPy arrays (a ZIP64 locator without its record)"),
+    ("signature", "optim.npz is not a zip of NumPy arrays (a ZIP64 locator without its record)"),
+    ("comment", "optim.npz is not a zip of NumPy arrays (no end record)"),
+])
+def test_a_damaged_zip64_end_is_refused_before_zipfile_reads_it(tmp_path, ck, monkeypatch, damage, needle):
+    data = _zip64(_slots(ck, 2), monkeypatch)
+    record, locator = data.rindex(b"PK\x06\x06"), data.rindex(b"PK\x06\x07")
+    if damage == "members":
+        data[record + 32:record + 40] = struct.pack("<Q", 14)
+    elif damage == "locator":
+        data[locator + 8:locator + 16] = struct.pack("<Q", record + 1)
+    elif damage == "signature":
+        data[record + 3] = 7
+    else:                                       # a comment's length, where NumPy's zips have none
+        data[-2:] = struct.pack("<H", 1)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(_crafted(tmp_path, ck, **{"optim.npz": bytes(data)}))
+    assert str(e.value).startswith(f"{tmp_path}/crafted: {needle}"), str(e.value)
+
+
+def test_a_version_2_array_file_loads(tmp_path, ck):
+    """NumPy writes format 2.0 when a header outgrows 64 KiB (a structured dtype's): the loader reads both."""
+    import io
+    b = io.BytesIO()
+    np.lib.format.write_array(b, ck.params, version=(2, 0))
+    assert b.getvalue()[6:8] == b"\x02\x00"
+    assert np.array_equal(ckpt.load(_crafted(tmp_path, ck, **{"params.npy": b.getvalue()})).params, ck.params)
