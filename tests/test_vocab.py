@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from rnnlm.core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, VocabError
+from rnnlm.core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, VocabError, tokenize
 
 
 def test_word_vocab_ranks_caps_and_unknowns():
@@ -79,3 +79,55 @@ def test_a_vocabulary_file_at_its_edges_loads():
     assert v.counts.tolist() == [2 ** 63 - 1, 0, 0] and v.tokens == _GOOD["tokens"]
     w = Vocab.from_json(json.dumps({"level": "word", "tokens": ["<unk>", "<eos>", "x"], "counts": [2, 1, 1]}))
     assert w.unk_id == 0 and len(w) == 3
+
+
+def test_an_open_end_leaves_a_last_line_without_its_break_open():
+    assert tokenize("a b\nc d", "word") == ["a", "b", EOS, "c", "d", EOS]
+    assert tokenize("a b\nc d", "word", open_end=True) == ["a", "b", EOS, "c", "d"]
+    for closed in ("a b\n", "a b\r"):                    # a line that ended is ended, open or not
+        assert tokenize(closed, "word", open_end=True) == ["a", "b", EOS]
+    v = Vocab.build("a b\n", "word")
+    assert v.encode("a b", open_end=True).tolist() == [v.index["a"], v.index["b"]]
+    assert tokenize("ab\n", "char", open_end=True) == ["a", "b", "\n"]
+
+
+@pytest.mark.parametrize("level, prime, continuation, joined", [
+    ("word", "the cat", "sat", "the cat sat"),           # words need a space between them...
+    ("word", "the cat ", "sat", "the cat sat"),          # ...unless the prime ends in one
+    ("word", "the cat", "\nsat", "the cat\nsat"),        # or the continuation begins a line
+    ("word", "", "sat", "sat"),
+    ("word", "the cat", "", "the cat"),
+    ("char", "the ca", "t", "the cat"),                  # characters carry their own spaces
+])
+def test_join_puts_the_space_words_need_between_prime_and_continuation(level, prime, continuation, joined):
+    v = Vocab.build("the cat sat\n", level)
+    assert v.join(prime, continuation) == joined
+
+
+def test_decode_spaces_words_and_breaks_lines_at_eos():
+    v = Vocab.build("a b\nc d\n", "word")
+    assert v.decode(v.encode("a b\nc d\n")) == "a b\nc d\n"
+    assert v.decode(v.encode("\nd a")) == "d a\n"           # the empty line has no <eos>
+
+
+def test_from_counts_defaults_ties_and_the_smallest_cap():
+    v = Vocab.from_counts({"c": 2, "b": 2, "a": 2, "z": 0}, "char")      # no cap; a count of 0 is not kept
+    assert v.tokens == ["a", "b", "c", UNK_CHAR] and v.counts.tolist() == [2, 2, 2, 0]
+    capped = Vocab.from_counts({"c": 2, "b": 2, "a": 2}, "char", max_size=3)
+    assert capped.tokens == ["a", "b", UNK_CHAR]                        # ties go to the first token, not the first seen
+    assert capped.counts.tolist() == [2, 2, 2]
+    w = Vocab.from_counts({"a": 2}, "word", max_size=3)                 # the smallest cap: one word
+    assert w.tokens == ["a", EOS, UNK_WORD] and w.counts.tolist() == [2, 0, 0]
+    with pytest.raises(VocabError, match="data.vocab_size must be 0 .no cap. or > 2"):
+        Vocab.from_counts({"a": 2}, "word", max_size=2)
+
+
+def test_a_vocabulary_is_unique_tokens_with_a_count_each_and_equal_only_to_its_like():
+    with pytest.raises(VocabError, match="unique and match counts"):
+        Vocab(["a", "a", UNK_CHAR], [1, 1, 0], "char")
+    with pytest.raises(VocabError, match="unique and match counts"):
+        Vocab(["a", UNK_CHAR], [1], "char")
+    v = Vocab(["a", UNK_CHAR], [1, 0], "char")
+    assert v == Vocab(["a", UNK_CHAR], [1, 0], "char")
+    assert v != Vocab(["a", UNK_CHAR], [2, 0], "char") and v != Vocab(["a", UNK_WORD, EOS], [1, 0, 0], "word")
+    assert v != "a" and v != Vocab(["a", UNK_CHAR, UNK_WORD], [1, 0, 0], "char")
