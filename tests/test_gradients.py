@@ -57,8 +57,9 @@ def test_two_biases_per_gate_are_their_sum_and_share_its_gradient(xp, cell, nume
     assert np.array_equal(gv["b0"], gv["bh0"]) and np.abs(gv["b1"]).max() > 0
 
 
-def test_gradients_with_dropout(xp, numeric_grad):
-    m, p, x, y, state, reset = _setup(xp, "lstm", 2, 3, dropout=0.3)
+@pytest.mark.parametrize("layers", [2, 3])                 # 3: the top layer's mask is not the second's
+def test_gradients_with_dropout(xp, numeric_grad, layers):
+    m, p, x, y, state, reset = _setup(xp, "lstm", layers, 3, dropout=0.3)
     g = xp.zeros_like(p)
     m.loss_and_grad(p, g, x, y, state, reset, grad_scale=1.0, rng=backend.rng_for(xp, 1, 2))
 

@@ -130,10 +130,16 @@ def test_init_is_seeded_and_forget_bias_set():
     assert a.dtype == np.float32
     v = RNNLM(cfg).layout.views(a)
     assert np.all(v["b0"][4:8] == 1.0) and np.all(v["b0"][:4] == 0) and np.abs(v["embed"]).max() <= 0.05
+    assert np.all(v["b0"][8:] == 0)                     # the forget gate's quarter only
+    rnn = RNNLM(ModelConfig(cell="rnn", vocab_size=10, hidden=4, forget_bias=1.0))
+    assert np.all(rnn.layout.views(rnn.init_params(1))["b0"] == 0)      # a tanh cell has no forget gate
     n = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal", init_scale=1.0)).init_params(1)
     wh = RNNLM(ModelConfig(vocab_size=10, hidden=64, init="normal")).layout.views(n)["Whh0"]
     assert wh.std() == pytest.approx(1 / 8, rel=0.05)   # scale / sqrt(fan_in)
     assert abs(wh.mean()) < 0.01                        # centred: 4096 draws, the mean's sd 0.002
+    for embed, std in ((50, 0.5), (0, 0.05)):          # a lookup table: fan-in 1; a one-hot product: V
+        e = RNNLM(ModelConfig(vocab_size=100, hidden=64, embed=embed, init="normal", init_scale=0.5))
+        assert e.layout.views(e.init_params(1))["embed"].std() == pytest.approx(std, rel=0.05)
 
 
 def test_a_chunk_with_nothing_scored_has_zero_loss_and_zero_gradient(xp):
@@ -159,3 +165,27 @@ def test_float32_loss_is_stable_where_logits_are_large(xp):
     want = m64.loss(p, x, y, m64.zero_state(2))[0]
     got = m32.loss(p.astype(np.float32), x, y, m32.zero_state(2))[0]
     assert np.isfinite(got) and want > 300 and got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("embed", [0, 6])
+def test_dropout_masks_keep_a_unit_with_probability_1_minus_rate_scaled_by_its_inverse(embed):
+    """Inverted dropout (Zaremba et al. 2014, as PyTorch's): a kept unit is scaled by 1 / (1 - rate), so
+    a layer's expected output is the same with dropout as without; the gradient checks cannot see the
+    scale (the forward and backward passes share the mask). The embedded input has a mask of its own."""
+    rate = 0.3
+    m = RNNLM(ModelConfig(vocab_size=10, hidden=50, layers=2, embed=embed, dropout=rate))
+    buf = m.chunk_buffers(20, 40)
+    m.draw_dropout(np.random.default_rng(0), buf)
+    masks = buf.masks + ([buf.mask0] if embed else [])
+    assert (buf.mask0 is None) == (embed == 0) and len(masks) == 2 + bool(embed)
+    for mask in masks:
+        kept = mask != 0
+        assert np.all(mask[kept] == np.float32(1 / (1 - rate)))
+        n = mask.size                                   # 40,000 or 4,800 draws: 5 sd of the kept share
+        assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n), kept.mean()
+
+
+def test_a_model_needs_its_vocabulary_size():
+    with pytest.raises(ValueError, match="model.vocab_size must be set"):
+        RNNLM(ModelConfig(vocab_size=0))
+    assert RNNLM(ModelConfig(vocab_size=1)).V == 1
