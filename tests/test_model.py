@@ -55,7 +55,7 @@ def test_loss_equals_naive_per_token_sum(xp, cell, layers, embed):
     y[3, 2] = -1
     state = r.normal(0, 0.3, (layers, m.S, 6, 4)).astype(np.float32)
     reset = np.zeros((7, 4), bool)
-    reset[4, 1] = True
+    reset[4, 1] = reset[1, 3] = reset[6, 0] = True       # mid-chunk, at the second step, at the last
     loss, count, _ = m.loss(p, xp.asarray(x), xp.asarray(y), xp.asarray(state), xp.asarray(reset))
     assert count == 27
     assert loss == pytest.approx(naive_nll(m, p, x, y, state, reset), rel=1e-5)
