@@ -18,7 +18,7 @@ def _setup(xp, cell, layers, embed, dropout=0.0, T=5, B=3, V=7, H=4, biases="one
     y = xp.asarray(y)
     state = xp.asarray(r.normal(0, 0.5, (layers, m.S, H, B)))   # carried input state
     reset = np.zeros((T, B), bool)
-    reset[2, 1] = reset[0, 2] = True                    # streams restarting mid-chunk
+    reset[2, 1] = reset[0, 2] = reset[1, 0] = True      # streams restarting mid-chunk, at the first step, the second
     return m, m.init_params(3), x, y, state, xp.asarray(reset)
 
 
