@@ -102,7 +102,7 @@ def test_generation_is_deterministic_and_learns(xp):
     assert len(a) == 40
     greedy = generate(m, res.params, vocab, prime="the quick brown fox jumps over the lazy", length=5, argmax=True)
     assert greedy == " dog."
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="temperature must be > 0"):
         generate(m, res.params, vocab, temperature=0.0)
 
 
@@ -220,3 +220,22 @@ def test_word_generation_continues_the_prime_inside_its_sentence():
     assert out == "mat"                                  # with <eos> after the prime it would start a sentence
     assert vocab.join("the cat sat on the", out) == "the cat sat on the mat"
     assert vocab.join("the cat\n", "a dog") == "the cat\na dog"
+
+
+def test_generate_defaults_edges_and_temperature():
+    """Near zero temperature samples what argmax picks (the logits divided by it, the largest first
+    subtracted: at 0.001 they reach thousands); the defaults are 200 tokens, temperature 1, seed 0,
+    from the line end; a length of 0 is an empty continuation."""
+    vocab = Vocab.build("hello world, hello there\n", "char")
+    m = RNNLM(ModelConfig(vocab_size=len(vocab), hidden=16, init_scale=1.5))
+    p = m.init_params(4)
+    greedy = generate(m, p, vocab, prime="he", length=30, argmax=True)
+    assert generate(m, p, vocab, prime="he", length=30, temperature=0.001, seed=9) == greedy
+    assert generate(m, p, vocab, prime="he", length=30, temperature=100.0, seed=9) != greedy
+    default = generate(m, p, vocab)
+    assert len(default) == 200 and default == generate(m, p, vocab, "", 200, 1.0, False, 0)
+    assert default == generate(m, p, vocab, prime="\n", length=200)      # no prime: from the line end
+    assert generate(m, p, vocab, prime="he", length=0) == ""
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        generate(m, p, vocab, length=-1)
+    assert generate(m, p, vocab, length=5, temperature=0.0, argmax=True) == generate(m, p, vocab, length=5, argmax=True)

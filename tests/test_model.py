@@ -4,6 +4,7 @@ import pytest
 
 from rnnlm.core import backend
 from rnnlm.config import ModelConfig
+from rnnlm.core.layout import Layout, RowGrad, Slot, dense_ranges
 from rnnlm.core.model import RNNLM
 
 
@@ -189,3 +190,24 @@ def test_a_model_needs_its_vocabulary_size():
     with pytest.raises(ValueError, match="model.vocab_size must be set"):
         RNNLM(ModelConfig(vocab_size=0))
     assert RNNLM(ModelConfig(vocab_size=1)).V == 1
+
+
+def _tables(*spans):
+    return [RowGrad(Slot(f"t{i}", a, (b - a,)), None, None) for i, (a, b) in enumerate(spans)]
+
+
+@pytest.mark.parametrize("spans, dense", [
+    ([], [(0, 10)]),
+    ([(5, 7), (0, 3)], [(3, 5), (7, 10)]),               # in any order; no empty range before the first
+    ([(2, 4), (4, 6)], [(0, 2), (6, 10)]),               # adjacent tables leave nothing between them
+    ([(0, 4), (7, 10)], [(4, 7)]),                       # nothing after a table that ends the buffer
+    ([(0, 10)], []),
+])
+def test_dense_ranges_are_what_the_row_tables_leave_out(spans, dense):
+    """The slices of the flat gradient a step still fills densely around the row-sparse tables."""
+    assert dense_ranges(10, _tables(*spans)) == [slice(a, b) for a, b in dense]
+
+
+def test_layouts_are_equal_when_their_tables_are():
+    a, b = Layout([("w", (2, 3)), ("b", (3,))]), Layout([("w", (2, 3)), ("b", (3,))])
+    assert a == b and a != Layout([("w", (3, 2)), ("b", (3,))]) and a != a.describe()
