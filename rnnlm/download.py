@@ -112,11 +112,8 @@ def _download(name: str, url: str, size: int, path: str) -> None:
             if got < size:
                 raise DownloadError(f"{name}: {url} ended after {got} of {size} bytes")
     except (OSError, http.client.HTTPException) as e:      # HTTPException: e.g. IncompleteRead
-        raise DownloadError(f"{name}: cannot fetch {url}: {type(e).__name__}: {_first_line(e)}") from None
-
-
-def _first_line(e) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise DownloadError(f"{name}: cannot fetch {url}: {type(e).__name__}: {first}") from None
 
 
 def _umask() -> int:

@@ -25,16 +25,22 @@ def log_line(m: dict, skip=()) -> str:
                       for k, v in m.items() if not k.startswith(tuple(skip)))
 
 
+def json_table(line: str) -> dict | None:
+    """The JSON table (object) on ``line``, or None: not JSON (a line cut short), or JSON of another kind."""
+    try:
+        m = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
 def json_lines(data: bytes) -> list:
     """The JSON tables of ``data``, one per line, up to the first line that is not one (a line cut
     short by a crash or still being written ends the record, as does any other line)."""
     out = []
     for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            m = json.loads(line)
-        except (ValueError, RecursionError):
-            break
-        if not isinstance(m, dict):
+        m = json_table(line)
+        if m is None:
             break
         out.append(m)
     return out

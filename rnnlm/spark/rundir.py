@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .. import config
 from ..core import checkpoint
+from ..core.metrics import json_table
 from . import runinfo
 from .hfs import HadoopFS
 
@@ -232,13 +233,10 @@ class RunDir:
             return None
         text, out = raw.decode("utf-8", errors="replace").splitlines(), []
         for i, line in enumerate(text, 1):
-            try:
-                m = json.loads(line)
-            except (ValueError, RecursionError):
-                if i == len(text):
-                    break
-                m = None
-            if not (isinstance(m, dict) and all(type(m.get(k)) is int and m[k] >= 0 for k in keys)):
+            m = json_table(line)
+            if m is None and i == len(text):
+                break
+            if not (m is not None and all(type(m.get(k)) is int and m[k] >= 0 for k in keys)):
                 raise TrainingError(f"{self.metrics_path}: line {i} is not a metrics line (a JSON table with "
                                     f"integers {' and '.join(keys)} >= 0): mend or remove it, or start again "
                                     "with --overwrite")
