@@ -186,3 +186,42 @@ def test_rejects_sampled_softmax_and_bad_configs(xp):
     with pytest.raises(ValueError):
         FFNNLM(ModelConfig(cell="ffnn", vocab_size=9, embed=0))
     assert m.zero_state(4).shape == (1, 1, 2, 4)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_a_reset_at_a_chunks_first_step_forgets_the_carried_words_even_in_chunks_shorter_than_the_window(xp, T):
+    """K = 4 reads three words back: in a chunk of T <= 3 steps a reset at step 0 must cut every
+    position from the carried state, the oldest (d = T back) included."""
+    m = _model(xp, K=4)
+    x, y, state = _data(m, 3, 2, seed=5)
+    x, y = x[:T], y[:T]
+    reset = np.zeros((T, 2), bool)
+    reset[0, 1] = True                                  # stream 1 starts afresh at this chunk
+    p = m.init_params(2)
+    X, Y, S = xp.asarray(x), xp.asarray(y), xp.asarray(state)
+    fresh = S.copy()
+    fresh[..., 1] = 0
+    got = m.loss(p, X, Y, S, xp.asarray(reset))
+    want = m.loss(p, X, Y, fresh)
+    assert got[0] == pytest.approx(want[0], rel=1e-12) and got[1] == want[1]
+    assert np.array_equal(backend.to_numpy(got[2]), backend.to_numpy(want[2]))
+    assert m.loss(p, X, Y, S)[0] != pytest.approx(got[0], rel=1e-6)      # the carried words mattered
+
+
+def test_the_smallest_config_builds_and_a_context_of_zero_is_refused(xp):
+    m = FFNNLM(ModelConfig(cell="ffnn", vocab_size=1, embed=1, hidden=2, context=1), xp=xp, dtype="float64")
+    assert m.zero_state(3).shape == (1, 1, 0, 3)
+    x = xp.zeros((2, 3), dtype=np.int64)
+    loss, count, _ = m.loss(m.init_params(0), x, x, m.zero_state(3))
+    assert float(loss) == 0.0 and int(count) == 6       # one word: log 1
+    with pytest.raises(ValueError, match="context >= 1"):
+        FFNNLM(ModelConfig(cell="ffnn", vocab_size=9, embed=3, context=0))
+
+
+def test_normal_init_scales_by_fan_in():
+    """Embeddings are a lookup (fan-in 1), W1 reads K embeddings (fan-in K * E)."""
+    m = FFNNLM(ModelConfig(cell="ffnn", vocab_size=400, embed=16, hidden=64, context=4,
+                           init="normal", init_scale=0.8))
+    v = m.layout.views(m.init_params(1))
+    assert v["embed"].std() == pytest.approx(0.8, rel=0.05)
+    assert v["W1"].std() == pytest.approx(0.8 / 8, rel=0.05)              # sqrt(4 * 16) = 8

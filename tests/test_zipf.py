@@ -7,9 +7,9 @@ from rnnlm.core import zipf
 
 def test_unique_counts_of_a_periodic_stream():
     tokens = np.arange(1000) % 10             # any stretch of N holds min(N, 10) distinct tokens
-    ns = np.array([1, 5, 10, 50, 999, 2000])
+    ns = np.array([1, 5, 10, 50, 999, 1000, 1001, 2000])     # 1000: the whole stream, one stretch
     got = zipf.unique_counts(tokens, ns, draws=4) / 4
-    assert got.tolist() == [1, 5, 10, 10, 10, 0]
+    assert got.tolist() == [1, 5, 10, 10, 10, 10, 0, 0]
 
 
 def test_unique_counts_are_seeded_draws():
@@ -18,7 +18,15 @@ def test_unique_counts_are_seeded_draws():
     assert ns[0] == 10 and ns[-1] == 4000 and np.all(np.diff(ns) > 0)
     a, b = zipf.unique_counts(tokens, ns, seed=3), zipf.unique_counts(tokens, ns, seed=3)
     assert np.array_equal(a, b) and not np.array_equal(a, zipf.unique_counts(tokens, ns, seed=4))
+    assert np.array_equal(zipf.unique_counts(tokens, ns), zipf.unique_counts(tokens, ns, draws=8, seed=0))
     assert np.all(np.diff(a) >= -8)           # U grows with N (up to draw noise)
+
+
+def test_sizes_are_four_per_decade_by_default():
+    # 10 ** (1 + k / 4), rounded: 17.8, 31.6, 56.2, 177.8, 316.2, 562.3
+    assert zipf.sizes(1000).tolist() == [10, 18, 32, 56, 100, 178, 316, 562, 1000]
+    assert zipf.sizes(100, smallest=1, per_decade=2).tolist() == [1, 3, 10, 32, 100]
+    assert zipf.sizes(10).tolist() == [10] and len(zipf.sizes(9)) == 0
 
 
 def test_fit_power_law_recovers_the_exponent():
