@@ -82,3 +82,41 @@ def test_scatter_add_rows_sums_duplicates_in_blocks(xp, monkeypatch, V, block):
         got.append(backend.to_numpy(dst))
     assert np.allclose(got[0], want, rtol=0, atol=1e-12)
     assert np.array_equal(got[0], got[1])
+
+
+def test_swap01_converts_between_dtypes():
+    src = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4) / 3     # not exact in float32
+    dst = np.zeros((3, 2, 4), dtype=np.float64)
+    backend.swap01(dst, src)              # rows of 16 and 32 bytes: no copy of raw rows can do this
+    assert np.array_equal(dst, np.moveaxis(src, 0, 1).astype(np.float64))
+
+
+class _Runtime:
+    """What gpu_available asks of CuPy: its CUDA runtime's device count (a number, or an error)."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def getDeviceCount(self):
+        if isinstance(self.count, Exception):
+            raise self.count
+        return self.count
+
+
+@pytest.mark.parametrize("count,usable", [(0, False), (1, True), (2, True), (RuntimeError("no driver"), False)])
+def test_gpu_available_counts_devices_and_survives_a_failing_runtime(monkeypatch, count, usable):
+    import types
+    runtime = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=_Runtime(count)))
+    monkeypatch.setattr(backend, "_cupy", runtime)
+    assert backend.gpu_available() is usable
+    monkeypatch.setattr(backend, "_cupy", None)                 # CuPy not installed
+    assert backend.gpu_available() is False
+
+
+def test_get_xp_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(backend, "_cupy", None)
+    assert backend.get_xp("cpu") is np and backend.get_xp("auto") is np and backend.get_xp() is np
+    with pytest.raises(RuntimeError, match="not available"):
+        backend.get_xp("gpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        backend.get_xp("tpu")
