@@ -8,7 +8,8 @@ from rnnlm.core import checkpoint as ckpt
 from rnnlm.core.files import LocalFS
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
-from rnnlm.spark.rundir import ASYNC_RESUME_KEYS, RunDir, TrainingError, check_resume
+from rnnlm.spark.rundir import (ASYNC_RESUME_KEYS, RESUME_KEYS, Init, RunDir, TrainingError, best_record,
+                                check_init, check_longer, check_resume, devices_line, improves, resume_keys)
 
 
 def test_an_async_resume_also_refuses_another_push_size_or_server_rule():
@@ -86,3 +87,122 @@ def test_saved_metrics_lines_are_metrics_lines_or_one_line_error(tmp_path, lines
     assert str(e.value) == (f"{tmp_path}/metrics.jsonl: line {taken} is not a metrics line (a JSON table with "
                             f"integers {' and '.join(keys)} >= 0): mend or remove it, or start again with "
                             "--overwrite"), str(e.value)
+
+
+def test_resume_keys_add_what_changes_the_numbers_in_each_mode():
+    sync = config.load(None, [])
+    assert resume_keys(sync) == RESUME_KEYS
+    assert "server" not in resume_keys(config.replace(sync, "server", update="adagrad"))
+    plateau = config.replace(sync, "optim", schedule="plateau")
+    assert resume_keys(plateau)["train"] == RESUME_KEYS["train"] + ("eval_every",)
+    check_resume(sync, config.replace(sync, "train", eval_every=7), "ck", resume_keys(sync))     # when, not what
+    with pytest.raises(TrainingError, match="train.eval_every"):
+        check_resume(plateau, config.replace(plateau, "train", eval_every=7), "ck", resume_keys(plateau))
+    run = config.load(None, ["train.mode=async"])
+    assert resume_keys(run) == ASYNC_RESUME_KEYS
+    check_resume(run, config.replace(run, "server", lr=0.5), "ck", resume_keys(run))            # "add" has no rate
+    adagrad = config.replace(run, "server", update="adagrad")
+    assert resume_keys(adagrad)["server"] == ASYNC_RESUME_KEYS["server"] + ("lr", "eps")
+    with pytest.raises(TrainingError, match="server.eps"):
+        check_resume(adagrad, config.replace(adagrad, "server", eps=1e-3), "ck", resume_keys(adagrad))
+    assert ASYNC_RESUME_KEYS["server"] == ("update", "staleness", "lock")           # the tables were not changed
+
+
+def _plateau(every):
+    return config.replace(config.load(None, []), "train", eval_every=every)
+
+
+@pytest.mark.parametrize("cfg, at, rounds, lines, best, refused", [
+    (_plateau(5), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # stepped off the cadence at its end
+    (_plateau(0), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # evaluating only at the end
+    (_plateau(5), 7, 10, [{"round": 7}], {"round": 7, "valid_loss": 4.0}, True),   # its checkpoint says so
+    (_plateau(5), 7, 7, [{"round": 7, "valid_loss": 4.0}], None, False),       # not longer
+    (_plateau(5), 7, 6, [{"round": 7, "valid_loss": 4.0}], None, False),
+    (_plateau(5), 10, 12, [{"round": 10, "valid_loss": 4.0}], None, False),    # on the cadence: the longer run too
+    (_plateau(4), 2, 12, [{"round": 2, "valid_loss": 4.0}], None, True),       # 2 // 4 == 0, 2 % 4 != 0
+    (_plateau(5), 7, 10, [{"round": 7}], {"round": 5, "valid_loss": 4.0}, False),   # stopped by a signal
+    (_plateau(5), 7, 10, [{"round": 5, "valid_loss": 4.0}, {"round": 7}, {"round": 8, "valid_loss": 3.0}], None,
+     False),                                                                   # other rounds' evaluations
+])
+def test_check_longer_refuses_only_a_plateau_that_stepped_on_the_last_evaluation(cfg, at, rounds, lines, best, refused):
+    plateau = config.replace(cfg, "optim", schedule="plateau")
+    check_longer(config.replace(cfg, "optim", schedule="epoch_decay"), at, rounds, lines, best, "ck")
+    if not refused:
+        check_longer(plateau, at, rounds, lines, best, "ck")
+        return
+    with pytest.raises(TrainingError) as e:
+        check_longer(plateau, at, rounds, lines, best, "ck")
+    cadence = f"every {cfg.train.eval_every} rounds" if cfg.train.eval_every else "only at the end"
+    assert f"ended the run at round {at} in ck, which a run of {rounds} rounds, evaluating {cadence}" in str(e.value)
+
+
+def test_check_init_compares_the_shape_and_with_the_optimizer_what_its_state_means():
+    lstm = config.load(None, [])
+    check_init(lstm, config.replace(lstm, "model", context=9), "ck")          # an RNN reads no context
+    with pytest.raises(TrainingError, match="model.hidden"):
+        check_init(lstm, config.replace(lstm, "model", hidden=9), "ck")
+    ffnn = config.replace(lstm, "model", cell="ffnn", embed=8)
+    with pytest.raises(TrainingError, match="model.context"):
+        check_init(ffnn, config.replace(ffnn, "model", context=9), "ck")
+    moved = {"train": {"mode": "async"}, "data": {"partitions": 3}, "server": {"update": "adagrad"}}
+    for sec, change in moved.items():
+        check_init(lstm, config.replace(lstm, sec, **change), "ck")          # fresh optimizer state: any
+    check_init(lstm, config.replace(lstm, "data", partitions=3), "ck", keep_optimizer=True)   # averaged: one
+    with pytest.raises(TrainingError, match="^--keep-optimizer: train.mode is 'sync' here but 'async' in ck"):
+        check_init(lstm, config.replace(lstm, "train", mode="async"), "ck", keep_optimizer=True)
+    local = config.replace(lstm, "train", optim_state="local")                # one state per partition
+    with pytest.raises(TrainingError, match="data.partitions"):
+        check_init(local, config.replace(local, "data", partitions=3), "ck", keep_optimizer=True)
+    run = config.load(None, ["train.mode=async"])
+    check_init(lstm, config.replace(lstm, "server", update="adagrad"), "ck", keep_optimizer=True)  # sync: no server
+    with pytest.raises(TrainingError, match="server.update"):
+        check_init(run, config.replace(run, "server", update="adagrad"), "ck", keep_optimizer=True)
+
+
+def test_init_keeps_a_fresh_optimizer_unless_told():
+    vocab = Vocab.build("abc", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position={"round": 4})
+    assert Init(ck, "p").record() == {"path": "p", "round": 4, "optimizer": "fresh"}
+    assert Init(ck, "p", keep_optimizer=True).line().endswith("optimizer state kept)")
+    with pytest.raises(AttributeError):
+        Init(ck, "p").path = "q"                                              # frozen
+
+
+def test_best_record_and_improves():
+    assert best_record({"round": 3, "valid_loss": 4}) == {"round": 3, "valid_loss": 4.0}
+    for bad in (None, [], {"round": 3}, {"valid_loss": 4.0}, {"round": True, "valid_loss": 4.0},
+                {"round": 3, "valid_loss": "4"}):
+        assert best_record(bad) is None
+    assert improves(None, 9.0) and improves({"valid_loss": 4.0}, 3.5)
+    assert not improves({"valid_loss": 4.0}, 4.0) and not improves({"valid_loss": 4.0}, 4.5)
+
+
+def test_devices_line_says_where_partitions_ran():
+    cpu = {0: {"ran": "cpu", "assigned": []}, 1: {"ran": "cpu", "assigned": []}}
+    assert devices_line(cpu, "cpu") == ""
+    assert devices_line(cpu, "auto") == "devices: cpu x 2 (no CUDA device: auto runs on the CPU)"
+    given = {1: {"ran": "gpu 1", "assigned": ["1"]}, 0: {"ran": "gpu 0", "assigned": ["0"]},
+             2: {"ran": "cpu", "assigned": ["10"]}}
+    assert devices_line(given, "auto") == ("devices: cpu x 1, gpu 0 x 1, gpu 1 x 1 "
+                                           "(Spark assigned gpu 0, 1, 10; no CUDA device: auto runs on the CPU)")
+    assert devices_line(given, "cpu") == "devices: cpu x 1, gpu 0 x 1, gpu 1 x 1 (Spark assigned gpu 0, 1, 10)"
+    assert devices_line({0: {"ran": "gpu 0", "assigned": []}}, "gpu") == "devices: gpu 0 x 1"
+
+
+def test_a_checkpoint_without_a_runs_position_is_not_resumed_and_the_quiet_lines(tmp_path):
+    logs = []
+    out = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=logs.append)
+    out.prepare(resume=False)
+    vocab = Vocab.build("abc", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    out.write_checkpoint(ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab,
+                                         position={"round": 2}), best=False)     # a one-machine run's
+    with pytest.raises(ckpt.CheckpointError, match="position has no tokens: not a checkpoint a sync run can resume"):
+        out.read_checkpoint(cfg)
+    assert out.nothing_to_do(2, 2) == {"round": 2}                               # no lines read back
+    out.keep_lines([{"round": 1}, {"round": 2}, {"round": 3}])
+    assert out.nothing_to_do(3, 3) == {"round": 3}                               # the last line
+    out.say_evaluating("valid", 12345)
+    out.say_evaluating("test", None)
+    assert logs[-2:] == ["evaluating valid (12,345 tokens)...", "evaluating test..."]
