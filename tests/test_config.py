@@ -6,6 +6,7 @@ import sys
 import time
 import typing
 
+import numpy as np
 import pytest
 
 from rnnlm import config
@@ -30,27 +31,27 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["optim.nesterov=yes"], "expected bool"),
     ("", ["model.cell=gru"], "expected one of lstm, rnn"),
     ("", ["model"], "expected section.key=value"),
-    ("", ["model.dropout=1.5"], "model.dropout must be in"),
-    ("", ["data.min_count=0"], "data.min_count must be >= 1"),
-    ("", ["data.eval_streams=0"], "data.eval_streams must be > 0"),
-    ("", ["data.sample_fraction=0"], "data.sample_fraction must be in"),
-    ("", ["optim.momentum=1.0"], "optim.momentum must be in"),
-    ("", ["optim.beta2=1.5"], "optim.beta2 must be in"),
-    ("", ["optim.eps=0"], "optim.eps must be > 0"),
-    ("", ["optim.lr=inf"], "optim.lr must be > 0"),
+    ("", ["model.dropout=1.5"], r"model.dropout = 1.5 is out of range: a run takes model.dropout in \[0, 1\)$"),
+    ("", ["data.min_count=0"], r"data.min_count = 0 is out of range: .* in \[1, "),
+    ("", ["data.eval_streams=0"], r"data.eval_streams = 0 is out of range: .* in \[1, 10000\]"),
+    ("", ["data.sample_fraction=0"], r"data.sample_fraction = 0.0 is out of range: .* in \(0, 1\]"),
+    ("", ["optim.momentum=1.0"], r"optim.momentum = 1.0 is out of range: .* in \[0, 1\)"),
+    ("", ["optim.beta2=1.5"], r"optim.beta2 = 1.5 is out of range"),
+    ("", ["optim.eps=0"], r"optim.eps = 0.0 is out of range: .* in \(0, 1\]"),
+    ("", ["optim.lr=inf"], r"optim.lr = inf is out of range: .* in \(0, inf\)"),
     ("", ["optim.min_lr=2", "optim.lr=1"], "optim.min_lr must be in"),
-    ("", ["optim.decay_after=-1"], "optim.decay_after must be >= 0"),
-    ("", ["train.local_steps=-1"], "train.local_steps must be >= 0"),
+    ("", ["optim.decay_after=-1"], r"optim.decay_after = -1 is out of range"),
+    ("", ["train.local_steps=-1"], r"train.local_steps = -1 is out of range"),
     ("", ["train.results=tcp"], "train.results = 'tcp': expected one of spark, direct"),
-    ("", ["train.outer_momentum=1"], "train.outer_momentum must be in"),
-    ("", ["train.epochs=nan"], "train.rounds and train.epochs must be >= 0"),
-    ("", ["model.init_scale=0"], "model.init_scale must be > 0"),
+    ("", ["train.outer_momentum=1"], r"train.outer_momentum = 1.0 is out of range: .* in \[0, 1\)"),
+    ("", ["train.epochs=nan"], r"train.epochs = nan is out of range"),
+    ("", ["model.init_scale=0"], r"model.init_scale = 0.0 is out of range: .* in \(0, 100\]"),
     ("", ["exchange.hidden=dense+onebit"], "without exchange.feedback = true"),
     ("", ["exchange.softmax=rows+fp8"], "expected one of dense, dense[+]fp16"),
-    ("", ["exchange.random=1.5"], "exchange.random must be in"),
-    ("", ["exchange.mu=-0.1"], "exchange.mu must be in"),
+    ("", ["exchange.random=1.5"], r"exchange.random = 1.5 is out of range: .* in \[0, 1\]"),
+    ("", ["exchange.mu=-0.1"], r"exchange.mu = -0.1 is out of range"),
     ("", ["exchange.broadcast=delta+onebit"], "exchange.broadcast"),
-    ("", ["train.overlap=2"], "train.overlap must be 0 or 1"),
+    ("", ["train.overlap=2"], r"train.overlap = 2 is out of range: .* in \[0, 1\]"),
     ("", ["train.overlap=1", "optim.name=adam", "train.optim_state=average"], "use train.optim_state = 'local'"),
     ("", ["train.eager=true"], "train.eager = true needs train.overlap = 1"),
     ("", ["train.eager=true", "train.overlap=1", "train.outer=momentum"], "and train.outer = 'average'"),
@@ -71,9 +72,12 @@ def test_missing_file():
 
 def test_frozen():
     c = config.load()
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        c.model.hidden = 3
+    for section in (c, c.data, c.model, c.optim, c.train, c.server, c.exchange):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            section.seed = 3
     assert config.replace(c, "model", hidden=7).model.hidden == 7 and c.model.hidden == 128
+    lines = c.to_json().splitlines()                     # config.json: sorted, two spaces deep
+    assert lines[:3] == ["{", '  "data": {', '    "encoding_errors": "replace",']
 
 
 def _numeric_keys(kind):
@@ -101,6 +105,11 @@ def test_a_number_of_more_digits_than_python_converts_is_one_line(tmp_path):
         config.load(str(f))
 
 
+# a value at a bound can break a rule tying it to another key: set that key too
+_PARTNERS = {("server", "heartbeat_s"): ["server.timeout_s=86400"], ("train", "rounds"): ["train.epochs=1"],
+             ("train", "epochs"): ["train.rounds=1"], ("train", "overlap"): ["optim.name=sgd"]}
+
+
 def test_every_number_has_a_range_and_a_value_beyond_it_is_refused_naming_it():
     numeric = _numeric_keys(int) + _numeric_keys(float)
     assert sorted(config.RANGES) == sorted(numeric)
@@ -109,8 +118,8 @@ def test_every_number_has_a_range_and_a_value_beyond_it_is_refused_naming_it():
         beyond = [low - step] + ([high + step, high * 1000 + 1] if high != math.inf else [])
         for value in beyond:
             with pytest.raises(ConfigError) as e:
-                config.load(None, [f"{section}.{key}={value}"])
-            assert key in str(e.value) and "\n" not in str(e.value), (section, key, str(e.value))
+                config.load(None, [f"{section}.{key}={value}"] + _PARTNERS.get((section, key), []))
+            assert str(e.value).startswith(f"{section}.{key} = ") and "is out of range" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("overrides,msg", [
@@ -121,6 +130,8 @@ def test_every_number_has_a_range_and_a_value_beyond_it_is_refused_naming_it():
     (["model.layers=1000000"], r"model.layers = 1000000 is out of range: .* in \[1, 64\]"),
     (["model.layers=10000000"], r"model.layers = 10000000 is out of range"),
     (["server.timeout_s=1e300"], r"server.timeout_s = 1e\+300 is out of range: .* in \(0, 86400\]"),
+    (["server.heartbeat_s=3600.5", "server.timeout_s=86400"],
+     r"server.heartbeat_s = 3600.5 is out of range: .* in \(0, 3600\]"),
     (["model.cell=ffnn", "model.embed=5", "model.biases=two"], r"model.biases = 'two' is for the lstm and rnn"),
 ])
 def test_values_that_crashed_after_spark_started_are_refused_by_the_validator(overrides, msg):
@@ -269,3 +280,122 @@ def test_the_ranges_usage_md_states_are_the_ones_a_run_takes():
         for value in outside:
             with pytest.raises(ConfigError, match=re.escape(key)):          # "optim.clip_norm and clip_value ..."
                 config.load(None, [f"{where}={value}"])
+
+
+def test_a_value_at_each_bound_is_taken_or_refused_as_its_bracket_says():
+    for (section, key), (low, high, brackets) in config.RANGES.items():
+        typ = int if (section, key) in _numeric_keys(int) else float
+        for value, inclusive in ((low, brackets[0] == "["), (high, brackets[1] == "]")):
+            if value == math.inf:
+                continue
+            sets = [f"{section}.{key}={typ(value)!r}"] + _PARTNERS.get((section, key), [])
+            if inclusive:
+                assert getattr(getattr(config.load(None, sets), section), key) == value, sets
+            else:
+                with pytest.raises(ConfigError, match=f"^{section}.{key} = .* is out of range"):
+                    config.load(None, sets)
+
+
+@pytest.mark.parametrize("sets,msg", [
+    (["data.vocab_size=2"], "data.vocab_size must be 0"),
+    (["exchange.hidden=rows", "exchange.random=0"], "set exchange.random > 0"),
+    (["model.cell=ffnn", "model.embed=0"], "model.cell = 'ffnn' needs"),
+    (["model.cell=ffnn", "model.embed=4", "model.layers=2"], "model.cell = 'ffnn' needs"),
+    (["model.cell=ffnn", "model.embed=4", "model.dropout=0.1"], "model.cell = 'ffnn' needs"),
+    (["model.cell=ffnn", "model.embed=4", "exchange.sampled_softmax=true"], "model.cell = 'ffnn' needs"),
+    (["train.global_batch=8", "train.max_streams=8"], "set one"),
+    (["train.rounds=0", "train.epochs=0"], "set train.rounds or train.epochs"),
+    (["train.mode=async", "data.strategy=sampled_windows"], "train.mode = 'async' needs"),
+    (["train.mode=async", "exchange.broadcast=delta"], "train.mode = 'async' needs"),
+    (["train.mode=async", "train.outer=momentum"], "train.mode = 'async' needs"),
+    (["train.mode=async", "optim.schedule=plateau"], "no rounds to decay on a plateau"),
+    (["server.heartbeat_s=60", "server.timeout_s=60"], "need heartbeat_s < timeout_s"),
+    (["data.strategy=sampled_paragraphs", "train.local_steps=1"], "train.local_steps = 1 contradicts"),
+])
+def test_the_rules_that_tie_keys_together(sets, msg):
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        config.load(None, sets)
+
+
+@pytest.mark.parametrize("sets", [
+    ["data.vocab_size=3"], ["exchange.hidden=rows", "exchange.random=0.1"],
+    ["model.cell=ffnn", "model.embed=1"], ["train.global_batch=8"], ["train.rounds=0", "train.epochs=0.5"],
+    ["train.rounds=1", "train.epochs=0"], ["train.mode=async", "data.strategy=windows"],
+    ["server.heartbeat_s=59.5", "server.timeout_s=60"], ["data.strategy=sampled_windows", "train.local_steps=0"],
+])
+def test_what_the_rules_allow(sets):
+    config.load(None, sets)
+
+
+def test_streams_each_partition_trains():
+    T = config.TrainConfig
+    assert config.streams_each(T(batch=20), 4) == 20                              # weak scaling
+    assert config.streams_each(T(batch=20, global_batch=64), 3) == 21           # strong: 64 split, rounded down
+    assert config.streams_each(T(batch=20, global_batch=1), 1) == 1
+    assert config.streams_each(T(batch=20, global_batch=2), 4) == 1             # at least one
+    assert config.streams_each(T(batch=20, max_streams=48), 2) == 20            # under the cap
+    assert config.streams_each(T(batch=20, max_streams=48), 4) == 12            # at the cap, split
+    assert config.streams_each(T(batch=20, max_streams=1), 1) == 1
+    assert config.load(None, ["train.global_batch=8", "data.partitions=1"]).train.batch == 8    # set at load
+
+
+@pytest.mark.parametrize("sets", [["train.outer=auto"], ["train.global_batch=8"], ["train.max_streams=8"],
+                                  ["train.outer=auto", "train.global_batch=8"]])
+def test_no_partitions_is_out_of_range_before_streams_are_split(sets):
+    with pytest.raises(ConfigError, match=r"^data.partitions = 0 is out of range"):
+        config.load(None, sets + ["data.partitions=0"])
+
+
+def test_a_huge_number_is_shown_by_its_size_past_128_bits():
+    with pytest.raises(ConfigError, match=f"^model.hidden = {2 ** 128 - 1} is out of range"):
+        config.load(None, [f"model.hidden={2 ** 128 - 1}"])
+    with pytest.raises(ConfigError, match="^model.hidden = a number of about 39 digits is out of range"):
+        config.load(None, [f"model.hidden={2 ** 128}"])
+
+
+@pytest.mark.parametrize("item,msg", [
+    ("hidden=3.5", "--set 'hidden=3.5': expected section.key=value (did you mean model.hidden=3.5?)"),
+    ("hidden", "--set 'hidden': expected section.key=value"),
+    ("model.hidden", "--set 'model.hidden': expected section.key=value"),
+    ("model.hiden=3", "unknown config key model.hiden (did you mean model.hidden?); known in [model]: "),
+    ("model.rounds=3", "unknown config key model.rounds (did you mean train.rounds?); known in [model]: "),
+])
+def test_a_mistyped_override_names_what_was_meant(item, msg):
+    with pytest.raises(ConfigError) as e:
+        config.load(None, [item])
+    assert str(e.value) == msg or (msg.endswith(": ") and str(e.value).startswith(msg)), str(e.value)
+
+
+@pytest.mark.parametrize("value,got", [(True, "bool"), ("x", "str"), ([1.0], "list")])
+def test_a_float_key_takes_numbers_only(value, got):
+    with pytest.raises(ConfigError, match=f"^optim.lr = .*: expected float, got {got}$"):
+        config.from_dict({"optim": {"lr": value}})
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])
+@pytest.mark.parametrize("dtype,size", [("float32", 4), ("float64", 8)])
+def test_the_memory_check_counts_each_optimizers_state_and_the_dtype(name, dtype, size):
+    """Parameters, gradient and the optimizer's slots, as its init_state allocates them."""
+    from rnnlm.core.optim import make_optimizer
+    cfg = config.load(None, ["model.hidden=4096", f"optim.name={name}", f"model.dtype={dtype}"])   # no vocabulary
+    slots = len([k for k in make_optimizer(cfg.optim).init_state(np.zeros(3)) if k != "t"])
+    assert config.OPTIMIZER_SLOTS[name] == slots
+    need = config.param_count(cfg.model, 3) * (2 + slots) * size          # 3 tokens: the least there is
+    config.check_memory(cfg, memory=need)
+    with pytest.raises(ConfigError, match=rf"\(vocabulary 3\).* it needs {need / 2 ** 30:,.1f} GiB, more than this "
+                                          rf"machine's {(need - 1) / 2 ** 30:,.1f} GiB"):
+        config.check_memory(cfg, memory=need - 1)
+
+
+def test_this_machines_memory_and_what_training_needs_beyond_the_ranges():
+    assert config.memory_bytes() >= 1 << 30                       # any machine that runs these tests
+    config.load(None, ["optim.min_lr=0.5", "optim.lr=0.5"])       # the floor may be the rate
+    run = config.load(None, ["data.train=t.txt"])
+    config.check_trainable(run)
+    with pytest.raises(ConfigError, match="^data.train is not set$"):
+        config.check_trainable(config.replace(run, "data", train=""))
+    plateau = config.replace(run, "optim", schedule="plateau")
+    with pytest.raises(ConfigError, match="set data.valid$"):
+        config.check_trainable(config.replace(plateau, "data", valid=""))
+    config.check_trainable(config.replace(plateau, "data", valid="v.txt"))
+    config.check_trainable(config.replace(run, "data", valid=""))         # constant: no validation needed
