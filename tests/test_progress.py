@@ -87,3 +87,67 @@ def test_nothing_drawn_is_wider_than_the_terminal():
         narrow = Progress(io.StringIO(), tty=True, clock=clock, columns=columns)
         narrow.t0 = narrow.first = 0.0
         assert len(narrow.bar(m(500), 1000, clock.t)) <= columns - 1
+
+
+def test_the_fields_formats_at_their_thresholds():
+    from rnnlm.progress import _clock, _mb, _rate
+    assert [_clock(s) for s in (-3, 59.9, 61, 3599, 3600, 3661, 90061)] == \
+        ["0:00", "0:59", "1:01", "59:59", "1:00:00", "1:01:01", "25:01:01"]
+    assert [_mb(n) for n in (0, 1_234_567, 999_999_999, 1e9, 2.5e9)] == \
+        ["0.00 MB", "1.23 MB", "1000.00 MB", "1.00 GB", "2.50 GB"]
+    assert [_rate(n) for n in (12.4, 9_999, 10_000, 999_949, 1e6, 2.345e6)] == \
+        ["12", "9999", "10.0k", "999.9k", "1.00M", "2.35M"]
+
+
+def test_wrap_fills_all_but_the_last_column():
+    from rnnlm.progress import wrap
+    assert wrap("aaaa | bb | c", 12) == "aaaa | bb\n  c"          # "aaaa | bb" is 9; with " | c", 13 > 11
+    assert wrap("aaaa | bb | c", 14) == "aaaa | bb | c"           # 13 characters in 13 columns
+    assert wrap("aaaa | bb | c", 13) == "aaaa | bb\n  c"          # ... but not in a 13th, the last
+    assert wrap("a-very-long-field | b", 5) == "a-very-long-field\n  b"     # a field longer stays whole
+
+
+def test_status_lines_before_the_first_round():
+    log = io.StringIO()
+    p = Progress(log, tty=False)
+    p.status("reading the corpus")
+    p.close()                                   # nothing drawn: nothing to end
+    assert log.getvalue() == "reading the corpus\n"
+    term = io.StringIO()
+    p = Progress(term, tty=True, columns=10, clock=Clock())
+    p.status("reading the corpus")              # cut to 9 columns, replaced by what comes next
+    p.status("vocabulary")
+    p.message("a b")
+    p.close()
+    assert term.getvalue() == "reading t\r\033[Kvocabular\r\033[Ka b\n"
+
+
+def test_the_bar_at_its_edges():
+    """Past the last round it stays full; with no bytes counted it says 0; a terminal too narrow for
+    even the bar's frame gets the line cut; the run's first report has no rate yet."""
+    p = Progress(io.StringIO(), tty=True, width=4, clock=Clock(), columns=200)
+    p.t0 = p.first = 0.0
+    bare = {"round": 12, "train_loss": 1.0}
+    assert p.bar(bare, 10, 5.0) == "round 12/10 [####] 100% | 0:05 < 0:00 | loss - | 0.00 MB/round"
+    assert p.bar({"round": 0}, 0, 0.0) == "round 0/0 [....]   0% | 0:00 < ? | loss - | 0.00 MB/round"
+    tiny = Progress(io.StringIO(), tty=True, width=4, clock=Clock(), columns=12)
+    tiny.t0 = tiny.first = 0.0
+    assert tiny.bar(m(5), 10, 1.0) == "round 5/10 "                        # 11 of 12 columns
+    frame = Progress(io.StringIO(), tty=True, width=4, clock=Clock(), columns=24)
+    frame.t0 = frame.first = 0.0
+    assert frame.bar(m(5), 10, 1.0) == "round 5/10 [##..]  50%"             # every field dropped, the frame fits
+    wide = Progress(io.StringIO(), tty=True, clock=Clock(), columns=200)
+    wide.t0 = wide.first = 0.0
+    assert "[" + "#" * 12 + "." * 12 + "]" in wide.bar(m(5), 10, 1.0)     # 24 characters by default
+
+
+def test_the_terminals_width_is_read_for_each_line_and_a_closed_bar_is_not_cleared_again(monkeypatch):
+    out = io.StringIO()
+    p = Progress(out, tty=True, clock=Clock())
+    monkeypatch.setenv("COLUMNS", "12")
+    p.status("x" * 40)
+    monkeypatch.setenv("COLUMNS", "6")                     # resized
+    p.status("y" * 40)
+    p.close()
+    p.message("done")
+    assert out.getvalue() == "x" * 11 + "\r\033[K" + "y" * 5 + "\ndone\n"
