@@ -200,3 +200,13 @@ def test_checkpoint_load_recovers_from_a_crashed_save(tmp_path, ck, monkeypatch)
     ckpt.save(path, newer)
     assert ckpt.load(path).position == {"round": 2}
     assert os.listdir(tmp_path) == ["c"]
+
+
+def test_mkdirs_of_a_directory_that_exists_is_no_error(store):
+    """Hadoop's mkdirs is idempotent; the local one behaves the same."""
+    fs, root = store
+    d = f"{root}/a/b"
+    fs.mkdirs(d)
+    fs.write(f"{d}/f", b"1")
+    fs.mkdirs(d)
+    assert fs.read(f"{d}/f") == b"1"
