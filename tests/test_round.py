@@ -1,0 +1,203 @@
+"""The synchronous round's rules without Spark (rnnlm.exchange.round): the outer step, the optimizer
+state across rounds, the carries and the checkpoint's keys, each against arithmetic done by hand.
+The Spark tests (test_spark_train, test_continue) run the same rules end to end."""
+import numpy as np
+import pytest
+
+from rnnlm.config import TrainConfig
+from rnnlm.core.layout import Layout
+from rnnlm.exchange.aggregate import Aggregate, merge
+from rnnlm.exchange.round import OPT, Carry, RoundMessage, StateKeys, SyncRound
+from rnnlm.spark.allreduce import SyncState
+
+LAYOUT = Layout([("w", (2, 2)), ("b", (2,))])          # 6 parameters
+
+
+def _leaf(pid, change, weight, steps=4, opt=None, state=None, local_opt=None):
+    """Partition ``pid``'s contribution: its change (6,), its optimizer slot m (6,) if any."""
+    blocks = {"params.w": np.asarray(change[:4], np.float32).reshape(2, 2),
+              "params.b": np.asarray(change[4:], np.float32)}
+    if opt is not None:
+        blocks[OPT + "m"] = np.asarray(opt, np.float32)
+    return Aggregate.contribution(weight, blocks, {pid: Carry(state=state, opt=local_opt)}, steps=steps)
+
+
+def _round(outer="average", optim_state="average", momentum=0.5, lr=2.0, partitions=2):
+    t = TrainConfig(outer=outer, optim_state=optim_state, outer_momentum=momentum, outer_lr=lr)
+    return SyncRound(LAYOUT, t, partitions)
+
+
+def _agg(opt=(None, None), **kw):
+    a = _leaf(0, [1, 2, 3, 4, 5, 6], 1.0, opt=opt[0], **kw)
+    b = _leaf(1, [3, 2, 1, 0, -1, -2], 3.0, opt=opt[1])
+    return merge(merge(Aggregate(), a), b)            # the token-weighted mean: (a + 3 b) / 4
+
+
+MEAN = np.array([2.5, 2.0, 1.5, 1.0, 0.5, 0.0])
+
+
+def test_average_adds_the_token_weighted_mean_change():
+    st = SyncState(params=np.ones(6, np.float32))
+    _round().apply(st, _agg())
+    assert st.params.dtype == np.float32 and np.array_equal(st.params, 1 + MEAN)
+    assert st.velocity is None
+
+
+def test_momentum_and_nesterov_step_with_a_velocity_kept_across_rounds():
+    for outer in ("momentum", "nesterov"):
+        st = SyncState(params=np.zeros(6, np.float32))
+        r = _round(outer, momentum=0.5, lr=2.0)
+        r.apply(st, _agg())                                     # v = d; momentum: p = 2 v; nesterov: 2 (d + v / 2)
+        assert np.allclose(st.velocity, MEAN)
+        first = 2 * MEAN if outer == "momentum" else 2 * (MEAN + 0.5 * MEAN)
+        assert np.allclose(st.params, first, rtol=1e-6)
+        r.apply(st, _agg())                                     # v = v / 2 + d = 1.5 d
+        assert np.allclose(st.velocity, 1.5 * MEAN)
+        second = 2 * 1.5 * MEAN if outer == "momentum" else 2 * (MEAN + 0.5 * 1.5 * MEAN)
+        assert np.allclose(st.params, first + second, rtol=1e-6) and st.params.dtype == np.float32
+
+
+def test_averaged_optimizer_state_is_the_weighted_mean_and_counts_the_steps():
+    st = SyncState(params=np.zeros(6, np.float32))
+    agg = _agg(opt=(np.full(6, 4.0), np.full(6, 8.0)))          # (4 + 3 * 8) / 4 = 7
+    _round(optim_state="average").apply(st, agg)
+    assert set(st.opt) == {"m", "t"} and np.array_equal(st.opt["m"], np.full(6, 7.0, np.float32))
+    assert st.opt["t"] == 4                                   # 8 steps on 2 partitions: 4 each
+    _round(optim_state="average").apply(st, _agg(opt=(np.zeros(6), np.zeros(6))))
+    assert st.opt["t"] == 8
+    _round(optim_state="average").apply(st, _agg())            # sgd: no slots, no state
+    assert st.opt is None
+
+
+def test_local_optimizer_state_and_hidden_states_go_back_to_their_partitions():
+    st = SyncState(params=np.zeros(6, np.float32), opt_local={5: {"t": 1}})
+    mine = {"t": 3, "m": np.arange(6.0)}
+    h = np.ones((1, 1, 2, 3), np.float32)
+    r = _round(optim_state="local")
+    r.apply(st, _agg(state=h, local_opt=mine))
+    assert list(st.opt_local) == [0] and st.opt_local[0] is mine          # pid 1 sent none: dropped
+    assert list(st.states) == [0] and st.states[0] is h
+    assert st.opt is None
+    carries = r.carries(st)
+    assert carries[0] == Carry(state=h, opt=mine)
+    assert r.message(st, "base", {}).opt is None
+    reset = SyncState(params=np.zeros(6, np.float32), opt={"t": 9, "m": np.ones(6)}, opt_local={0: mine})
+    _round(optim_state="reset").apply(reset, _agg(local_opt=mine))
+    assert reset.opt == {"t": 9, "m": reset.opt["m"]} and reset.opt_local == {0: mine}   # untouched
+    assert _round(optim_state="reset").carries(reset) == {}
+
+
+def test_what_a_partition_starts_its_round_with():
+    class Opt:
+        def init_state(self, params):
+            return {"t": 0, "fresh": True}
+    avg = {"t": 4, "m": np.ones(2)}
+    own = {"t": 2, "m": np.zeros(2)}
+    msg = RoundMessage("b", {}, avg)
+    on = []
+
+    def to_device(a):
+        on.append(a)
+        return a
+    assert _round(optim_state="average").start(msg, Carry(opt=own), Opt(), None, to_device) == avg
+    assert _round(optim_state="local").start(msg, Carry(opt=own), Opt(), None, to_device) == own
+    assert len(on) == 2 and on[0] is avg["m"] and on[1] is own["m"]        # the arrays, not the step count
+    assert _round(optim_state="local").start(msg, Carry(), Opt(), None, to_device)["fresh"]      # round 1
+    assert _round(optim_state="reset").start(msg, Carry(opt=own), Opt(), None, to_device)["fresh"]
+    assert _round(optim_state="average").start(RoundMessage("b", {}, None), Carry(), Opt(), None,
+                                               to_device)["fresh"]
+    st = SyncState(params=np.zeros(6), opt=avg)
+    assert _round(optim_state="average").message(st, "b", {}).opt is avg
+
+
+def test_a_contribution_carries_what_its_optimizer_state_mode_needs():
+    class Res:
+        tokens, loss_sum, steps = 40, 80.0, 4
+        state = np.ones((1, 1, 2, 2), np.float32)
+        opt_state = {"t": 4, "m": np.full(6, 2.0, np.float32)}
+    blocks = {"params.w": np.zeros((2, 2), np.float32), "params.b": np.zeros(2, np.float32)}
+    a = _round(optim_state="average").contribution(3, Res(), blocks, {"block_bytes.x": 7}, True, [1], 0.5, np.asarray)
+    assert sorted(a.dense) == ["opt.m", "params.b", "params.w"] and a.local[3].opt is None
+    assert a.weight == 40 and a.stats["block_bytes.x"] == 7 and a.stats["steps"] == 4
+    assert np.array_equal(a.local[3].state, Res.state)
+    b = _round(optim_state="local").contribution(3, Res(), blocks, {}, False, [1], 0.5, np.copy)
+    assert sorted(b.dense) == ["params.b", "params.w"] and b.local[3].state is None
+    assert type(b.local[3].opt["t"]) is int and b.local[3].opt["t"] == 4          # a count, not an array
+    m = b.local[3].opt["m"]
+    assert m is not Res.opt_state["m"] and np.array_equal(m, Res.opt_state["m"])   # copied to the host
+
+
+def test_the_checkpoint_keys_round_trip():
+    st = SyncState(params=np.zeros(6), opt={"t": 7, "m": np.ones(6)}, opt_local={2: {"t": 7, "v": np.zeros(6)}},
+                   velocity=np.full(6, 3.0))
+    view = np.full(6, 5.0)
+    held = {1: {"feedback": np.ones(6)}, 2: {"eager": np.full(6, 2.0)}}
+    optim, t = SyncRound.to_optim(st, view, held)
+    assert t == 7 and sorted(optim) == ["eager.p2", "feedback.p1", "m", "outer.velocity", "outer.view", "p2/v"]
+    back = SyncRound.from_optim(optim, t)
+    assert set(back["opt"]) == {"m", "t"} and back["opt"]["t"] == 7
+    assert list(back["opt_local"]) == [2] and back["opt_local"][2]["t"] == 7
+    assert back["velocity"] is optim["outer.velocity"] and back["view"] is optim["outer.view"]
+    assert {p: sorted(d) for p, d in back["held"].items()} == {1: ["feedback"], 2: ["eager"]}
+    nothing, t0 = SyncRound.to_optim(SyncState(params=np.zeros(6)), None, None)
+    assert nothing == {} and t0 == 0
+    assert SyncRound.from_optim({}, 0) == {"opt": None, "opt_local": {}, "velocity": None, "view": None, "held": {}}
+    only_local, t = SyncRound.to_optim(SyncState(params=np.zeros(6), opt_local={0: {"t": 3}}), None, None)
+    assert t == 3
+
+
+@pytest.mark.parametrize("key,slot,held", [
+    ("m", True, None), ("p3/m", False, None), ("outer.velocity", False, None),
+    ("feedback.p12", False, ("feedback", 12)), ("eager.p0", False, ("eager", 0)),
+    ("feedback.px", False, None), ("other.p1", True, None),
+])
+def test_state_keys(key, slot, held):
+    assert StateKeys.is_slot(key) is slot and StateKeys.held(key) == held
+
+
+def test_the_round_messages_are_frozen():
+    with pytest.raises(AttributeError):
+        RoundMessage("b", {}, None).base = "c"
+    with pytest.raises(AttributeError):
+        Carry().state = 1
+
+
+class _Handle:
+    """A broadcast's stand-in: counts the reads of ``value`` (on Spark a read may fetch)."""
+
+    def __init__(self, value):
+        self._value, self.reads = value, 0
+
+    @property
+    def value(self):
+        self.reads += 1
+        return self._value
+
+
+def test_the_executors_view_adds_each_delta_once_and_reads_the_base_only_to_rebuild():
+    from rnnlm.exchange.blocks import Block
+    from rnnlm.exchange.round import view
+    from rnnlm.spark.memo import Memo
+    base = _Handle(np.zeros(6, np.float32))
+    msg = RoundMessage("base-1", {"b": (None, np.array([[1.0], [2.0]], np.float32))}, None)   # b = (1, 2)
+
+    def delta(k):
+        return _Handle({"w": Block(np.full((1, 2), k, np.float32), (2, 2), np.array([k % 2], np.int32))})
+    d1, d2, d3 = delta(1), delta(2), delta(3)        # rows 1, 0, 1 of w
+    cache = Memo()
+    first = view(LAYOUT, base, msg, [d1, d2], cache)
+    assert first.tolist() == [2, 2, 1, 1, 1, 2] and base.reads == 1      # w = [[2, 2], [1, 1]]
+    again = view(LAYOUT, base, msg, [d1, d2, d3], cache)                  # only d3 is new
+    assert again.tolist() == [2, 2, 4, 4, 1, 2] and base.reads == 1
+    assert (d1.reads, d2.reads, d3.reads) == (1, 1, 1)
+    view(LAYOUT, base, msg, [d1, d2, d3], cache)                          # nothing new: nothing read
+    assert base.reads == 1 and d3.reads == 1
+    fresh = view(LAYOUT, base, msg, [d1], cache)            # fewer deltas than the cache holds: rebuilt
+    assert fresh.tolist() == [0, 0, 1, 1, 1, 2] and base.reads == 2
+    plain = view(LAYOUT, base, msg, [], Memo())                            # no delta broadcast: base + rows
+    assert plain.tolist() == [0, 0, 0, 0, 1, 2]
+
+
+def test_a_failed_partition_weighs_nothing():
+    failed = SyncRound.failed(3, "loss became nan")
+    assert failed.weight == 0.0 and failed.dense == {} and failed.local == {3: Carry(error="loss became nan")}
