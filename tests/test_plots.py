@@ -87,6 +87,37 @@ def test_runs_with_one_config_are_named_by_their_folders(tmp_path):
     assert runs.labels(rs) == ["local_steps=1", "local_steps=2", "unknown"]
 
 
+def test_runs_are_found_two_levels_deep_and_no_deeper(tmp_path):
+    make_run(tmp_path / "all" / "a", "r1", LINES)
+    make_run(tmp_path / "all", "r0", LINES)
+    make_run(tmp_path / "all" / "b" / "c", "r3", LINES)        # three levels down
+    assert [r.name for r in runs.load_all([str(tmp_path / "all")])] == ["r1", "r0"]
+    assert [r.name for r in runs.load_all([str(tmp_path / "all" / "b")])] == ["r3"]
+
+
+def test_labels_name_keys_by_rank_shorten_values_and_tell_repeats_apart(tmp_path):
+    def load(name, *sets):
+        return runs.load(str(make_run(tmp_path, name, LINES, sets)))
+    # each of the three keys alone splits the runs in two; all three are needed: ordered as a reader names runs
+    rs = [load("m1", "train.mode=async", "model.cell=rnn", "data.strategy=windows"),
+          load("m2", "train.mode=sync", "model.cell=rnn", "data.strategy=streams"),
+          load("m3", "train.mode=sync", "model.cell=lstm", "data.strategy=windows"),
+          load("m4", "train.mode=sync", "model.cell=lstm", "data.strategy=streams")]
+    assert runs.distinguishing(rs[1:]) == ["model.cell", "data.strategy"]
+    assert runs.distinguishing(rs) == ["train.mode", "model.cell", "data.strategy"]
+    # one key splits them as well as another: the one ranked first (exchange before optim)
+    pair = [load("p1", "optim.lr=0.5", "exchange.mu=0.1"), load("p2", "optim.lr=0.25", "exchange.mu=0.2")]
+    assert runs.distinguishing(pair) == ["exchange.mu"]
+    # a key name two sections share keeps its section; floats short; paths by their last part
+    lr = [load("l1", "optim.lr=0.1", "server.lr=0.5", "data.train=/d/ptb/train.txt"),
+          load("l2", "optim.lr=0.25", "server.lr=0.75", "data.train=/")]
+    assert runs.labels(lr, ["optim.lr", "server.lr", "data.train", "train.seed"]) == [
+        "optim.lr=0.1, server.lr=0.5, train=train.txt, seed=1234", "optim.lr=0.25, server.lr=0.75, train=/, seed=1234"]
+    # repeats of one setting among others: the folder name goes in front
+    twice = [load("s1", "train.seed=1"), load("s2", "train.seed=1"), load("s3", "train.seed=2")]
+    assert runs.labels(twice) == ["s1: seed=1", "s2: seed=1", "s3: seed=2"]
+
+
 def test_a_metrics_file_left_as_old_by_a_crash_is_read(tmp_path):
     d = make_run(tmp_path, "a", LINES)
     os.rename(d / "metrics.jsonl", d / "metrics.jsonl.old")
