@@ -201,3 +201,38 @@ def test_the_executors_view_adds_each_delta_once_and_reads_the_base_only_to_rebu
 def test_a_failed_partition_weighs_nothing():
     failed = SyncRound.failed(3, "loss became nan")
     assert failed.weight == 0.0 and failed.dense == {} and failed.local == {3: Carry(error="loss became nan")}
+
+
+def test_a_rounds_metrics_line_by_hand():
+    from rnnlm import config
+    from rnnlm.spark.trainer import RunState, round_metrics
+    cfg = config.load(None, ["data.partitions=4", "exchange.embed=rows", "exchange.seed_groups=log2",
+                             "exchange.sampled_softmax=true"])
+    agg = Aggregate()
+    agg.stats.update(tokens=800, loss_sum=1600.0, steps=8, compute_s=1.23456, gpu_partitions=2, softmax_v_all=100,
+                     **{"block_bytes.embed": 12, "block_bytes.softmax": 11, "rows_embed": 5})
+    agg.words, agg.wire_bytes = np.array([1, 4, 9], np.int32), 4096
+    st = RunState(round=3, tokens=2000, bytes_sent=9000, bytes_broadcast=7000, wall_s=12.34567)
+    m = round_metrics(cfg, LAYOUT, st, 3000, agg, 512, True, 0.5, 4.00049)
+    assert m == {"round": 3, "epoch": 0.66667, "tokens": 2000, "syncs": 3, "bytes_sent": 9000, "bytes_broadcast": 7000,
+                 "round_bytes_sent": 4096, "round_bytes_broadcast": 512, "rebased": True, "wall_s": 12.346,
+                 "round_s": 4.0, "compute_s": 1.235, "tokens_per_s": 200, "train_loss": 2.0, "lr": 0.5,
+                 "unique_words": 3, "device": "gpu+cpu", "block_bytes.embed": 12, "block_bytes.softmax": 11,
+                 "rows_embed": 5, "compression": 4.174,        # 6 float32 parameters from 4 partitions in 23 bytes
+                 "seed_groups": 2, "softmax_v_all": 12.5, "softmax_v_f": 0.0}
+    dense = round_metrics(config.load(None, ["data.partitions=4"]), LAYOUT, st, 4000, Aggregate(), 0, False, 0.5, 0.0)
+    assert dense["train_loss"] == 0.0 and dense["tokens_per_s"] == 0 and dense["compression"] == 96.0
+    assert dense["device"] == "cpu" and "softmax_v_all" not in dense
+    none = Aggregate()                                   # a round that ran no step: no division by zero
+    none.stats["tokens"] = 5
+    quiet = round_metrics(cfg, LAYOUT, st, 4000, none, 0, False, 0.5, 0.0)
+    assert quiet["softmax_v_all"] == 0.0 and quiet["tokens_per_s"] == 5_000_000_000
+
+
+def test_a_rounds_phases():
+    from rnnlm.spark.trainer import round_phases
+    stats = {"task_start": 10.5, "task_end": 12.0, "view_s": 0.1, "steps_s": 1.0, "encode_s": 0.25}
+    assert round_phases(stats, 0.2, 10.0, 12.75, 0.05, 0.3) == {
+        "phase.prepare_s": 0.2, "phase.apply_s": 0.05, "phase.launch_s": 0.5, "phase.collect_s": 0.75,
+        "phase.view_s": 0.1, "phase.steps_s": 1.0, "phase.encode_s": 0.25, "phase.between_s": 0.3}
+    assert round_phases({}, 0.123456, 1.0, 2.0, 0.0, None) == {"phase.prepare_s": 0.1235, "phase.apply_s": 0.0}
