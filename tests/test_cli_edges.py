@@ -97,3 +97,37 @@ def test_plots_name_every_k_plain_bytes_and_what_all_runs_send_alike(tmp_path):
     ax = plots.plot_metric(rs, "tokens", "train_loss")
     assert ax.get_legend().get_title().get_text() == "all runs: softmax rows+fp16, hidden dense+fp16"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == runs.labels(rs)
+
+
+def test_input_paths_checked_before_spark_leave_hadoops_brace_globs_to_it(tmp_path):
+    from rnnlm.cli.checks import check_input
+    from rnnlm.spark.corpus import CorpusError
+    (tmp_path / "a.txt").write_text("x\n")
+    check_input(str(tmp_path / "a.txt"), "data.train")
+    check_input(str(tmp_path / "*.txt"), "data.train")                    # Python's glob matches
+    check_input(str(tmp_path / "{b,c}.txt"), "data.train")                # Hadoop's alone: its to check
+    for missing in ("b.txt", "*.csv"):
+        try:
+            check_input(str(tmp_path / missing), "data.train")
+        except CorpusError as e:
+            assert str(e) == f"data.train: input path does not exist: {tmp_path / missing}"
+        else:
+            raise AssertionError(missing)
+
+
+def test_a_used_out_is_refused_before_spark_unless_overwritten_or_a_dry_run(tmp_path):
+    from rnnlm.cli.checks import check_train
+    from rnnlm.spark.rundir import TrainingError
+    cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid="])
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1}\n')
+    try:
+        check_train(cfg, None, str(out), False, False, False)
+    except TrainingError as e:
+        assert "already holds a run" in str(e)
+    else:
+        raise AssertionError("a used --out was taken")
+    assert check_train(cfg, None, str(out), False, True, False) == cfg            # --overwrite
+    assert check_train(cfg, None, str(out), False, False, True) == cfg            # --dry-run writes nothing
+    assert (out / "metrics.jsonl").read_text() == '{"round": 1}\n'              # nothing touched

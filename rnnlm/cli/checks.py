@@ -77,8 +77,8 @@ def locate_data(cfg: config.Config, config_path: str | None, log=print, strict: 
     return config.replace(cfg, "data", **changes) if changes else cfg
 
 
-def check_train(cfg: config.Config, config_path: str | None, out: str, resume: bool = False,
-                overwrite: bool = False, dry_run: bool = False, log=print) -> config.Config:
+def check_train(cfg: config.Config, config_path: str | None, out: str, resume: bool, overwrite: bool,
+                dry_run: bool, log=print) -> config.Config:
     """``cfg`` ready to train (see :func:`locate_data`) after the trainer's own checks of the
     configuration and, unless ``dry_run``, of a local ``--out`` against ``--resume``/``--overwrite``:
     a resumed checkpoint must be readable and of the same experiment."""
@@ -106,7 +106,7 @@ def _run_dir(out: str, local_out: str) -> RunDir:
     return RunDir(out if "://" not in out and not out.startswith("file:") else local_out, fs=LocalFS())
 
 
-def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool = False) -> str | None:
+def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool) -> str | None:
     """The run directory of a local ``--out`` being resumed whose run is already at ``train.rounds``
     (so ``nothing to do`` is known without Spark), else None; a length in ``train.epochs`` needs
     the corpus' size, counted by Spark."""
@@ -140,7 +140,7 @@ def check_device(cfg: config.Config, master: str | None) -> None:
                                  "NVIDIA GPU, or train.device = 'cpu' or 'auto'")
 
 
-def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool = False) -> Init | None:
+def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init | None:
     """``--init-from``'s checkpoint (a run directory: its last; ``RUN/best``; a checkpoint) when it
     is local, loaded, verified and checked against ``cfg`` (:func:`rnnlm.spark.rundir.check_init`);
     None for any other Hadoop path, read once Spark runs."""
