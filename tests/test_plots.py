@@ -108,6 +108,8 @@ def test_labels_name_keys_by_rank_shorten_values_and_tell_repeats_apart(tmp_path
     # one key splits them as well as another: the one ranked first (exchange before optim)
     pair = [load("p1", "optim.lr=0.5", "exchange.mu=0.1"), load("p2", "optim.lr=0.25", "exchange.mu=0.2")]
     assert runs.distinguishing(pair) == ["exchange.mu"]
+    pair = [load("q1", "data.min_count=1", "exchange.mu=0.1"), load("q2", "data.min_count=2", "exchange.mu=0.2")]
+    assert runs.distinguishing(pair) == ["exchange.mu"]                # though data.* sorts first
     # a key name two sections share keeps its section; floats short; paths by their last part
     lr = [load("l1", "optim.lr=0.1", "server.lr=0.5", "data.train=/d/ptb/train.txt"),
           load("l2", "optim.lr=0.25", "server.lr=0.75", "data.train=/")]
