@@ -128,6 +128,13 @@ def test_a_used_out_is_refused_before_spark_unless_overwritten_or_a_dry_run(tmp_
         assert "already holds a run" in str(e)
     else:
         raise AssertionError("a used --out was taken")
+    for uri in (f"file:{out}", f"file://{out}"):                              # a URI: named by its path
+        try:
+            check_train(cfg, None, uri, False, False, False)
+        except TrainingError as e:
+            assert str(e).startswith(f"{out} already holds a run"), str(e)
+        else:
+            raise AssertionError(f"a used --out was taken: {uri}")
     assert check_train(cfg, None, str(out), False, True, False) == cfg            # --overwrite
     assert check_train(cfg, None, str(out), False, False, True) == cfg            # --dry-run writes nothing
     assert (out / "metrics.jsonl").read_text() == '{"round": 1}\n'              # nothing touched
