@@ -236,3 +236,40 @@ def test_a_rounds_phases():
         "phase.prepare_s": 0.2, "phase.apply_s": 0.05, "phase.launch_s": 0.5, "phase.collect_s": 0.75,
         "phase.view_s": 0.1, "phase.steps_s": 1.0, "phase.encode_s": 0.25, "phase.between_s": 0.3}
     assert round_phases({}, 0.123456, 1.0, 2.0, 0.0, None) == {"phase.prepare_s": 0.1235, "phase.apply_s": 0.0}
+
+
+def _ck(position=None, optim=None, hidden=None):
+    from rnnlm import config
+    from rnnlm.core.checkpoint import Checkpoint
+    from rnnlm.core.vocab import Vocab
+    return Checkpoint(params=np.arange(6.0, dtype=np.float32), config=config.load(None, []),
+                      vocab=Vocab.build("ab", "char"), optim=optim or {}, position=position or {"round": 2},
+                      hidden=hidden, optim_t=5)
+
+
+def test_a_resumed_state_takes_each_part_of_the_checkpoint_where_the_run_needs_it():
+    from rnnlm import config
+    from rnnlm.spark.allreduce import SyncState
+    from rnnlm.spark.rundir import TrainingError
+    view = np.full(6, 7.0, np.float32)
+    plain = config.load(None, [])
+    st = SyncState.resumed(_ck(optim={"m": np.ones(6), "outer.view": view}), plain, "ck")
+    assert st.view is None and st.next_params is None and st.opt["t"] == 5 and st.states == {}
+    delta = config.load(None, ["exchange.broadcast=delta"])
+    assert SyncState.resumed(_ck(optim={"outer.view": view}), delta, "ck").view is view
+    overlap = config.load(None, ["train.overlap=1", "train.optim_state=local"])
+    st = SyncState.resumed(_ck({"round": 2, "pending_lr": 0.5}, {"outer.view": view}), overlap, "ck")
+    assert st.next_params is view and st.next_lr == 0.5 and st.view is None
+    lacking = [({"round": 2}, {"outer.view": view}), ({"round": 2, "pending_lr": 1}, {"outer.view": view}),
+               ({"round": 2, "pending_lr": -0.5}, {"outer.view": view}),
+               ({"round": 2, "pending_lr": float("nan")}, {"outer.view": view}),
+               ({"round": 2, "pending_lr": 0.5}, {}), ({"round": 2, "pending_lr": 0.5}, {"outer.view": view[:5]})]
+    for position, optim in lacking:
+        with pytest.raises(TrainingError, match="^cannot resume: ck lacks the next round's parameters or lea"):
+            SyncState.resumed(_ck(position, optim), overlap, "ck")
+    assert SyncState.resumed(_ck({"round": 2, "pending_lr": 0.0}, {"outer.view": view}), overlap, "ck").next_lr == 0.0
+    h = np.zeros((2, 1, 1, 4, 3), np.float32)                             # two partitions' (L, S, H, B)
+    st = SyncState.resumed(_ck(hidden=h), plain, "ck")
+    assert sorted(st.states) == [0, 1] and st.states[1].shape == (1, 1, 4, 3)
+    with pytest.raises(TrainingError, match="one stream's hidden state"):
+        SyncState.resumed(_ck(hidden=h[0]), plain, "ck")
