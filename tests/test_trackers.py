@@ -20,6 +20,21 @@ def test_crc32c_is_castagnolis():
     assert trackers.crc32c(b"123456789") == 0xE3069283 != zlib.crc32(b"123456789")
 
 
+def test_an_event_file_starts_with_its_version_at_step_0_and_a_second_writer_shares_the_directory(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    d = tmp_path / "tb"
+    first = trackers.TensorBoard(str(d), log=print)
+    first.line({"round": 3, "train_loss": 2.5, "rebased": True})
+    first.close(True)
+    second = trackers.TensorBoard(str(d), log=print)          # a resumed run writes beside the first file
+    second.close(True)
+    events = [Event.FromString(r) for r in RawEventFileLoader(first.path).Load()]   # TensorBoard's reader
+    assert (events[0].step, events[0].file_version) == (0, "brain.Event:2")
+    assert events[1].step == 3 and [(v.tag, v.simple_value) for v in events[1].summary.value] == [("train_loss", 2.5)]
+    assert os.path.exists(second.path)
+
+
 def _mlflow_run(store: str, name: str):
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=store)
