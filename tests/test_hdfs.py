@@ -284,6 +284,8 @@ def test_runs_and_plots_read_hdfs_over_webhdfs(hadoop, webhdfs, reference, tmp_p
     r = runs.load(f"{url}{reference}")
     assert r.metrics == metrics(webhdfs, reference)
     assert r.config["model"]["hidden"] == 24 and r.info["master"] == "local[2]"
+    with pytest.raises(runs.RunError, match=r"/no/such/run: not a run \(no such directory\)$"):
+        runs.load(f"{url}/no/such/run")
     # a run still being written: its last line cut short is dropped, as on a local disk
     lines = cat(webhdfs, f"{reference}/metrics.jsonl")
     webhdfs.write(f"{home('runs/partial')}/metrics.jsonl", lines + b'{"round": 7, "tra', overwrite=True)

@@ -120,6 +120,14 @@ def test_labels_name_keys_by_rank_shorten_values_and_tell_repeats_apart(tmp_path
     assert runs.labels(twice) == ["s1: seed=1", "s2: seed=1", "s3: seed=2"]
 
 
+def test_a_webhdfs_namenode_that_refuses_is_one_line_naming_the_path_and_the_clients_error():
+    with pytest.raises(runs.RunError) as e:
+        runs.load("webhdfs://127.0.0.1:1/x")                       # nothing listens on port 1 of loopback
+    msg = str(e.value)
+    assert msg.startswith("webhdfs://127.0.0.1:1/x/metrics.jsonl: HTTPConnectionPool(") and "\n" not in msg, msg
+    assert "Connection refused" in msg, msg
+
+
 def test_a_metrics_file_left_as_old_by_a_crash_is_read(tmp_path):
     d = make_run(tmp_path, "a", LINES)
     os.rename(d / "metrics.jsonl", d / "metrics.jsonl.old")
