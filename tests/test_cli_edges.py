@@ -5,6 +5,8 @@ import json
 import os
 import stat
 
+import pytest
+
 from rnnlm import config, download
 from rnnlm.cli import tools
 from rnnlm.cli.main import main, parser
@@ -107,12 +109,9 @@ def test_input_paths_checked_before_spark_leave_hadoops_brace_globs_to_it(tmp_pa
     check_input(str(tmp_path / "*.txt"), "data.train")                    # Python's glob matches
     check_input(str(tmp_path / "{b,c}.txt"), "data.train")                # Hadoop's alone: its to check
     for missing in ("b.txt", "*.csv"):
-        try:
+        with pytest.raises(CorpusError) as e:
             check_input(str(tmp_path / missing), "data.train")
-        except CorpusError as e:
-            assert str(e) == f"data.train: input path does not exist: {tmp_path / missing}"
-        else:
-            raise AssertionError(missing)
+        assert str(e.value) == f"data.train: input path does not exist: {tmp_path / missing}"
 
 
 def test_a_used_out_is_refused_before_spark_unless_overwritten_or_a_dry_run(tmp_path):
@@ -122,19 +121,10 @@ def test_a_used_out_is_refused_before_spark_unless_overwritten_or_a_dry_run(tmp_
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"round": 1}\n')
-    try:
-        check_train(cfg, None, str(out), False, False, False)
-    except TrainingError as e:
-        assert "already holds a run" in str(e)
-    else:
-        raise AssertionError("a used --out was taken")
-    for uri in (f"file:{out}", f"file://{out}"):                              # a URI: named by its path
-        try:
-            check_train(cfg, None, uri, False, False, False)
-        except TrainingError as e:
-            assert str(e).startswith(f"{out} already holds a run"), str(e)
-        else:
-            raise AssertionError(f"a used --out was taken: {uri}")
+    for given in (str(out), f"file:{out}", f"file://{out}"):                   # a URI: named by its path
+        with pytest.raises(TrainingError) as e:
+            check_train(cfg, None, given, False, False, False)
+        assert str(e.value).startswith(f"{out} already holds a run"), str(e.value)
     assert check_train(cfg, None, str(out), False, True, False) == cfg            # --overwrite
     assert check_train(cfg, None, str(out), False, False, True) == cfg            # --dry-run writes nothing
     assert (out / "metrics.jsonl").read_text() == '{"round": 1}\n'              # nothing touched

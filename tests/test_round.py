@@ -4,11 +4,18 @@ The Spark tests (test_spark_train, test_continue) run the same rules end to end.
 import numpy as np
 import pytest
 
+from rnnlm import config
 from rnnlm.config import TrainConfig
+from rnnlm.core.checkpoint import Checkpoint
 from rnnlm.core.layout import Layout
+from rnnlm.core.vocab import Vocab
 from rnnlm.exchange.aggregate import Aggregate, merge
-from rnnlm.exchange.round import OPT, Carry, RoundMessage, StateKeys, SyncRound
+from rnnlm.exchange.blocks import Block
+from rnnlm.exchange.round import OPT, Carry, RoundMessage, StateKeys, SyncRound, view
 from rnnlm.spark.allreduce import SyncState
+from rnnlm.spark.memo import Memo
+from rnnlm.spark.rundir import TrainingError
+from rnnlm.spark.trainer import RunState, round_metrics, round_phases
 
 LAYOUT = Layout([("w", (2, 2)), ("b", (2,))])          # 6 parameters
 
@@ -175,9 +182,6 @@ class _Handle:
 
 
 def test_the_executors_view_adds_each_delta_once_and_reads_the_base_only_to_rebuild():
-    from rnnlm.exchange.blocks import Block
-    from rnnlm.exchange.round import view
-    from rnnlm.spark.memo import Memo
     base = _Handle(np.zeros(6, np.float32))
     msg = RoundMessage("base-1", {"b": (None, np.array([[1.0], [2.0]], np.float32))}, None)   # b = (1, 2)
 
@@ -204,8 +208,6 @@ def test_a_failed_partition_weighs_nothing():
 
 
 def test_a_rounds_metrics_line_by_hand():
-    from rnnlm import config
-    from rnnlm.spark.trainer import RunState, round_metrics
     cfg = config.load(None, ["data.partitions=4", "exchange.embed=rows", "exchange.seed_groups=log2",
                              "exchange.sampled_softmax=true"])
     agg = Aggregate()
@@ -230,7 +232,6 @@ def test_a_rounds_metrics_line_by_hand():
 
 
 def test_a_rounds_phases():
-    from rnnlm.spark.trainer import round_phases
     stats = {"task_start": 10.5, "task_end": 12.0, "view_s": 0.1, "steps_s": 1.0, "encode_s": 0.25}
     assert round_phases(stats, 0.2, 10.0, 12.75, 0.05, 0.3) == {
         "phase.prepare_s": 0.2, "phase.apply_s": 0.05, "phase.launch_s": 0.5, "phase.collect_s": 0.75,
@@ -239,18 +240,12 @@ def test_a_rounds_phases():
 
 
 def _ck(position=None, optim=None, hidden=None):
-    from rnnlm import config
-    from rnnlm.core.checkpoint import Checkpoint
-    from rnnlm.core.vocab import Vocab
     return Checkpoint(params=np.arange(6.0, dtype=np.float32), config=config.load(None, []),
                       vocab=Vocab.build("ab", "char"), optim=optim or {}, position=position or {"round": 2},
                       hidden=hidden, optim_t=5)
 
 
 def test_a_resumed_state_takes_each_part_of_the_checkpoint_where_the_run_needs_it():
-    from rnnlm import config
-    from rnnlm.spark.allreduce import SyncState
-    from rnnlm.spark.rundir import TrainingError
     view = np.full(6, 7.0, np.float32)
     plain = config.load(None, [])
     st = SyncState.resumed(_ck(optim={"m": np.ones(6), "outer.view": view}), plain, "ck")

@@ -108,20 +108,20 @@ def test_resume_keys_add_what_changes_the_numbers_in_each_mode():
     assert ASYNC_RESUME_KEYS["server"] == ("update", "staleness", "lock")           # the tables were not changed
 
 
-def _plateau(every):
+def _every(every):
     return config.replace(config.load(None, []), "train", eval_every=every)
 
 
 @pytest.mark.parametrize("cfg, at, rounds, lines, best, refused", [
-    (_plateau(5), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # stepped off the cadence at its end
-    (_plateau(0), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # evaluating only at the end
-    (_plateau(5), 7, 10, [{"round": 7}], {"round": 7, "valid_loss": 4.0}, True),   # its checkpoint says so
-    (_plateau(5), 7, 7, [{"round": 7, "valid_loss": 4.0}], None, False),       # not longer
-    (_plateau(5), 7, 6, [{"round": 7, "valid_loss": 4.0}], None, False),
-    (_plateau(5), 10, 12, [{"round": 10, "valid_loss": 4.0}], None, False),    # on the cadence: the longer run too
-    (_plateau(4), 2, 12, [{"round": 2, "valid_loss": 4.0}], None, True),       # 2 // 4 == 0, 2 % 4 != 0
-    (_plateau(5), 7, 10, [{"round": 7}], {"round": 5, "valid_loss": 4.0}, False),   # stopped by a signal
-    (_plateau(5), 7, 10, [{"round": 5, "valid_loss": 4.0}, {"round": 7}, {"round": 8, "valid_loss": 3.0}], None,
+    (_every(5), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # stepped off the cadence at its end
+    (_every(0), 7, 10, [{"round": 7, "valid_loss": 4.0}], None, True),       # evaluating only at the end
+    (_every(5), 7, 10, [{"round": 7}], {"round": 7, "valid_loss": 4.0}, True),   # its checkpoint says so
+    (_every(5), 7, 7, [{"round": 7, "valid_loss": 4.0}], None, False),       # not longer
+    (_every(5), 7, 6, [{"round": 7, "valid_loss": 4.0}], None, False),
+    (_every(5), 10, 12, [{"round": 10, "valid_loss": 4.0}], None, False),    # on the cadence: the longer run too
+    (_every(4), 2, 12, [{"round": 2, "valid_loss": 4.0}], None, True),       # 2 // 4 == 0, 2 % 4 != 0
+    (_every(5), 7, 10, [{"round": 7}], {"round": 5, "valid_loss": 4.0}, False),   # stopped by a signal
+    (_every(5), 7, 10, [{"round": 5, "valid_loss": 4.0}, {"round": 7}, {"round": 8, "valid_loss": 3.0}], None,
      False),                                                                   # other rounds' evaluations
 ])
 def test_check_longer_refuses_only_a_plateau_that_stepped_on_the_last_evaluation(cfg, at, rounds, lines, best, refused):
