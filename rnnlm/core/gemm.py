@@ -42,16 +42,16 @@ def _handle(cupy):
 
 
 def _operand(cupy, a):
-    """(array, transposed?, leading dimension) of a 2-d ``a`` in cuBLAS's column-major terms."""
+    """(array, transposed?, leading dimension) of a 2-d ``a`` with no empty side, in cuBLAS's column-major
+    terms (a step of zero or below is never >= a side, so broadcast and reversed views are copied)."""
     r, c = a.shape
     s = a.itemsize
     s0, s1 = a.strides
-    if (c == 1 or s1 == s) and (r == 1 or (s0 > 0 and s0 % s == 0 and s0 // s >= c)):
-        return a, False, max(1, c if r == 1 else s0 // s)           # row-major: (c, r) column-major
-    if (r == 1 or s0 == s) and s1 > 0 and s1 % s == 0 and s1 // s >= r:
-        return a, True, max(1, s1 // s)                              # a transposed view
-    a = cupy.ascontiguousarray(a)
-    return a, False, max(1, c)
+    if (c == 1 or s1 == s) and (r == 1 or (s0 % s == 0 and s0 // s >= c)):
+        return a, False, c if r == 1 else s0 // s                   # row-major: (c, r) column-major
+    if (r == 1 or s0 == s) and s1 % s == 0 and s1 // s >= r:
+        return a, True, s1 // s                                      # a transposed view
+    return cupy.ascontiguousarray(a), False, c
 
 
 def matmul(cupy, a, b, out=None):
@@ -60,10 +60,10 @@ def matmul(cupy, a, b, out=None):
     vec_a, vec_b = a.ndim == 1, b.ndim == 1
     a2 = a.reshape(1, -1) if vec_a else a
     b2 = b.reshape(-1, 1) if vec_b else b
-    m, k = a2.shape
-    k2, n = b2.shape
-    if k != k2 or a.ndim > 2 or b.ndim > 2:
+    if a2.ndim != 2 or b2.ndim != 2 or a2.shape[1] != b2.shape[0]:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not multiply")
+    m, k = a2.shape
+    n = b2.shape[1]
     dtype = np.dtype(a.dtype)
     if dtype not in _ONE or b.dtype != dtype:
         raise TypeError(f"matmul: float32 or float64 operands of one dtype, got {a.dtype} and {b.dtype}")
@@ -76,10 +76,10 @@ def matmul(cupy, a, b, out=None):
     direct = c2.strides[1] == dtype.itemsize or n == 1
     direct = direct and (m == 1 or (c2.strides[0] % dtype.itemsize == 0 and c2.strides[0] // dtype.itemsize >= n))
     target = c2 if direct else cupy.empty((m, n), dtype=dtype)
-    ldc = max(1, n if m == 1 else target.strides[0] // dtype.itemsize)
     if k == 0:
         target.fill(0)
     elif m and n:
+        ldc = n if m == 1 else target.strides[0] // dtype.itemsize
         A, ta, lda = _operand(cupy, a2)
         B, tb, ldb = _operand(cupy, b2)
         h = _handle(cupy)
