@@ -1,5 +1,6 @@
 """Fetching a corpus over HTTP from a real server on loopback that misbehaves in each way a server can."""
 import hashlib
+import os
 import http.server
 import threading
 import time
@@ -90,3 +91,34 @@ def test_a_mirror_file_of_another_size_is_refused_before_it_is_copied(monkeypatc
     with pytest.raises(download.DownloadError, match=f"^toy.txt: 1025 bytes in the mirror {tmp_path}/mirror, "
                                                      "expected 1024$"):
         download.fetch("toy", str(tmp_path / "data"), str(tmp_path / "mirror"), log=lambda s: None)
+
+
+@pytest.mark.parametrize("text, fraction, train", [
+    ("ab\n\ncd\n\nefgh", 0.5, "ab\n\n"),             # the last paragraph break before the point, kept in train
+    ("ab\n\ncd\n\nefgh", 0.75, "ab\n\ncd\n\n"),
+    ("abcdefghij", 0.3, "abc"),                      # no break before it: cut at the point
+    ("\n\nabcdef", 0.5, "\n\n"),                     # a break at the very start
+])
+def test_a_corpus_is_split_at_the_paragraph_break_before_its_fraction(tmp_path, text, fraction, train):
+    src = tmp_path / "corpus.txt"
+    src.write_text(text, encoding="utf-8")
+    paths = download.split_train_valid(str(src), fraction)
+    assert paths == [str(tmp_path / "corpus.train.txt"), str(tmp_path / "corpus.valid.txt")]
+    assert (tmp_path / "corpus.train.txt").read_text(encoding="utf-8") == train
+    assert (tmp_path / "corpus.valid.txt").read_text(encoding="utf-8") == text[len(train):]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.train.txt", "corpus.txt", "corpus.valid.txt"]
+
+
+def test_a_file_present_with_its_checksum_is_kept_and_a_fetched_one_readable_by_all(monkeypatch, tmp_path, server):
+    """A second fetch finds the file and does not fetch it again; the file takes the umask's mode, not
+    mkstemp's 0600."""
+    mask = os.umask(0o022)
+    try:
+        assert fetch(monkeypatch, tmp_path, f"{server}/ok") == [str(tmp_path / "data" / "toy.txt")]
+        said = []
+        monkeypatch.setattr(download, "_download", lambda *a: pytest.fail("fetched again"))
+        assert download.fetch("toy", str(tmp_path / "data"), log=said.append) == [str(tmp_path / "data" / "toy.txt")]
+    finally:
+        os.umask(mask)
+    assert said == ["toy.txt: present, checksum ok"]
+    assert os.stat(tmp_path / "data" / "toy.txt").st_mode & 0o777 == 0o644

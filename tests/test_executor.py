@@ -1,4 +1,7 @@
 """Task functions called in-process, as an executor's Python worker calls them."""
+import time
+import types
+
 import numpy as np
 import pytest
 
@@ -32,7 +35,8 @@ def cfg_for(vocab_size, *sets):
 
 def contribute(cfg, params, pid, tokens, bc_local=None):
     """Partition ``pid``'s round-1 contribution, as its task yields it."""
-    task = executor.round_task(cfg, Bc(params), Bc(RoundMessage("test:0", {}, None)), bc_local or {}, 1, 0.01)
+    task = executor.round_task(cfg, Bc(params), Bc(RoundMessage("test:0", {}, None)), bc_local or {}, 1, 0.01,
+                               chained=False, carries_in_spark=False)
     (agg,) = list(task(iter([(pid, tokens, np.array([0]))])))
     assert not agg.errors()
     return agg
@@ -109,6 +113,72 @@ def test_a_task_reads_only_its_own_partitions_broadcast():
     init = make_optimizer(cfg.optim).init_state(params)
     np.testing.assert_allclose(fresh, stepped_from(cfg, params, tokens, init), rtol=1e-6, atol=1e-8)
     assert np.abs(mine - fresh).max() > 1e-3       # the two states lead apart: the comparisons tell them apart
+
+
+def test_an_eager_partition_starts_from_the_base_plus_its_last_change_over_the_partition_count():
+    """``train.eager``: a partition holding its last change ``e`` trains from ``base + e / P``: the same
+    numbers, to the bit, as a partition sent that sum as its base; and ``e`` changes them."""
+    cfg = cfg_for(20, "train.overlap=1", "train.eager=true", "data.partitions=2", "train.optim_state=local")
+    base = RNNLM(cfg.model).init_params(1)
+    e = np.random.default_rng(0).normal(0, 0.05, base.shape).astype(np.float32)
+    tokens = np.arange(200, dtype=np.int32) % 20
+
+    def task(params, held, name):
+        MEMO.clear()
+        t = executor.round_task(cfg, Bc(params), Bc(RoundMessage(name, {}, None)), {}, 1, 0.01,
+                                chained=True, carries_in_spark=True)
+        agg, (pid, _, _, held_next, carry) = list(t(iter([(0, tokens, np.array([0]), held, None)])))
+        assert pid == 0 and carry is agg.local[0] and not agg.errors()
+        return plan.mean_change(RNNLM(cfg.model).layout, agg, np.float32), held_next["eager"]
+
+    eager, change = task(base, {"eager": e}, "eager")
+    sent, sent_change = task(base + e / 2, {}, "sent")
+    assert np.array_equal(eager, sent) and np.array_equal(change, sent_change)
+    plain, _ = task(base, {}, "plain")
+    assert np.abs(eager - plain).max() > 1e-4
+
+
+def test_a_tasks_phases_are_timed_within_its_wall_time_and_its_sampled_sets_counted():
+    cfg = cfg_for(50, "exchange.sampled_softmax=true", "optim.name=sgd", "optim.lr=0.5")
+    params = RNNLM(cfg.model).init_params(1)
+    t0 = time.perf_counter()
+    agg = contribute(cfg, params, 0, np.arange(400, dtype=np.int32) % 50)
+    wall = time.perf_counter() - t0
+    for k in ("steps_s", "encode_s", "view_s", "compute_s"):
+        assert 0 <= agg.stats[k] <= wall, (k, agg.stats[k], wall)
+    assert agg.stats["steps_s"] <= agg.stats["compute_s"]
+    v_all, v_f = agg.stats["softmax_v_all"], agg.stats["softmax_v_f"]
+    assert 0 < v_all < v_f <= 50, (v_all, v_f)                     # V_f = V_all and a random share
+
+
+def test_where_a_task_computes_is_named_in_its_metrics(monkeypatch):
+    assert executor.device_field(0, 4) == "cpu"
+    assert executor.device_field(1, 4) == "gpu+cpu" and executor.device_field(3, 4) == "gpu+cpu"
+    assert executor.device_field(4, 4) == "gpu"
+    assert executor.device_label(np) == "cpu"
+    monkeypatch.setattr(executor.backend, "device_key", lambda xp: "cupy:3")
+    assert executor.device_label(object()) == "gpu 3"
+
+
+def test_a_task_on_the_gpu_uses_the_first_address_spark_assigned_it(monkeypatch):
+    used, gpu = [], types.SimpleNamespace()
+    monkeypatch.setattr(executor.backend, "get_xp", lambda device: gpu if device == "gpu" else np)
+    monkeypatch.setattr(executor.backend, "use_gpu", used.append)
+    monkeypatch.setattr(executor, "assigned_gpus", lambda: ["5", "2"])
+    assert executor.task_xp("gpu") is gpu and used == [5]
+    assert executor.task_xp("cpu") is np and used == [5]
+
+
+def test_a_partition_that_cannot_run_expects_no_tokens_and_says_why():
+    cfg = cfg_for(20, "train.device=gpu")
+    part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))
+    (pid, n, expect, error, device), = executor.probe_task(cfg)(iter([part]))
+    assert (pid, n, expect) == (3, 50, 0.0) and device["ran"] is None
+    assert "CuPy" in error or "CUDA" in error, error
+    short = cfg_for(20)
+    part = (1, np.arange(4, dtype=np.int32), np.array([0]))                 # too short for a batch
+    (pid, n, expect, error, device), = executor.probe_task(short)(iter([part]))
+    assert (pid, n, expect, device["ran"]) == (1, 4, 0.0, "cpu") and error
 
 
 def test_a_python_worker_keeps_its_memo_across_rounds(spark, tiny_cfg, tmp_path):

@@ -219,3 +219,5 @@ def test_shared_corpora_verify(tmp_path):
     paths = download.fetch("tinyshakespeare", str(tmp_path), shared, log=lambda s: None)
     train, valid = open(paths[1]).read(), open(paths[2]).read()
     assert train + valid == open(paths[0]).read() and train.endswith("\n\n") and 0.85 < len(train) / 1115394 < 0.9
+    ptb = download.fetch("ptb", str(tmp_path / "ptb"), shared, log=lambda s: None)      # sizes and digests as listed
+    assert [os.path.basename(p) for p in ptb] == ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"]

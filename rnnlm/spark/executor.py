@@ -90,7 +90,7 @@ def probe_task(cfg: config.Config):
 
 
 def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: float, deltas=(), sink=None, *,
-               chained: bool = False, carries_in_spark: bool = False):
+               chained: bool, carries_in_spark: bool):
     """One round on one partition from the broadcast state (:mod:`rnnlm.exchange.round`).
 
     ``bc_base`` is the parameters' base (kept by executors across rounds) and ``bc`` the

@@ -1,0 +1,109 @@
+"""The lineage of what partitions hold between rounds (:class:`rnnlm.spark.lineage.Lineage`), with a toy
+round in place of training: each round adds one to a partition's counter, held in a file on its
+executor and replayed from the lineage's seed where the file is gone."""
+import functools
+import sys
+
+import numpy as np
+import pytest
+from pyspark import cloudpickle
+
+from rnnlm.exchange.aggregate import Aggregate
+from rnnlm.exchange.round import Carry
+from rnnlm.spark import filestore, lineage
+from rnnlm.spark.lineage import Lineage
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])      # the toy round travels to the workers
+
+
+def count_round(step, sink):
+    """A round's task: a partition's counter ``n`` plus ``step``; its contribution weighs the new count."""
+    def run(it):
+        for pid, tokens, starts, held, carry in it:
+            n = (held or {}).get("n", np.zeros(1)) + step
+            agg = Aggregate.contribution(float(n[0]), {"n": n.reshape(1, 1).astype(np.float32)}, {pid: Carry()})
+            if sink is None:
+                yield agg
+            else:
+                sink.add(agg)
+            yield pid, tokens, starts, {"n": n}, carry
+    return run
+
+
+@pytest.fixture
+def lin(spark):
+    sc = spark.sparkContext
+    data = sc.parallelize([(0, np.arange(3), np.array([0])), (1, np.arange(4), np.array([0]))], 2).cache()
+    lin = Lineage(sc, data, held={0: {"n": np.array([10.0])}, 1: {"n": np.array([20.0])}})
+    yield lin
+    lin.close(blocking=True)
+    data.unpersist()
+
+
+def submit(lin, step):
+    """One round, run at once; returns (its output, its merged aggregate)."""
+    out, agg = lin.submit(functools.partial(count_round, step), lambda go: go())
+    return out, agg
+
+
+def counts(held: dict) -> dict:
+    return {pid: float(h["n"][0]) for pid, h in held.items()}
+
+
+def test_rounds_chain_from_the_seed_each_partitions_once(lin):
+    out1, agg1 = submit(lin, 1)
+    assert agg1.weight == 11 + 21 and sorted(agg1.local) == [0, 1]
+    assert (lin.seq, lin.depth, lin.in_flight) == (1, 1, 1)
+    out2, agg2 = submit(lin, 2)
+    assert agg2.weight == 13 + 23 and (lin.seq, lin.depth, lin.in_flight) == (2, 2, 2)
+    lin.finished(out1, True)
+    lin.finished(out2, True)
+    assert lin.in_flight == 0
+    assert counts(lin.collect()) == {0: 13.0, 1: 23.0}
+
+
+def test_a_failed_round_leaves_the_last_finished_one_as_what_partitions_hold(lin):
+    out1, _ = submit(lin, 1)
+    lin.finished(out1, True)
+    out2, _ = submit(lin, 5)
+    lin.finished(out2, False)
+    assert lin.in_flight == 0 and counts(lin.collect()) == {0: 11.0, 1: 21.0}
+
+
+def test_what_a_partition_held_is_replayed_from_the_seed_when_its_files_are_gone(lin):
+    for step in (1, 2, 3):
+        out, _ = submit(lin, step)
+        lin.finished(out, True)
+    lin.data.foreachPartition(filestore.remover(lin.key))           # every executor's files
+    assert counts(lin.collect()) == {0: 16.0, 1: 26.0}
+    out, agg = submit(lin, 1)                                      # a round reads the replayed counts too
+    assert agg.weight == 17 + 27
+
+
+def test_a_lineage_is_truncated_only_with_no_round_in_flight_and_keeps_counting_rounds(lin, monkeypatch):
+    released = []
+    monkeypatch.setattr(lineage, "release", lambda *a, **k: released.append((a, k)))
+    kept = [lin.sc.broadcast(1)]
+    lin.keep(kept)
+    out1, _ = submit(lin, 1)
+    assert not lin.truncate({0: {"n": np.array([0.0])}}) and lin.depth == 1 and released == []
+    lin.finished(out1, True)
+    held = lin.collect()
+    assert lin.truncate(held) and lin.depth == 0 and lin.seq == 1
+    assert released[:-1] == [((), {"rdds": []})]                    # finished: no output before round 1's
+    (old, outs), k = released[-1]                                   # the seed's two, the kept one; round 1's output
+    assert kept[0] in old and len(old) == 3 and outs == [out1] and k == {}
+    out2, agg = submit(lin, 1)
+    assert lin.seq == 2 and lin.depth == 1 and agg.weight == 12 + 22
+
+
+def test_a_lineage_is_trimmed_at_its_depth_bound(lin, monkeypatch):
+    monkeypatch.setattr(lineage, "MAX_LINEAGE", 2)
+    out, _ = submit(lin, 1)
+    lin.finished(out, True)
+    assert lin.trim() == 0 and lin.depth == 1
+    out, _ = submit(lin, 1)
+    assert lin.trim() == 0 and lin.depth == 2                       # a round in flight
+    lin.finished(out, True)
+    assert lin.trim() == 2 * 8 and lin.depth == 0                   # two partitions' float64 counters
+    assert counts(lin.collect()) == {0: 12.0, 1: 22.0}
