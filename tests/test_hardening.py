@@ -198,6 +198,42 @@ def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
     check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "line", 1, "--data")
 
 
+@pytest.mark.parametrize("mode, crlf", [("line", False), ("line", True), ("blank_line", False), ("blank_line", True)])
+def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, crlf):
+    """Random streams at small limits (chunks of limit // 2 bytes, so delimiters straddle chunk ends and
+    records start anywhere; runs of one to three line ends), against the whole stream split at its
+    delimiters as Hadoop splits it (left to right, no overlap): the first record longer than the limit,
+    its offset, and for a stream that opens with it whether its first limit bytes hold a line end.
+    Before, a first line just over the limit in line mode was said to be a paragraph ("data.paragraphs =
+    'line' reads it line by line", to a run reading lines), and three line ends moved a record's start."""
+    import io
+    from rnnlm.spark.corpus import _long_record
+    rng = np.random.default_rng(7 + crlf)
+    line_end = b"\r\n" if crlf else b"\n"
+    found = {"none": 0, "line": 0, "paragraph": 0, "later": 0}
+    for trial in range(2000):
+        limit = int(rng.integers(4, 24))
+        parts = []
+        for _ in range(int(rng.integers(0, 7))):
+            parts.append(rng.integers(97, 123, int(rng.integers(0, 2 * limit + 3))).astype(np.uint8).tobytes())
+            parts.append(line_end * int(rng.choice([1, 1, 2, 2, 3])))
+        stream = b"".join(parts[:len(parts) - int(rng.integers(0, 2))])
+        if mode == "line":
+            records = stream.replace(b"\r", b"\n").split(b"\n")
+        else:
+            records = stream.split(line_end * 2)
+        want, offset = None, 0
+        for i, r in enumerate(records):
+            if len(r) > limit:
+                want = offset, None if i else "paragraph" if b"\n" in r[:limit] else "line"
+                break
+            offset += len(r) + (1 if mode == "line" else 2 * len(line_end))
+        assert _long_record(io.BytesIO(stream), mode, limit) == want, (trial, limit, stream)
+        found["none" if want is None else want[1] or "later"] += 1
+    seen = {k for k, n in found.items() if n > 50}              # every outcome the mode has, met many times
+    assert seen == ({"none", "line", "later"} if mode == "line" else set(found)), found
+
+
 def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
     """Where the check cannot look (another filesystem, another codec), Hadoop's reader skips such a
     record rather than holding it (the JVM that held a 100 MB one died)."""

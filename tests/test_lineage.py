@@ -2,6 +2,7 @@
 round in place of training: each round adds one to a partition's counter, held in a file on its
 executor and replayed from the lineage's seed where the file is gone."""
 import functools
+import os
 import sys
 
 import numpy as np
@@ -107,3 +108,51 @@ def test_a_lineage_is_trimmed_at_its_depth_bound(lin, monkeypatch):
     lin.finished(out, True)
     assert lin.trim() == 2 * 8 and lin.depth == 0                   # two partitions' float64 counters
     assert counts(lin.collect()) == {0: 12.0, 1: 22.0}
+
+
+def test_what_partitions_hold_lies_in_their_executors_files(lin):
+    out, _ = submit(lin, 1)
+    held = sorted((pid, h) for pid, _, _, h, _ in out.collect())
+    assert [(pid, type(h)) for pid, h in held] == [(0, filestore.Stored), (1, filestore.Stored)]
+    assert [(h.seq, h.names) for _, h in held] == [(1, ("n",)), (1, ("n",))]
+
+
+def test_a_replay_after_a_failed_round_stops_at_the_last_finished_one(lin):
+    """Round 3 failed: what partitions hold is round 2's, replayed from the seed the truncation after
+    round 1 left, through round 2 alone."""
+    out, _ = submit(lin, 1)
+    lin.finished(out, True)
+    assert lin.truncate(lin.collect())
+    out, _ = submit(lin, 2)
+    lin.finished(out, True)
+    out, _ = submit(lin, 5)
+    lin.finished(out, False)
+    lin.data.foreachPartition(filestore.remover(lin.key))
+    assert counts(lin.collect()) == {0: 13.0, 1: 23.0}
+
+
+class FileSink:
+    """A direct result channel's stand-in: each contribution's partition and weight in a file of its own."""
+
+    def __init__(self, where):
+        self.where = str(where)
+
+    def add(self, agg):
+        (pid,) = agg.local
+        with open(f"{self.where}/{pid}", "w") as f:
+            f.write(repr(agg.weight))
+
+
+def test_a_round_through_a_direct_channel_and_a_partition_recomputed(lin, tmp_path):
+    """With ``direct``, the contributions go to its sink, and its ``take`` gets a way to recompute the
+    partitions whose contribution never came: their task run again, the same numbers."""
+    got = {}
+
+    def take(recompute):
+        for name in sorted(os.listdir(tmp_path)):
+            got[int(name)] = float(open(tmp_path / name).read())
+        (again,) = recompute({1})
+        got["again"] = (sorted(again.local), again.weight)
+        return "merged"
+    out, merged = lin.submit(functools.partial(count_round, 3), lambda go: go(), direct=(FileSink(tmp_path), take))
+    assert merged == "merged" and got == {0: 13.0, 1: 23.0, "again": ([1], 23.0)}

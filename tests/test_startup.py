@@ -129,3 +129,10 @@ def test_the_spark_sessions_install_keeps_a_signal_already_received():
             "print(signals.stopped(), logging.root.manager.disable)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout) == (0, f"SIGTERM {logging.CRITICAL}\n"), p.stderr
+
+
+def test_a_plain_keyboard_interrupt_is_ctrl_c_and_a_sigterm_its_own_code():
+    from rnnlm.cli import signals
+    assert signals.exit_code(KeyboardInterrupt()) == 130 and signals.message(KeyboardInterrupt()) == "stopped (Ctrl-C)"
+    term = signals.Stopped(signal.SIGTERM)
+    assert signals.exit_code(term) == 143 and signals.message(term) == "stopped (SIGTERM)"

@@ -49,7 +49,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     opt_state = opt.init_state(params)
     block = StreamBlock(ids, t.batch, t.bptt)
     K = t.local_steps or block.steps_per_pass          # 0: one pass per round
-    rounds = t.rounds or max(1, math.ceil(t.epochs * block.steps_per_pass / K))
+    rounds = t.rounds or math.ceil(t.epochs * block.steps_per_pass / K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
     step, t0, metrics = 0, time.perf_counter(), {}
     log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "

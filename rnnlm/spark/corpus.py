@@ -130,7 +130,7 @@ def _line_end(sc, path: str, most: str) -> str:
 def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> None:
     """Refuse a local corpus (a file, a directory of files or a glob) holding a record longer than
     ``max_record_mb`` MiB (a line with ``mode = "line"``, else a blank-line paragraph): Hadoop would
-    skip it. Files are scanned for their line ends at memchr speed, gzip ones inflated on the way;
+    skip it. Files are scanned at C speed (:func:`_long_record`), gzip ones inflated on the way;
     those of other codecs are left to Hadoop's limit.
 
     Raises
@@ -167,37 +167,45 @@ def _local_files(path: str) -> list:
 
 
 def _long_record(f, mode: str, limit: int) -> tuple | None:
-    """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes (``alone``:
-    ``"line"`` when the stream starts with it and no line end was read before it was found too long,
-    ``"paragraph"`` when lines were but no record ended before), or None. It reads in chunks of at most half
-    the limit, so a record inside one chunk is shorter than the limit: only where records meet chunk
-    ends is a length measured, and a stream with no line end stops being read past the limit."""
-    chunk = min(limit // 2, 8 << 20)
-    head = f.read(chunk)
-    if mode == "line":
-        delims = (b"\n", b"\r")
-    else:
-        first = head.find(b"\n")
-        delims = (b"\r\n\r\n",) if first > 0 and head[first - 1:first] == b"\r" else (b"\n\n",)
-    keep = max(len(d) for d in delims) - 1
-    start, base, buf, delimited, lines = 0, 0, head, False, False
-    while buf:
-        lines = lines or b"\n" in buf or b"\r" in buf       # a line end read so far (one paragraph, not a line)
-        alone = "paragraph" if lines else "line"
-        lo = max(0, start - base)
-        hits = [i for i in (buf.find(d, lo) for d in delims) if i >= 0]
-        if hits:
-            if base + min(hits) - start > limit:
-                return start, None if delimited else alone
-            start = base + max(buf.rfind(d, lo) + len(d) for d in delims if buf.rfind(d, lo) >= 0)
-            delimited = True
-        elif base + len(buf) - start > limit:
-            return start, None if delimited else alone
-        tail = buf[len(buf) - keep:] if keep and len(buf) > keep else b""
-        base += len(buf) - len(tail)
-        more = f.read(chunk)
-        buf = tail + more if more else b""
-    return None
+    """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes, or None.
+    ``alone``, for a stream that starts with that record (else None): ``"line"`` when its first ``limit``
+    bytes hold no line end (always, with ``mode = "line"``), ``"paragraph"`` when they do.
+
+    Records end as Hadoop ends them: at each line end (``\\r`` and ``\\n`` alike, so ``\\r\\n`` leaves
+    an empty record), or at each blank line (``\\r\\n\\r\\n`` when the stream's first line end is
+    ``\\r\\n``, else ``\\n\\n``), matched left to right without overlap (three line ends: a blank line,
+    then a record opening with a line end). The stream is read in chunks of at most half the limit, so
+    only the records that meet a chunk's ends can be too long; the open record's last bytes, where a
+    delimiter may begin, are carried to the next chunk, and a stream with no delimiter stops being
+    read past the limit."""
+    chunk = max(1, min(limit // 2, 8 << 20))
+    delim = b"\n" if mode == "line" else None      # paragraphs: told by the first line end
+    pos, start, lines, tail = 0, 0, False, b""      # tail's offset; the open record's; a line end early in it
+
+    def found():
+        return start, None if start else "paragraph" if lines else "line"
+    while more := f.read(chunk):
+        data = tail + (more.replace(b"\r", b"\n") if mode == "line" else more)
+        if delim is None and (i := data.find(b"\n")) >= 0:
+            delim = b"\r\n\r\n" if data[i - 1:i] == b"\r" else b"\n\n"
+        if delim is None:
+            first, last = -1, len(data)
+        elif mode == "line":        # one byte: its first and last occurrences bound the records it ends
+            first, last = data.find(delim), len(data) - data.rfind(delim) - 1
+        else:                       # split: left to right without overlap, at C speed
+            pieces = data.split(delim)
+            first, last = (len(pieces[0]) if len(pieces) > 1 else -1), len(pieces[-1])
+        if start == 0:              # the stream's first record: a line end in its first limit bytes?
+            lines = lines or b"\n" in data[:min(len(data) if first < 0 else first, limit - pos)]
+        if first >= 0:
+            if pos + first - start > limit:
+                return found()
+            start = pos + len(data) - last          # the records between are shorter than a chunk
+        tail = data[len(data) - min(last, 3 if delim is None else len(delim) - 1):]
+        if pos + len(data) - len(tail) - start > limit:
+            return found()
+        pos += len(data) - len(tail)
+    return found() if pos + len(tail) - start > limit else None
 
 
 def _too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str | None) -> str:

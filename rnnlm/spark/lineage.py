@@ -246,7 +246,7 @@ class Lineage:
         self.truncate(held, carries)
         return sum(a.nbytes for arrays in held.values() for a in arrays.values())
 
-    def close(self, blocking: bool = False) -> None:
+    def close(self, blocking: bool) -> None:
         """Release every output and broadcast held (``blocking``: see :func:`rnnlm.spark.session.release`)
         and remove the files of what partitions hold."""
         release(self._kept, self._outs, blocking)

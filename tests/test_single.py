@@ -1,0 +1,84 @@
+"""The single-process trainer (``rnnlm demo``'s engine): epochs into rounds, the held-out split, the
+evaluations, the checkpoint."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.core import checkpoint
+from rnnlm.core.single import train
+
+TEXT = "".join(f"line {i % 7} of the harbour text\n" for i in range(60))      # 1,860 characters
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    (tmp_path / "all.txt").write_text(TEXT, encoding="utf-8")
+    return tmp_path
+
+
+def run(corpus, *sets):
+    cfg = config.load(None, [f"data.train={corpus / 'all.txt'}", "data.valid=", "data.level=char", "model.hidden=8",
+                             "train.bptt=5", "train.batch=2", "train.eval_every=0", *sets])
+    said = []
+    m = train(cfg, out=str(corpus / "ck"), log=said.append)
+    return m, said
+
+
+def figures(line: str) -> dict:
+    """The opening log line's figures by name."""
+    words = line.replace(",", "").replace("|", " ").split()
+    return {"tokens": int(words[words.index("tokens") + 1]), "per_epoch": int(words[words.index("steps") - 1]),
+            "rounds": int(words[words.index("rounds") - 1]), "k": int(words[words.index("rounds") + 2])}
+
+
+@pytest.mark.parametrize("sets, k", [(["train.epochs=2", "train.local_steps=7"], 7),
+                                     (["train.epochs=2", "train.local_steps=0"], None),
+                                     (["train.rounds=3", "train.local_steps=4"], 4)])
+def test_epochs_become_rounds_of_local_steps(corpus, sets, k):
+    m, said = run(corpus, *sets)
+    f = figures(said[0])
+    tokens = int(len(TEXT) * 0.9)                          # no data.valid: the last 10% is held out
+    assert f["tokens"] == tokens
+    per_epoch = (tokens // 2 - 1) // 5                     # B = 2 streams of T = 5 steps
+    assert f["per_epoch"] == per_epoch
+    k = k or per_epoch                                     # local_steps = 0: a round is a pass
+    rounds = 3 if "train.rounds=3" in sets else math.ceil(2 * per_epoch / k)
+    assert (f["rounds"], f["k"]) == (rounds, k)
+    assert m["round"] == rounds and m["epoch"] == round(rounds * k / per_epoch, 4)
+    ck = checkpoint.load(str(corpus / "ck"))
+    assert ck.position == {"round": rounds, "step": rounds * k}
+    assert np.array_equal(ck.params, m["params"]) and ck.config.model.vocab_size == len(ck.vocab)
+
+
+def test_the_held_out_text_is_the_last_tenth_or_data_valid(corpus):
+    """Without ``data.valid`` the last 10% of the tokens is evaluated; with it, that file: the same
+    figures when the file holds that tenth."""
+    cut = int(len(TEXT) * 0.9)
+    (corpus / "head.txt").write_text(TEXT[:cut], encoding="utf-8")
+    (corpus / "tail.txt").write_text(TEXT[cut:], encoding="utf-8")
+    split, said = run(corpus, "train.rounds=2", "train.local_steps=3", "train.eval_every=1")
+    assert [s.split(" | ")[0] for s in said[1:3]] == ["round 1", "round 2"]           # every round evaluated
+    given, _ = run(corpus, "train.rounds=2", "train.local_steps=3", f"data.train={corpus / 'head.txt'}",
+                   f"data.valid={corpus / 'tail.txt'}")
+    assert given["valid_loss"] == split["valid_loss"] and given["train_loss"] == split["train_loss"]
+    assert split["valid_bpc"] == pytest.approx(split["valid_loss"] / math.log(2))
+    other, _ = run(corpus, "train.rounds=2", "train.local_steps=3", f"data.train={corpus / 'head.txt'}",
+                   f"data.valid={corpus / 'head.txt'}")
+    assert other["valid_loss"] != split["valid_loss"]
+
+
+def test_each_round_takes_the_rate_of_the_epoch_it_starts_in_and_losses_are_per_token(corpus):
+    """Zaremba's decay from the second epoch on: rounds of one pass each start at epochs 0, 1, 2."""
+    t0 = time.perf_counter()
+    m, said = run(corpus, "train.epochs=3", "train.local_steps=0", "train.eval_every=1", "optim.name=sgd",
+                  "optim.lr=1", "optim.schedule=epoch_decay", "optim.decay_after=1", "optim.decay=0.5")
+    wall = time.perf_counter() - t0
+    lines = [dict(f.rsplit(" ", 1) for f in s.split(" | ")) for s in said[1:4]]
+    assert [float(x["lr"]) for x in lines] == [1.0, 0.5, 0.25]
+    assert [float(x["epoch"]) for x in lines] == [1.0, 2.0, 3.0]
+    chance = math.log(len(m["vocab"]))                     # a model that knows nothing: ln V per token
+    assert 0 < m["train_loss"] < chance + 0.5 and 0 < m["valid_loss"] < chance + 0.5, (m, chance)
+    assert 0 < m["wall_s"] <= wall
