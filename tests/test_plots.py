@@ -1,5 +1,7 @@
 """Run loading (rnnlm.runs), the figures (rnnlm.plots) and jobs/plot.py."""
+import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -337,3 +339,72 @@ def test_a_run_json_whose_config_is_not_sections_is_read_for_what_it_holds(tmp_p
     assert r.config == ({"model": {"hidden": 8}} if isinstance(config_, dict) else {})
     assert runs.differing([r, runs.load(str(b))]) == (["model.hidden"] if isinstance(config_, dict) else [])
     plots.save(plots.plot_metric(runs.load_all([str(a), str(b)]), y="valid_ppl"), str(tmp_path / "p.png"))
+
+
+def _run(lines, cfg=None):
+    """A run as the figures read one: its metrics lines and its configuration."""
+    import types
+    return types.SimpleNamespace(metrics=lines, config=cfg)
+
+
+def test_smoothing_takes_trailing_windows_and_leaves_short_series_alone():
+    xs, ys = np.arange(4.0), np.array([4.0, 2.0, 6.0, 0.0])
+    assert [a.tolist() for a in plots.smoothed(xs, ys, 4)] == [[3.0], [3.0]]          # one whole window
+    assert [a.tolist() for a in plots.smoothed(xs, ys, 5)] == [xs.tolist(), ys.tolist()]
+    assert [a.tolist() for a in plots.smoothed(xs, ys, 1)] == [xs.tolist(), ys.tolist()]
+    assert [a.tolist() for a in plots.smoothed(xs, ys, 2)] == [[1.0, 2.0, 3.0], [3.0, 4.0, 3.0]]
+
+
+def test_a_diverged_runs_perplexity_is_capped_not_an_overflow():
+    xs, ys = plots.series(_run([line(1, 100, 0, 0, 1.0, 800.0), line(2, 200, 0, 0, 2.0, 2.0)]), "tokens", "train_ppl")
+    assert ys.tolist() == [math.exp(709.0), math.exp(2.0)]
+
+
+def test_what_every_run_sends_alike_is_said_once():
+    def run(**ex):
+        return _run([], {"exchange": ex})
+    assert plots.shared_exchange([run(softmax="rows+fp16", embed="rows"), run(softmax="rows+fp16")]) == \
+        "all runs: softmax rows+fp16"
+    assert plots.shared_exchange([run(softmax="rows+fp16", hidden="dense+fp16"),
+                                  run(softmax="rows+fp16", hidden="dense+fp16")]) == \
+        "all runs: softmax rows+fp16, hidden dense+fp16"
+    assert plots.shared_exchange([run(), run(embed="dense")]) is None                  # plain dense: nothing to say
+    assert plots.shared_exchange([run(embed="rows"), run(embed="rows+fp16")]) is None
+    assert plots.shared_exchange([_run([], None), _run([], None)]) is None             # no configuration
+    assert plots.shared_exchange([]) is None
+
+
+def test_bytes_per_token_and_the_pick_come_from_the_whole_run():
+    lines = [line(1, 100, 100, 100, 1.0, 5.0, valid_ppl=60.0), line(2, 200, 150, 150, 2.0, 4.0, valid_ppl=45.0),
+             line(3, 400, 300, 500, 3.0, 3.9, valid_ppl=50.0)]
+    assert plots.bytes_per_token(_run(lines)) == 2.0                                   # the last line's totals
+    best, final = (plots.frontier([_run(lines)], "valid_ppl", pick, labels=["r"])[0]["value"]
+                   for pick in ("best", "final"))
+    assert (best, final) == (45.0, 50.0)
+
+
+def test_a_point_is_beaten_by_one_as_good_on_both_and_better_on_one():
+    assert plots.pareto([(1, 5), (1, 5)]) == [True, True]            # equal points beat neither
+    assert plots.pareto([(1, 5), (2, 5)]) == [True, False]           # as good, and cheaper
+    assert plots.pareto([(2, 4), (2, 5)]) == [True, False]           # as cheap, and better
+
+
+def test_a_codec_names_the_settings_that_change_what_travels():
+    assert plots.codec({"exchange": {}}) == "dense"
+    ex = {"embed": "rows+onebit", "mu": 0.5, "sampled_softmax": False}
+    assert plots.codec({"exchange": ex}) == "embed rows+onebit, softmax dense, hidden dense"       # mu: sampled only
+    assert "mu 0.5" in plots.codec({"exchange": dict(ex, sampled_softmax=True)})
+    defaults = dataclasses.asdict(config.ExchangeConfig())
+    default = dict(ex, **{k: v for k, v in defaults.items() if k not in ("embed", "softmax", "hidden")})
+    assert plots.codec({"exchange": default}) == "embed rows+onebit, softmax dense, hidden dense"  # defaults unsaid
+
+
+def test_rounds_without_both_timings_are_left_out_of_the_sync_fraction():
+    lines = [line(1, 100, 0, 0, 1.0, 3.0, round_s=9.0, compute_s=1.0), line(2, 200, 0, 0, 2.0, 3.0, round_s=2.0),
+             line(3, 300, 0, 0, 3.0, 3.0, compute_s=1.0, round_s=0.0), line(4, 400, 0, 0, 4.0, 3.0, round_s=2.0,
+                                                                            compute_s=0.5)]
+    assert plots.sync_fraction(_run(lines)) == 0.75
+    old = _run(lines, {"train": {}})                                   # a configuration without local_steps: K = 0
+    assert plots.sync_fractions([old]) == {"dense": [(0, 0.75)]}
+    ax = plots.plot_sync_fraction([old])
+    assert ax.get_ylim() == (0.0, 1.0)
