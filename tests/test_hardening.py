@@ -196,6 +196,9 @@ def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
                                           r"data.paragraphs = 'line' reads it line by line$"):
         check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "blank_line", 1, "--data")
     check_local_records(_corpus(tmp_path / "lines.txt", lines * 100), "line", 1, "--data")
+    os.makedirs(tmp_path / "g")
+    _corpus(tmp_path / "g" / "_SUCCESS", b"z" * (2 * mib))
+    check_local_records(str(tmp_path / "g" / "*"), "line", 1, "data.train")     # a glob's hidden match: skipped too
 
 
 @pytest.mark.parametrize("mode, crlf", [("line", False), ("line", True), ("blank_line", False), ("blank_line", True)])
