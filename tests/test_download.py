@@ -122,3 +122,12 @@ def test_a_file_present_with_its_checksum_is_kept_and_a_fetched_one_readable_by_
         os.umask(mask)
     assert said == ["toy.txt: present, checksum ok"]
     assert os.stat(tmp_path / "data" / "toy.txt").st_mode & 0o777 == 0o644
+
+
+def test_a_slow_server_within_the_time_its_size_earns_is_waited_for(monkeypatch, tmp_path, server):
+    """The allowance is TIMEOUT_S plus a second per MIN_RATE bytes: 0.3 s + 1024 / 512 s here, and the
+    trickle takes ~1.3 s."""
+    monkeypatch.setattr(download, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(download, "MIN_RATE", 512)
+    assert fetch(monkeypatch, tmp_path, f"{server}/trickle") == [str(tmp_path / "data" / "toy.txt")]
+    assert (tmp_path / "data" / "toy.txt").read_bytes() == DATA
