@@ -1,0 +1,41 @@
+"""The dry run's arithmetic (rnnlm.spark.dryrun) without Spark: what it reads from the probe's metrics
+lines, and an async run's estimate from the words each partition reads (its end-to-end test, against a
+real run's bytes, is in test_jobs)."""
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.core.models import build as build_model
+from rnnlm.spark.dryrun import estimate, measured
+
+
+def test_the_probe_reads_round_1s_bytes_round_2s_broadcast_and_later_rounds_medians():
+    lines = [{"round_bytes_sent": 1000, "round_bytes_broadcast": 5000, "block_bytes.embed": 300,
+              "block_bytes.softmax": 400, "compute_s": 9.0, "round_s": 20.0},
+             {"round_bytes_sent": 990, "round_bytes_broadcast": 700, "compute_s": 1.0, "round_s": 1.5},
+             {"round_bytes_sent": 980, "round_bytes_broadcast": 800, "compute_s": 2.0, "round_s": 2.2},
+             {"round_bytes_sent": 970, "round_bytes_broadcast": 900, "compute_s": 3.0, "round_s": 2.5}]
+    got = measured(lines, partitions=3, params=1000)
+    assert got == {"sent": 1000, "broadcast": 700, "blocks": 700, "first_broadcast": 5000, "dense": 12000,
+                   "model": 4000, "compute_s": 2.0, "overhead_s": pytest.approx(0.2)}    # 0.5, 0.2, and 0 (not -0.5)
+
+
+def _async_cfg(*sets):
+    cfg = config.load(None, ["model.hidden=8", "model.vocab_size=50", "train.mode=async", "data.partitions=2",
+                             "optim.name=adagrad", *sets])
+    return cfg, build_model(cfg.model).layout
+
+
+def test_an_async_estimate_sends_every_weight_dense_and_only_the_rows_read_as_rows():
+    cfg, layout = _async_cfg()
+    words = [(0, np.array([1, 2, 3]), np.array([1, 2, 3, 4])), (1, np.array([5]), np.array([5, 6]))]
+    dense = estimate(layout, cfg, words)
+    assert dense == {"sent": 2 * layout.size * 4, "dense": 2 * layout.size * 4, "model": layout.size * 4}
+    cfg, layout = _async_cfg("exchange.embed=rows")
+    E = layout["embed"].shape[1]
+    rest = (layout.size - 50 * E) * 4                       # every other weight, dense float32
+    for n in (0, 1, 3, 50):
+        got = estimate(layout, cfg, [(0, np.arange(n), np.arange(50))])["sent"]
+        assert got == rest + n * (4 * E + 4), n            # the input rows read: E float32 and an int32 id each
+    both = estimate(layout, cfg, words)["sent"]            # input words, not every word: 3 rows, then 1
+    assert both == 2 * rest + 4 * (4 * E + 4)
