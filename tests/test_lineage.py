@@ -156,3 +156,19 @@ def test_a_round_through_a_direct_channel_and_a_partition_recomputed(lin, tmp_pa
         return "merged"
     out, merged = lin.submit(functools.partial(count_round, 3), lambda go: go(), direct=(FileSink(tmp_path), take))
     assert merged == "merged" and got == {0: 13.0, 1: 23.0, "again": ([1], 23.0)}
+
+
+def test_a_round_taken_is_closed_to_contributions_that_arrive_later():
+    """What arrives after the round was read (a partition computed twice) changes nothing, and the
+    accumulator keeps none of the round's blocks."""
+    import types
+    from rnnlm.spark.lineage import Contributions
+
+    def leaf(pid, w):
+        return Aggregate.contribution(w, {"n": np.ones((1, 1), np.float32)}, {pid: Carry()})
+    param = Contributions()
+    acc = types.SimpleNamespace(accum_param=param, value=param.addInPlace(param.zero(None), leaf(0, 1.0)))
+    param.addInPlace(acc.value, leaf(0, 9.0))                              # a duplicate: the first kept
+    taken = Contributions.take(acc)
+    assert sorted(taken) == [0] and taken[0].weight == 1.0 and acc.value == {}
+    assert param.addInPlace(acc.value, leaf(1, 2.0)) == {}                  # late: dropped
