@@ -375,7 +375,7 @@ def test_what_every_run_sends_alike_is_said_once():
 
 
 def test_bytes_per_token_and_the_pick_come_from_the_whole_run():
-    lines = [line(1, 100, 100, 100, 1.0, 5.0, valid_ppl=60.0), line(2, 200, 150, 150, 2.0, 4.0, valid_ppl=45.0),
+    lines = [line(1, 100, 100, 50, 1.0, 5.0, valid_ppl=60.0), line(2, 200, 150, 150, 2.0, 4.0, valid_ppl=45.0),
              line(3, 400, 300, 500, 3.0, 3.9, valid_ppl=50.0)]
     assert plots.bytes_per_token(_run(lines)) == 2.0                                   # the last line's totals
     best, final = (plots.frontier([_run(lines)], "valid_ppl", pick, labels=["r"])[0]["value"]
