@@ -59,7 +59,8 @@ def _gemm(dtype):
         a = _column_major(A, *((k, m) if ta else (m, k)), lda, dtype)
         b = _column_major(B, *((n, k) if tb else (k, n)), ldb, dtype)
         c = _column_major(C, m, n, ldc, dtype)
-        al, be = (np.frombuffer((ctypes.c_char * 8).from_address(p), dtype=dtype, count=1)[0] for p in (alpha, beta))
+        size = np.dtype(dtype).itemsize
+        al, be = (np.frombuffer((ctypes.c_char * size).from_address(p), dtype=dtype)[0] for p in (alpha, beta))
         c[...] = al * ((a.T if ta else a) @ (b.T if tb else b)) + (be * c if be else 0)
     return gemm_
 
