@@ -39,3 +39,22 @@ def test_an_async_estimate_sends_every_weight_dense_and_only_the_rows_read_as_ro
         assert got == rest + n * (4 * E + 4), n            # the input rows read: E float32 and an int32 id each
     both = estimate(layout, cfg, words)["sent"]            # input words, not every word: 3 rows, then 1
     assert both == 2 * rest + 4 * (4 * E + 4)
+
+
+def test_an_async_estimate_reads_round_1s_input_words_and_targets():
+    """Per partition: the words round 1's batches read as input, and those with its targets (padding,
+    -1, is no word; word 0 is)."""
+    from rnnlm.spark.dryrun import round_words_task
+    from rnnlm.spark.executor import make_source
+    cfg, _ = _async_cfg("train.push_every=2", "train.bptt=3", "train.batch=2", "data.strategy=streams")
+    cfg = config.replace(cfg, "train", local_steps=2)
+    tokens = (1 + np.arange(60) % 49).astype(np.int32)
+    tokens[6] = 0                                              # stream 0's last target in round 1, and no input
+    (pid, x, both), = round_words_task(cfg)(iter([(4, tokens, np.array([0]))]))
+    batches = make_source(cfg, 4, tokens, np.array([0])).round_batches(1, 2)
+    inputs = {int(t) for b in batches for t in b.x.ravel()}
+    targets = {int(t) for b in batches for t in b.y.ravel() if t >= 0}
+    assert pid == 4 and x.tolist() == sorted(inputs) and both.tolist() == sorted(inputs | targets)
+    assert 0 in targets and 0 not in inputs
+    first = make_source(cfg, 4, tokens, np.array([0])).round_batches(0, 2)
+    assert {int(t) for b in first for t in b.x.ravel()} != inputs                  # round 1, not round 0

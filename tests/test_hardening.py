@@ -120,6 +120,30 @@ def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
     assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
 
 
+class _Tripwire:
+    """Unpickling it records that it happened."""
+    fired = []
+
+    def __reduce__(self):
+        return (_Tripwire.fired.append, ("unpickled",))
+
+
+def test_a_residual_file_holding_a_pickle_is_never_unpickled_and_a_run_without_files_removes_cleanly(local_dirs):
+    """A file under a partition's residual name is read without pickles: an object array there is refused
+    (the identity check comes after the read), not run."""
+    from rnnlm.spark import filestore
+    ref = filestore.save("run3", 1, 0, {"feedback": np.full(4, 5, np.float32)})
+    path = os.path.join(filestore.root("run3"), "0.1.feedback.npy")
+    with open(path, "wb") as f:
+        np.save(f, np.array([_Tripwire()], dtype=object), allow_pickle=True)
+    assert filestore.load(ref, 0) is None and _Tripwire.fired == []
+    with pytest.raises(ValueError):
+        filestore.save("run3", 2, 0, {"feedback": np.array([_Tripwire()], dtype=object)})    # nor written
+    filestore.remove("run3")
+    filestore.remove("run3")                              # already gone: nothing to do, no error
+    assert not os.path.exists(filestore.root("run3"))
+
+
 def test_a_corpus_of_one_huge_line_is_refused_before_the_jvm(tmp_path):
     """A 100,000,004-byte line with no newline (word level): OutOfMemoryError in the driver's JVM
     (Text.decode, during the CRLF probe's take(1)), then a ConnectionRefusedError traceback after ~9 s."""
