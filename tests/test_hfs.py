@@ -5,7 +5,7 @@ import pytest
 
 from rnnlm.core import checkpoint as ckpt
 from rnnlm import config
-from rnnlm.spark.hfs import HadoopFS, resolve
+from rnnlm.spark.hfs import HadoopFS, default_fs, resolve
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
 
@@ -210,3 +210,31 @@ def test_mkdirs_of_a_directory_that_exists_is_no_error(store):
     fs.write(f"{d}/f", b"1")
     fs.mkdirs(d)
     assert fs.read(f"{d}/f") == b"1"
+
+
+def test_the_default_filesystem_is_read_from_core_site_as_sparks_launcher_reads_it(tmp_path, monkeypatch):
+    def site(name, body):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "core-site.xml").write_text(f"<configuration>{body}</configuration>")
+        return str(d)
+
+    def prop(name, value):
+        return f"<property><name>{name}</name><value>{value}</value></property>"
+    hdfs = site("hdfs", "<property><value>x</value></property>" + prop("fs.other", "y")
+                + prop(" fs.defaultFS ", " hdfs://nn:8020 "))
+    assert default_fs(hdfs) == "hdfs://nn:8020"
+    assert default_fs(site("empty", prop("fs.defaultFS", " "))) == "file:///"
+    assert default_fs(site("none", prop("fs.other", "hdfs://nn:8020"))) == "file:///"
+    assert default_fs(site("broken", "<property>")) == "file:///"
+    assert default_fs(str(tmp_path / "missing")) == "file:///"
+    yarn = site("yarn", prop("fs.defaultFS", "hdfs://yarn:8020"))
+    monkeypatch.delenv("YARN_CONF_DIR", raising=False)
+    monkeypatch.setenv("HADOOP_CONF_DIR", hdfs)
+    assert default_fs() == "hdfs://nn:8020"                              # HADOOP_CONF_DIR alone
+    monkeypatch.setenv("YARN_CONF_DIR", yarn)
+    assert default_fs() == "hdfs://nn:8020"                              # HADOOP_CONF_DIR first
+    monkeypatch.setenv("HADOOP_CONF_DIR", "")
+    assert default_fs() == "hdfs://yarn:8020"                            # else YARN_CONF_DIR
+    monkeypatch.delenv("YARN_CONF_DIR")
+    assert default_fs() == "file:///"
