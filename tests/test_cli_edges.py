@@ -128,3 +128,39 @@ def test_a_used_out_is_refused_before_spark_unless_overwritten_or_a_dry_run(tmp_
     assert check_train(cfg, None, str(out), False, True, False) == cfg            # --overwrite
     assert check_train(cfg, None, str(out), False, False, True) == cfg            # --dry-run writes nothing
     assert (out / "metrics.jsonl").read_text() == '{"round": 1}\n'              # nothing touched
+
+
+def test_demo_trains_the_embedded_default_and_prints_two_samples(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                          # the config's own checkout supplies its corpus
+    assert main(["demo", "--set", "train.rounds=1", "--set", "model.hidden=8", "--set", "train.local_steps=2",
+                 "--prime", "The sea"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("data.train: ") and lines[1].startswith("data.valid: ")   # found in the checkout
+    assert lines[2].startswith("vocab ")
+    heads = [s for s in out.splitlines() if s.startswith("--- sample")]
+    assert heads == ["--- sample (temperature 0.7, seed 1) ---", "--- sample (temperature 1.0, seed 2) ---"]
+    assert all(out.split(h)[1].lstrip("\n").startswith("The sea") for h in heads)
+
+
+def test_a_sample_without_a_seed_prints_the_one_it_drew_unless_argmax(tmp_path, capsys):
+    cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid=", "data.level=char", "model.hidden=8",
+                             "train.rounds=1", "train.bptt=8", "train.batch=2", "train.eval_every=0"])
+    train(cfg, out=str(tmp_path / "ck"), log=lambda s: None)
+    base = ["generate", "--checkpoint", str(tmp_path / "ck"), "--length", "20"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    seed = int(err.split()[1])
+    assert err == f"seed {seed} (--seed {seed} repeats this sample)\n"
+    assert main(base + ["--argmax"]) == 0 and capsys.readouterr().err == ""
+    assert main(base + ["--seed", "3"]) == 0 and capsys.readouterr().err == ""
+
+
+def test_download_without_names_fetches_every_corpus(tmp_path, capsys):
+    shared = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+    if not os.path.isdir(shared):
+        pytest.skip("../shared/data is not beside the checkout")
+    assert main(["download", "--dest", str(tmp_path / "d"), "--mirror", shared]) == 0
+    assert sorted(os.listdir(tmp_path / "d")) == sorted(
+        [n for files in download.CORPORA.values() for n in files] + ["tinyshakespeare.train.txt",
+                                                                     "tinyshakespeare.valid.txt"])
