@@ -120,12 +120,18 @@ def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
     assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
 
 
+_FIRED = []
+
+
+def _fire(what):
+    _FIRED.append(what)
+
+
 class _Tripwire:
-    """Unpickling it records that it happened."""
-    fired = []
+    """Unpickling it calls :func:`_fire` (by name, so in this process)."""
 
     def __reduce__(self):
-        return (_Tripwire.fired.append, ("unpickled",))
+        return (_fire, ("unpickled",))
 
 
 def test_a_residual_file_holding_a_pickle_is_never_unpickled_and_a_run_without_files_removes_cleanly(local_dirs):
@@ -136,7 +142,7 @@ def test_a_residual_file_holding_a_pickle_is_never_unpickled_and_a_run_without_f
     path = os.path.join(filestore.root("run3"), "0.1.feedback.npy")
     with open(path, "wb") as f:
         np.save(f, np.array([_Tripwire()], dtype=object), allow_pickle=True)
-    assert filestore.load(ref, 0) is None and _Tripwire.fired == []
+    assert filestore.load(ref, 0) is None and _FIRED == []
     with pytest.raises(ValueError):
         filestore.save("run3", 2, 0, {"feedback": np.array([_Tripwire()], dtype=object)})    # nor written
     filestore.remove("run3")
