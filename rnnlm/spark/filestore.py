@@ -25,7 +25,7 @@ class Stored(NamedTuple):
     run: str
     seq: int
     names: tuple
-    files: tuple = ()
+    files: tuple
 
 
 def root(run: str, local_dirs: str | None = None) -> str:
@@ -71,14 +71,14 @@ def load(ref: Stored, pid: int) -> dict | None:
     """The arrays ``ref`` names, or None where this host has no whole copy of one of them (or a file
     under its name that is not the one written)."""
     out = {}
-    for name, written in zip(ref.names, ref.files or (None,) * len(ref.names)):
+    for name, written in zip(ref.names, ref.files):
         try:
             with open(_path(ref.run, ref.seq, pid, name), "rb") as f:
                 st = os.fstat(f.fileno())
                 a = np.load(f, allow_pickle=False)
         except (OSError, ValueError):       # absent, pruned, or unreadable: rebuilt by the caller
             return None
-        if written is None or _identity(st, a) != written:
+        if _identity(st, a) != written:
             return None
         out[name] = a
     return out
