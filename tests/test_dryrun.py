@@ -6,7 +6,8 @@ import pytest
 
 from rnnlm import config
 from rnnlm.core.models import build as build_model
-from rnnlm.spark.dryrun import estimate, measured
+from rnnlm.spark.dryrun import estimate, measured, round_words_task
+from rnnlm.spark.executor import make_source
 
 
 def test_the_probe_reads_round_1s_bytes_round_2s_broadcast_and_later_rounds_medians():
@@ -44,8 +45,6 @@ def test_an_async_estimate_sends_every_weight_dense_and_only_the_rows_read_as_ro
 def test_an_async_estimate_reads_round_1s_input_words_and_targets():
     """Per partition: the words round 1's batches read as input, and those with its targets (padding,
     -1, is no word; word 0 is)."""
-    from rnnlm.spark.dryrun import round_words_task
-    from rnnlm.spark.executor import make_source
     cfg, _ = _async_cfg("train.push_every=2", "train.bptt=3", "train.batch=2", "data.strategy=streams")
     cfg = config.replace(cfg, "train", local_steps=2)
     tokens = (1 + np.arange(60) % 49).astype(np.int32)

@@ -4,6 +4,7 @@ executor and replayed from the lineage's seed where the file is gone."""
 import functools
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from pyspark import cloudpickle
 from rnnlm.exchange.aggregate import Aggregate
 from rnnlm.exchange.round import Carry
 from rnnlm.spark import filestore, lineage
-from rnnlm.spark.lineage import Lineage
+from rnnlm.spark.lineage import Contributions, Lineage
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])      # the toy round travels to the workers
 
@@ -161,9 +162,6 @@ def test_a_round_through_a_direct_channel_and_a_partition_recomputed(lin, tmp_pa
 def test_a_round_taken_is_closed_to_contributions_that_arrive_later():
     """What arrives after the round was read (a partition computed twice) changes nothing, and the
     accumulator keeps none of the round's blocks."""
-    import types
-    from rnnlm.spark.lineage import Contributions
-
     def leaf(pid, w):
         return Aggregate.contribution(w, {"n": np.ones((1, 1), np.float32)}, {pid: Carry()})
     param = Contributions()

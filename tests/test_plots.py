@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -343,7 +344,6 @@ def test_a_run_json_whose_config_is_not_sections_is_read_for_what_it_holds(tmp_p
 
 def _run(lines, cfg=None):
     """A run as the figures read one: its metrics lines and its configuration."""
-    import types
     return types.SimpleNamespace(metrics=lines, config=cfg)
 
 
