@@ -337,6 +337,39 @@ Driver stacktrace:
 """
 
 
+# a Python task's failure as py4j reports it: the call, Spark's abort, the worker's traceback, the JVM's stack
+PYTHON_TASK_FAILED = """An error occurred while calling z:org.apache.spark.api.python.PythonRDD.runJob.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/w/rnnlm/spark/executor.py", line 140, in run
+ValueError: the first failure, chained
+During handling of the above exception, another exception occurred:
+rnnlm.core.vocab.VocabError: the vocabulary holds 3 tokens
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:572)
+py4j.protocol.Py4JJavaError: An error occurred
+"""
+
+
+@pytest.mark.parametrize("text, line", [
+    (PYTHON_TASK_FAILED, "rnnlm.core.vocab.VocabError: the vocabulary holds 3 tokens"),   # the Python cause, last
+    ("An error occurred while calling o1.count.\n: org.apache.spark.SparkException: Job aborted due to stage "
+     "failure: Task 2 in stage 1.0 failed 4 times\n\tat org.apache.spark.x(y.scala:1)",
+     "Task 2 in stage 1.0 failed 4 times"),                                                 # else Spark's reason
+    ("  \n Connection refused by the JVM\nmore", "Connection refused by the JVM"),          # else the first line
+    ("", ""),
+    ("KeyError: " + "k" * 400, "KeyError: " + "k" * 290),                                     # 300 characters at most
+])
+def test_a_failed_job_is_one_line_naming_its_cause(text, line):
+    from rnnlm.spark.session import job_failure
+    assert job_failure(text) == line
+
+
+def test_only_a_local_master_keeps_every_executor_on_this_machine():
+    from rnnlm.spark.session import is_local_master
+    assert [is_local_master(m) for m in ("local", " local[*] ", "local[4,2]", "local-cluster[2,1,1024]")] == [True] * 4
+    assert not any(is_local_master(m) for m in ("yarn", "localhost:7077", "local-cluster", "locals", "spark://local"))
+
+
 def test_a_job_that_lost_a_result_says_so_and_what_memory_to_raise():
     from rnnlm.spark.session import job_failure
     line = job_failure(TASK_RESULT_LOST)
