@@ -520,3 +520,36 @@ def test_a_version_2_array_file_loads(tmp_path, ck):
     np.lib.format.write_array(b, ck.params, version=(2, 0))
     assert b.getvalue()[6:8] == b"\x02\x00"
     assert np.array_equal(ckpt.load(_crafted(tmp_path, ck, **{"params.npy": b.getvalue()})).params, ck.params)
+
+
+def test_a_checkpoint_of_a_large_vocabulary_and_many_partitions_optimizer_state_loads(tmp_path):
+    """The loader's size bounds grow with what the configuration holds: vocab.json with model.vocab_size
+    (here 1.3 MB for 60,000 words, past the bound's fixed 1 MiB), optim.npz with the partitions whose
+    optimizer state it keeps (here 64 partitions' Adam slots, 128 arrays of a small model)."""
+    words = [f"word{i:06d}-of-a-long-vocabulary" for i in range(60_000)]
+    vocab = Vocab.from_counts({w: 60_000 - i for i, w in enumerate(words)}, "word")
+    cfg = config.load(None, ["model.hidden=2", "model.embed=2", f"model.vocab_size={len(vocab)}", "optim.name=adam",
+                             "train.optim_state=local", "data.partitions=64"])
+    p = RNNLM(cfg.model).init_params(1)
+    big = ckpt.Checkpoint(params=p, config=cfg, vocab=vocab)
+    assert len(vocab.to_json().encode()) > 1 << 20
+    ckpt.save(str(tmp_path / "vocab"), big)
+    assert ckpt.load(str(tmp_path / "vocab")).vocab == vocab
+    small = config.load(None, ["model.hidden=2", "model.embed=2", "model.vocab_size=5", "optim.name=adam",
+                               "train.optim_state=local", "data.partitions=64"])
+    q = RNNLM(small.model).init_params(1)
+    local = {f"p{pid}/{slot}": np.full_like(q, pid) for pid in range(64) for slot in ("m", "v")}
+    ckpt.save(str(tmp_path / "local"), ckpt.Checkpoint(params=q, config=small, vocab=Vocab.build("abcd", "char"),
+                                                       optim=local, optim_t=3))
+    got = ckpt.load(str(tmp_path / "local"))
+    assert sorted(got.optim) == sorted(local) and got.optim["p63/v"][0] == 63
+
+
+@pytest.mark.parametrize("where", ["hidden", "optim"])
+def test_a_checkpoint_never_writes_a_pickle(tmp_path, ck, where):
+    """An object array is refused before anything is written: optim.npz's went in as a pickle, and the
+    checkpoint could then not be read back (its loader refuses pickles)."""
+    arrays = {"hidden": np.array([object()])} if where == "hidden" else {"optim": {"m": np.array([object()])}}
+    with pytest.raises(ValueError, match="[Oo]bject arrays cannot"):
+        ckpt.save(str(tmp_path / "c"), ckpt.Checkpoint(params=ck.params, config=ck.config, vocab=ck.vocab, **arrays))
+    assert not (tmp_path / "c").exists()

@@ -87,8 +87,11 @@ def to_files(ck: Checkpoint) -> dict:
             "position": ck.position, "optim_t": int(ck.optim_t), "schedule": ck.schedule,
             "layout": model.layout.describe(), "format": 1}, indent=2).encode(),
     }
+    optim = {k: np.asarray(v) for k, v in ck.optim.items()}
+    if any(a.dtype.hasobject for a in optim.values()):      # np.savez would pickle them; the loader refuses pickles
+        raise ValueError("optim: object arrays cannot be written (a checkpoint is data only)")
     b = io.BytesIO()
-    np.savez(b, **{k: np.asarray(v) for k, v in ck.optim.items()})
+    np.savez(b, **optim)
     files["optim.npz"] = b.getvalue()
     if ck.hidden is not None:
         files["hidden.npy"] = _npy_bytes(ck.hidden)
