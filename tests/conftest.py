@@ -23,6 +23,7 @@ if JIT not in os.environ.get("SPARK_SUBMIT_OPTS", ""):      # xdist's workers in
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the repository
 HARBOUR = os.path.join(ROOT, "rnnlm", "data", "harbour.txt")            # the project's own small corpus
 HARBOUR_VALID = os.path.join(ROOT, "rnnlm", "data", "harbour_valid.txt")
+SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")     # the corpora beside the checkout (CI has them)
 # a small, fast LSTM for a run of one machine (local[2]), and one for a run on a real cluster
 TINY = ["model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3"]
 TINY_CLUSTER = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4"]
@@ -87,6 +88,15 @@ def xp(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def shared_data() -> str:
+    """``../shared/data``: Penn Treebank and Tiny Shakespeare as published (skipped where absent, a
+    failure in CI)."""
+    if not os.path.isdir(SHARED_DATA):
+        pytest.skip("../shared/data is not beside the checkout")
+    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")

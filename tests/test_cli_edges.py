@@ -156,11 +156,9 @@ def test_a_sample_without_a_seed_prints_the_one_it_drew_unless_argmax(tmp_path, 
     assert main(base + ["--seed", "3"]) == 0 and capsys.readouterr().err == ""
 
 
-def test_download_without_names_fetches_every_corpus(tmp_path, capsys):
-    shared = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
-    if not os.path.isdir(shared):
-        pytest.skip("../shared/data is not beside the checkout")
-    assert main(["download", "--dest", str(tmp_path / "d"), "--mirror", shared]) == 0
+def test_download_without_names_fetches_every_corpus(tmp_path, shared_data):
+    """Every corpus, each file verified by its listed size and digest (PTB's and Tiny Shakespeare's)."""
+    assert main(["download", "--dest", str(tmp_path / "d"), "--mirror", shared_data]) == 0
     assert sorted(os.listdir(tmp_path / "d")) == sorted(
         [n for files in download.CORPORA.values() for n in files] + ["tinyshakespeare.train.txt",
                                                                      "tinyshakespeare.valid.txt"])

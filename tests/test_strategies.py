@@ -211,13 +211,7 @@ def test_downloader_mirror_checksums(tmp_path, monkeypatch):
         download.fetch("nope", str(dest))
 
 
-def test_shared_corpora_verify(tmp_path):
-    import os
-    shared = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
-    if not os.path.isdir(shared):
-        pytest.skip("../shared/data is not beside the checkout")
-    paths = download.fetch("tinyshakespeare", str(tmp_path), shared, log=lambda s: None)
+def test_shared_corpora_verify(tmp_path, shared_data):
+    paths = download.fetch("tinyshakespeare", str(tmp_path), shared_data, log=lambda s: None)
     train, valid = open(paths[1]).read(), open(paths[2]).read()
     assert train + valid == open(paths[0]).read() and train.endswith("\n\n") and 0.85 < len(train) / 1115394 < 0.9
-    ptb = download.fetch("ptb", str(tmp_path / "ptb"), shared, log=lambda s: None)      # sizes and digests as listed
-    assert [os.path.basename(p) for p in ptb] == ["ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"]
