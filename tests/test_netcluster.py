@@ -24,9 +24,11 @@ def test_links_carry_their_configured_rate_and_vanish_on_close(netns_ok):
     with NetCluster(2, "100mbit") as c:
         made = {c.switch, *c.names}
         assert made <= namespaces()
-        slow = c.measure(0, 1, 5_000_000)
+        # a shaper caps the rate: a busy CPU can only slow one transfer below the cap (a 1gbit transfer
+        # on 2 cores has measured 0.88x once and 0.96x twice), so the best of three is the link's rate
+        slow = max(c.measure(0, 1, 5_000_000) for _ in range(3))
         c.shape("1gbit")
-        fast = c.measure(1, 0, 50_000_000)
+        fast = max(c.measure(1, 0, 50_000_000) for _ in range(3))
         c.shape(None)
         free = c.measure(0, 1, 50_000_000)
     # TCP's headers take ~4% of the wire: the payload rate is within 10% of the configured one
