@@ -1,4 +1,5 @@
 """Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
+import json
 
 import numpy as np
 import pytest
@@ -105,6 +106,58 @@ def test_a_diverging_worker_stops_the_run_at_once_with_its_error(spark, tmp_path
                                             r"good checkpoint is kept"):
         tr.run(resume=True)
     assert {f.name: f.read_bytes() for f in (out / "checkpoint").iterdir()} == before
+
+
+def test_a_worker_without_its_device_answers_with_the_error_rather_than_failing_its_task():
+    """As a synchronous round's task does: a retry would meet the same executor, so the partitions answer."""
+    from rnnlm.spark.async_task import worker_task
+    cfg = config.resolve(cfg_of("data.partitions=2", "train.mode=async", "train.push_every=2", "train.rounds=2",
+                                "train.device=gpu"), 20)
+    parts = [(pid, np.arange(80, dtype=np.int32) % 20, np.array([0])) for pid in (0, 1)]
+    out = list(worker_task(cfg, ("127.0.0.1", 9), bytes(32), [0.01, 0.01])(iter(parts)))
+    assert [(pid, trained) for pid, trained, _ in out] == [(0, 0), (1, 0)]
+    assert all("CuPy" in error or "CUDA" in error for _, _, error in out), out
+
+
+def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_on_resume(spark, tmp_path):
+    """A checkpoint by pushes can hold every window applied before the run's last line (which scores the
+    held-out text) is written; the driver dying there left a run that --resume called done, unscored."""
+    out, logs = tmp_path / "run", []
+    cfg = cfg_of("data.partitions=1", "data.valid=rnnlm/data/harbour_valid.txt", "train.mode=async",
+                 "train.push_every=2", "train.rounds=2")
+    make_trainer(spark, cfg, str(out), log=lambda *_: None).run()
+    m = metrics(out)
+    assert "valid_loss" in m[-1] and m[-1]["windows_lost"] == 0
+    ck = checkpoint.load(str(out / "checkpoint"))
+    line = {k: v for k, v in m[-1].items() if not k.startswith(("valid_", "best_", "eval_", "windows_"))}
+    ck.position["line"] = line
+    checkpoint.save(str(out / "checkpoint"), ck)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [*m[:-1], line]))
+    tr = make_trainer(spark, cfg, str(out), log=logs.append)
+    tr.run(resume=True)
+    assert not any(x.startswith("nothing to do") for x in logs), logs
+    again = metrics(out)
+    assert again[:-1] == [*m[:-1], line] and again[-1]["valid_loss"] == m[-1]["valid_loss"]
+    assert again[-1]["windows_lost"] == 0 and again[-1]["syncs"] == m[-1]["syncs"]
+    np.testing.assert_array_equal(tr.params, ck.params)
+    assert checkpoint.load(str(out / "checkpoint")).position["line"] == again[-1]
+
+
+def test_a_run_that_cannot_listen_stops_with_one_line_and_leaves_nothing_cached(spark, tmp_path):
+    """Its corpus (training and held-out text) is cached by then: a notebook's session kept it."""
+    import socket
+    sc = spark.sparkContext
+    cached = sc._jsc.getPersistentRDDs().size()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        tr = make_trainer(spark, cfg_of("data.partitions=1", "data.valid=rnnlm/data/harbour_valid.txt",
+                                        "train.mode=async", "train.push_every=2", "train.rounds=2",
+                                        f"server.port={port}"), str(tmp_path / "run"), log=lambda *_: None)
+        with pytest.raises(TrainingError, match=rf"^the parameter server cannot listen on 127.0.0.1:{port}: "):
+            tr.run()
+    assert sc._jsc.getPersistentRDDs().size() == cached
 
 
 def adagrad_by_hand(spark, cfg, model) -> tuple:

@@ -4,6 +4,7 @@
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -168,7 +169,7 @@ def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
     saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={
         "round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
-    line = dict(lines[-1], syncs=4, pushes=2)
+    line = dict(lines[-1], syncs=4, pushes=2, windows_lost=0)        # the run's last line (test_async: one that is not)
     saved_run(tmp_path / "async", "train.rounds=2", "train.mode=async", "train.push_every=3",
               lines=[lines[0], line], position={"round": 2, "version": 4, "done": [2, 2], "totals": {}, "line": line,
                                                 "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
@@ -274,6 +275,21 @@ def test_a_run_resumed_to_twice_its_length_with_other_cadence_equals_the_longer_
     halves, m = metrics(tmp_path / "halves"), metrics(tmp_path / "whole")
     assert [x["train_loss"] for x in halves] == [x["train_loss"] for x in m]
     assert "valid_loss" in halves[0] and "valid_loss" not in m[0] and halves[1]["valid_loss"] == m[1]["valid_loss"]
+
+
+def test_a_shared_corpus_counts_a_round_by_each_runs_own_settings(corpus):
+    """A corpus read for one run's settings (local_steps 3, batch 4, bptt 8) and trained on by a run of
+    others, as the benchmarks' sweeps and the async trainer (a window is push_every steps) do: a length
+    in train.epochs is counted in that run's rounds (its tokens per round once counted the reader's),
+    and a run whose batches do not fit a partition is refused as reading the corpus itself would."""
+    from rnnlm.spark.corpus import CorpusError, total_rounds
+    data = corpus(VALID)
+    epochs = ("train.rounds=0", "train.epochs=1")
+    assert total_rounds(cfg_of(VALID, *epochs), data) == math.ceil(data.tokens / (2 * 3 * 4 * 8))
+    for sets, per_partition in ((("train.local_steps=6",), 6 * 4 * 8), (("train.batch=2", "train.bptt=5"), 3 * 2 * 5)):
+        assert total_rounds(cfg_of(VALID, *epochs, *sets), data) == math.ceil(data.tokens / (2 * per_partition))
+    with pytest.raises(CorpusError, match=r"harbour.txt: partition \d: .* \(strategy streams, bptt 1000, batch 4\)$"):
+        total_rounds(cfg_of(VALID, *epochs, "train.bptt=1000"), data)
 
 
 def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_in_both_modes(spark, tmp_path):

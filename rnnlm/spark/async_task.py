@@ -27,7 +27,12 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
     """
     def run(it):
         t = cfg.train
-        xp = task_xp(t.device)
+        try:
+            xp = task_xp(t.device)
+        except RuntimeError as e:           # no device here: a retry would meet the same, so an answer, not a failure
+            for pid, _, _ in it:
+                yield pid, 0, str(e)
+            return
         model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
             client = WorkerClient(address, secret, pid, cfg.server, model.layout)

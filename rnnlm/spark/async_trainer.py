@@ -24,7 +24,7 @@ from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host, job_failure
 from .stop import Interrupted, StopRequest
-from .corpus import load_corpus, total_rounds, unpersist_corpus
+from .corpus import load_corpus, round_tokens, total_rounds, unpersist_corpus
 from .executor import device_field
 
 
@@ -33,27 +33,74 @@ class AsyncTrainer(Driver):
     :class:`rnnlm.spark.trainer.Trainer`; after :meth:`run`, ``server`` and its ``frames`` as well)."""
 
     def run(self, resume: bool = False, data=None, overwrite: bool = False, init: Init | None = None) -> dict:
+        # set up: the run directory, where it starts (nothing to do is known before any data is read when
+        # train.rounds gives the length), the corpus
         self._prepare(resume, overwrite, init)
         ck = self._load_checkpoint() if resume else None
         t = self.cfg_in.train
-        if ck is not None and t.rounds and all(d >= t.rounds for d in ck.position["done"]):
-            # known before any data is read
+        if ck is not None and t.rounds and _finished(ck.position, t.rounds):
             self.cfg = config.resolve(self.cfg_in, len(ck.vocab))
             self.params, self.vocab = ck.params, ck.vocab
             return self.dir.nothing_to_do(ck.position["round"], t.rounds)
         probe_cfg = config.replace(self.cfg_in, "train", local_steps=t.push_every)
         owned = data is None
         data = data or load_corpus(self.sc, probe_cfg, ck.vocab if ck else init and init.checkpoint.vocab, self.status)
-        cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
-        model = build_model(cfg.model)
-        self.layout, P = model.layout, cfg.data.partitions
-        windows = total_rounds(probe_cfg, data)
-        if ck is not None and all(d >= windows for d in ck.position["done"]):
+        ended = True          # until the job starts, no task of this run holds an executor
+        try:
+            cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
+            model = build_model(cfg.model)
+            self.layout, P = model.layout, cfg.data.partitions
+            per_window = round_tokens(probe_cfg, data)
+            windows = total_rounds(probe_cfg, data)
+            if ck is not None and _finished(ck.position, windows):
+                self.params, self.vocab = ck.params, data.vocab
+                return self.dir.nothing_to_do(ck.position["round"], windows)
+            self.dir.write_info(self.sc, cfg, resume, data.devices, init)
+            server = self._server(cfg, model, windows, ck, init)
+            params = server.params
+            held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
+                        if rdd is not None}
+            secret = wire.new_secret()
+            frames = self._listen(cfg, server, params, secret)
+            try:
+                self.dir.say_start(
+                    f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
+                    f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
+                    f"{frames.address[1]} ({'locked' if cfg.server.lock else 'lock-free'}, {cfg.server.update}, "
+                    f"staleness {cfg.server.staleness})", data.devices, cfg.train.device,
+                    None if ck is None else f"resumed from round {ck.position['round']} (version "
+                    f"{ck.position['version']})", init)
+                # the loop: the job's windows, metrics lines, evaluations and checkpoints
+                run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
+                           ck.position if ck else {})
+                task = worker_task(cfg, frames.address, secret, _lrs(cfg, per_window / data.tokens, windows))
+                stop = StopRequest(self.log)
+                job, ended = _Job(self.sc, data.train, task), False
+                try:
+                    run.loop(job, stop)
+                    ended = True
+                except Interrupted:             # stopped by request, checkpointed: the executors are there to answer
+                    ended = True
+                    raise
+                except KeyboardInterrupt:
+                    job.cancel()
+                    raise Interrupted(f"interrupted; {self.dir.kept()}", stop.signum) from None
+                except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
+                    raise TrainingError(f"{e}; stopped, {self.dir.kept()}") from None
+                finally:
+                    stop.release()
+                    job.cancel()
+            finally:
+                frames.close()
+        finally:
+            # tear down: a run that ended waits for the executors' answers (the session may stop next)
             if owned:
-                unpersist_corpus(data, blocking=True)
-            self.params, self.vocab = ck.params, data.vocab
-            return self.dir.nothing_to_do(ck.position["round"], windows)
-        self.dir.write_info(self.sc, cfg, resume, data.devices, init)
+                unpersist_corpus(data, blocking=ended)
+        self.params, self.vocab, self.server, self.frames = server.params, data.vocab, server, frames
+        return self.metrics[-1]
+
+    def _server(self, cfg, model, windows: int, ck, init: Init | None) -> ParameterServer:
+        """The parameter server, from the checkpoint ``ck`` being resumed, ``init``'s weights, or the seed's."""
         state = None
         if ck is not None:
             pos = ck.position
@@ -63,10 +110,11 @@ class AsyncTrainer(Driver):
         elif init and init.keep_optimizer and "server.acc" in init.checkpoint.optim:
             state = {"acc": init.checkpoint.optim["server.acc"]}        # a new run: version 0, no window done
         params = ck.params if ck else init.checkpoint.params if init else model.init_params(cfg.train.seed)
-        server = ParameterServer(self.layout, params, cfg.server, windows, P, state, log=self.log)
-        held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))
-                    if rdd is not None}
-        sv = cfg.server
+        return ParameterServer(model.layout, params, cfg.server, windows, cfg.data.partitions, state, log=self.log)
+
+    def _listen(self, cfg, server: ParameterServer, params, secret: bytes) -> wire.FrameServer:
+        """The server's authenticated listener, where the executors reach it."""
+        sv, P = cfg.server, cfg.data.partitions
         host = bind_host(sv.host, self.sc.master, self.sc.getConf().get("spark.driver.host"))
         max_frame = int(sv.max_frame_mb * (1 << 20))
         if params.nbytes + (1 << 16) > max_frame:
@@ -75,46 +123,14 @@ class AsyncTrainer(Driver):
         if P > self.sc.defaultParallelism:
             self.log(f"warning: {P} workers but {self.sc.defaultParallelism} task slots: the tasks that do not "
                      "fit wait for a slot, then train all their windows")
-        secret = wire.new_secret()
         try:
-            frames = wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
-                                      log=self.log, max_connections=server_connections(P), idle=server_idle_s(sv),
-                                      max_in_flight=server_in_flight(self.layout, params.itemsize, P,
-                                                                     max_frame)).start()
+            return wire.FrameServer(server.handle, secret, host, sv.port, max_frame, timeout=sv.timeout_s,
+                                    log=self.log, max_connections=server_connections(P), idle=server_idle_s(sv),
+                                    max_in_flight=server_in_flight(self.layout, params.itemsize, P,
+                                                                   max_frame)).start()
         except OSError as e:
             raise TrainingError(f"the parameter server cannot listen on {host}:{sv.port}: "
                                 f"{e.strerror or e} (set server.host / server.port)") from None
-        self.dir.say_start(
-            f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
-            f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
-            f"{frames.address[1]} ({'locked' if sv.lock else 'lock-free'}, {sv.update}, staleness {sv.staleness})",
-            data.devices, cfg.train.device,
-            None if ck is None else f"resumed from round {ck.position['round']} (version {ck.position['version']})",
-            init)
-        run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
-                   ck.position if ck else {})
-        job = _Job(self.sc, data.train, worker_task(cfg, frames.address, secret, _lrs(cfg, data, windows)))
-        stop = StopRequest(self.log)
-        ended = False
-        try:
-            run.loop(job, stop)
-            ended = True
-        except Interrupted:             # stopped by request, checkpointed: the executors are there to answer
-            ended = True
-            raise
-        except KeyboardInterrupt:
-            job.cancel()
-            raise Interrupted(f"interrupted; {self.dir.kept()}", stop.signum) from None
-        except Stalled as e:            # a checkpoint that cannot be consistent: stop rather than wait
-            raise TrainingError(f"{e}; stopped, {self.dir.kept()}") from None
-        finally:
-            stop.release()
-            job.cancel()
-            frames.close()
-            if owned:       # a run that ended waits for the executors' answers (the session may stop next)
-                unpersist_corpus(data, blocking=ended)
-        self.params, self.vocab, self.server, self.frames = server.params, data.vocab, server, frames
-        return self.metrics[-1]
 
     def _load_checkpoint(self):
         ck = self.dir.read_checkpoint(self.cfg_in, resume_keys(self.cfg_in))
@@ -188,13 +204,13 @@ class _Run:
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
             if errors:
                 raise TrainingError(f"{errors[0]}; stopped, {self.dir.kept()}")
+            if done:                # every window trained: a stop asked for now gets the run's last line
+                break
             if stop.requested:
                 job.cancel()
                 self._line(t0, checkpoint=True)
                 raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
                                   f"{self.dir.ck_path} (--resume continues)", stop.signum)
-            if done:
-                break
             if self._checkpoint_due():             # by time, between lines
                 self._line(t0, checkpoint=True)
         lost = self._line(t0, final=True, checkpoint=True)["windows_lost"]
@@ -237,7 +253,7 @@ class _Run:
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
              **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens),
              "device": device_field(sum(d["ran"] != "cpu" for d in self.data.devices.values()), P)}
-        m.update(sorted(srv.totals.items()))
+        m.update(sorted((snap["totals"] if snap else srv.totals).items()))     # the checkpoint's, when it has one
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
@@ -293,8 +309,15 @@ def _evaluate(model, params, streams) -> float:
     return total / max(1, count)
 
 
-def _lrs(cfg, data, windows: int) -> list:
-    """The learning rate of each window (its epoch: windows already trained by every worker)."""
+def _lrs(cfg, per_window: float, windows: int) -> list:
+    """The learning rate of each window (its epoch: ``per_window`` epochs per window every worker trained)."""
     sched = Schedule(cfg.optim)
-    per_window = data.round_tokens / data.tokens
     return [sched.lr(w * per_window) for w in range(windows)]
+
+
+def _finished(position: dict, windows: int) -> bool:
+    """Whether a checkpoint's run is over: every partition's ``windows`` applied and its line the run's
+    last (a checkpoint by pushes can hold every window with the last line, which evaluates, still to
+    write; a checkpoint without a line predates them)."""
+    line = position.get("line")
+    return all(d >= windows for d in position["done"]) and (line is None or "windows_lost" in line)

@@ -309,9 +309,16 @@ class Corpus:
     valid: object | None
     test: object | None
     tokens: int              # training tokens, all partitions
-    round_tokens: float      # tokens a round trains on (expected), all partitions
+    round_tokens: float      # tokens a round trains on (expected), all partitions, under `counted_for`
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
     devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (probe_task)
+    counted_for: tuple = ()  # round_keys() of the configuration round_tokens was counted under
+
+
+def round_keys(cfg: config.Config) -> tuple:
+    """The settings a round's expected tokens depend on (each round cuts its batches by its own run's)."""
+    d, t = cfg.data, cfg.train
+    return d.strategy, d.window_stride, d.sample_fraction, t.batch, t.bptt, t.local_steps
 
 
 def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
@@ -349,12 +356,11 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
     phase(f"encoding and caching {d.partitions} partitions")
     enc = encode_partitions(contiguous_partitions(paras, d.partitions), bc_vocab)
     enc = enc.persist()
-    probe = enc.mapPartitions(probe_task(cfg)).collect()
-    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
-    if errors:
+    try:
+        probe = _probe(cfg, enc)
+    except CorpusError:
         release(rdds=[enc])
-        raise CorpusError(f"{d.train}: {errors[0]} (strategy {d.strategy}, bptt {cfg.train.bptt}, "
-                          f"batch {cfg.train.batch})")
+        raise
     held_out, counts = {}, {}
     for name, path in (("valid", d.valid), ("test", d.test)):
         if path:
@@ -364,14 +370,34 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
             counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
-                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe})
+                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe}, round_keys(cfg))
+
+
+def round_tokens(cfg: config.Config, data: Corpus) -> float:
+    """The tokens a round of ``cfg`` trains on (expected, all partitions): the corpus' count when it was
+    loaded under the same :func:`round_keys`, else counted again on its cached partitions (a corpus shared
+    by runs of other settings, as the benchmarks' sweeps share one)."""
+    if data.counted_for == round_keys(cfg):
+        return data.round_tokens
+    return sum(p[2] for p in _probe(cfg, data.train))
+
+
+def _probe(cfg: config.Config, rdd) -> list:
+    """:func:`rnnlm.spark.executor.probe_task`'s rows of every partition; a partition too short for
+    ``cfg``'s batches (or without its device) is a :class:`CorpusError`."""
+    probe = rdd.mapPartitions(probe_task(cfg)).collect()
+    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
+    if errors:
+        raise CorpusError(f"{cfg.data.train}: {errors[0]} (strategy {cfg.data.strategy}, bptt {cfg.train.bptt}, "
+                          f"batch {cfg.train.batch})")
+    return probe
 
 
 def total_rounds(cfg: config.Config, data: Corpus) -> int:
     """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
     if cfg.train.rounds:
         return cfg.train.rounds
-    return max(1, math.ceil(cfg.train.epochs * data.tokens / data.round_tokens))
+    return max(1, math.ceil(cfg.train.epochs * data.tokens / round_tokens(cfg, data)))
 
 
 def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
