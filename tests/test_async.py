@@ -160,6 +160,33 @@ def test_a_run_that_cannot_listen_stops_with_one_line_and_leaves_nothing_cached(
     assert sc._jsc.getPersistentRDDs().size() == cached
 
 
+def test_ctrl_c_stops_an_async_run_with_a_checkpoint_that_resumes_to_its_end(spark, tmp_path):
+    """The first metrics line's log sends SIGINT to this process: the run checkpoints the server with its
+    line and stops (exit code 130); --resume trains the windows it lacks, each push logged once."""
+    import os
+    import signal
+    from rnnlm.spark.stop import Interrupted
+    out, sent = tmp_path / "run", []
+
+    def log(line):
+        if line.startswith("round ") and not sent:
+            sent.append(line)
+            os.kill(os.getpid(), signal.SIGINT)
+    cfg = cfg_of("data.partitions=2", "train.mode=async", "train.push_every=2", "train.rounds=200")
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted, match=r"^interrupted at version \d+; its checkpoint is in .*checkpoint "
+                                          r"\(--resume continues\)$") as stopped:
+        make_trainer(spark, cfg, str(out), log=log).run()
+    assert stopped.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is handler
+    version = checkpoint.load(str(out / "checkpoint")).position["version"]
+    assert 2 <= version < 400 and metrics(out)[-1]["syncs"] == version
+    tr = make_trainer(spark, cfg, str(out), log=lambda *_: None)
+    tr.run(resume=True)
+    m = metrics(out)
+    assert tr.server.done == [200, 200] and m[-1]["syncs"] == 400 and m[-1]["windows_lost"] == 0
+    assert sum(x["pushes"] for x in m) == 400
+
+
 def adagrad_by_hand(spark, cfg, model) -> tuple:
     """One worker's windows and the server's AdaGrad, from the core alone: each window trains
     ``push_every`` steps from the server's parameters (its SGD and hidden state carried on), then
