@@ -41,6 +41,24 @@ def test_one_worker_equals_k_local_steps_then_a_push(spark, tmp_path):
     assert ck.position["done"] == [5] and ck.position["version"] == 5
 
 
+def test_one_worker_decays_its_rate_where_the_sync_run_does_and_each_line_says_the_rate_it_trained_at(
+        spark, tmp_path):
+    """Windows of 30 steps read ~0.16 of the text: under epoch_decay from the first epoch the rate halves
+    from window 8 on. One worker's run equals the sync run's, bit for bit, and a line's lr is the rate of
+    its round's windows, as a sync round's is the rate it trained at (lines once gave the next window's)."""
+    common = ("data.partitions=1", "train.rounds=9", "optim.schedule=epoch_decay", "optim.decay_after=1")
+    sync = make_trainer(spark, cfg_of(*common, "train.local_steps=30"), str(tmp_path / "sync"), log=lambda *_: None)
+    sync.run()
+    tr = make_trainer(spark, cfg_of(*common, "train.mode=async", "train.push_every=30"), str(tmp_path / "async"),
+                      log=lambda *_: None)
+    tr.run()
+    np.testing.assert_array_equal(tr.params, sync.params)
+    rate = {m["round"]: m["lr"] for m in metrics(tmp_path / "sync")}
+    assert sorted(set(rate.values())) == [0.005, 0.01]
+    lines = metrics(tmp_path / "async")
+    assert lines[-1]["syncs"] == 9 and all(m["lr"] == rate[max(1, m["syncs"])] for m in lines), lines
+
+
 @pytest.mark.parametrize("server", [
     (),                                                           # Hogwild!: lock-free, add
     ("server.lock=true", "server.staleness=divide"),

@@ -71,9 +71,9 @@ class AsyncTrainer(Driver):
                     None if ck is None else f"resumed from round {ck.position['round']} (version "
                     f"{ck.position['version']})", init)
                 # the loop: the job's windows, metrics lines, evaluations and checkpoints
-                run = _Run(self.dir, cfg, data, server, frames, model, held_out, windows,
-                           ck.position if ck else {})
-                task = worker_task(cfg, frames.address, secret, _lrs(cfg, per_window / data.tokens, windows))
+                lrs = _lrs(cfg, per_window / data.tokens, windows)
+                run = _Run(self.dir, cfg, data, server, frames, model, held_out, lrs, ck.position if ck else {})
+                task = worker_task(cfg, frames.address, secret, lrs)
                 stop = StopRequest(self.log)
                 job, ended = _Job(self.sc, data.train, task), False
                 try:
@@ -174,9 +174,9 @@ class _Job:
 class _Run:
     """The driver's loop over one async run: metrics lines, evaluations, checkpoints."""
 
-    def __init__(self, rundir: RunDir, cfg, data, server, frames, model, held_out, windows, position):
+    def __init__(self, rundir: RunDir, cfg, data, server, frames, model, held_out, lrs: list, position):
         self.dir, self.cfg, self.data, self.server, self.frames = rundir, cfg, data, server, frames
-        self.model, self.held_out, self.windows = model, held_out, windows
+        self.model, self.held_out, self.lrs, self.windows = model, held_out, lrs, len(lrs)
         self.tokens = position.get("tokens", 0)
         self.eval_s = position.get("eval_s", 0.0)      # the driver's time scoring held-out text (inside wall_s)
         self.wall = position.get("wall_s", 0.0)
@@ -251,13 +251,13 @@ class _Run:
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
              "wall_s": round(wall, 3),
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
-             **_train_loss(s), "lr": Schedule(self.cfg.optim).lr(self.tokens / self.data.tokens),
+             **_train_loss(s), "lr": self.lrs[max(1, rnd) - 1],        # round r's windows trained at lrs[r - 1]
              "device": device_field(sum(d["ran"] != "cpu" for d in self.data.devices.values()), P)}
         m.update(sorted((snap["totals"] if snap else srv.totals).items()))     # the checkpoint's, when it has one
         if self.frames.refused:
             m["refused_wire"] = dict(self.frames.refused)
         if final:       # windows no attempt applied: none, unless a partition's every attempt failed
-            m["windows_lost"] = sum(max(0, self.windows - d) for d in srv.done)
+            m["windows_lost"] = sum(max(0, self.windows - d) for d in snap["done"])     # a last line checkpoints
         best = False
         if eval_due(rnd) and snap is None and self.held_out:
             self.eval_pending = True
