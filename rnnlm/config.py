@@ -454,11 +454,19 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
                 d = tomllib.load(f)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except OSError as e:    # a directory, no permission
+            raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}): TOML is UTF-8") from None
         except ValueError:      # an integer of more digits than Python converts
             raise ConfigError(f"config file {path} holds a number of more than {sys.get_int_max_str_digits()} "
                               "digits: out of range for every key") from None
+        for section, keys in d.items():
+            if not isinstance(keys, dict):
+                raise ConfigError(f"config file {path}: {section} must be a table of keys ([{section}]), not "
+                                  f"{'an array' if isinstance(keys, list) else type(keys).__name__}")
     return from_dict(apply_overrides(d, overrides or []))
 
 

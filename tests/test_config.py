@@ -56,6 +56,11 @@ def test_defaults_and_overrides(tmp_path):
     ("", ["train.eager=true"], "train.eager = true needs train.overlap = 1"),
     ("", ["train.eager=true", "train.overlap=1", "train.outer=momentum"], "and train.outer = 'average'"),
     ("[model\n", [], "not valid TOML"),
+    # sections that are not tables of keys
+    ("train = 5\n", [], r"c.toml: train must be a table of keys \(\[train\]\), not int$"),
+    ('train = "ab"\n', ["train.rounds=2"], r"train must be a table of keys \(\[train\]\), not str$"),
+    ('data = [["train", "x.txt"]]\n', [], r"data must be a table of keys \(\[data\]\), not an array$"),
+    ("[[train]]\nrounds = 5\nbptt = 3\n", [], r"train must be a table of keys \(\[train\]\), not an array$"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):
     f = tmp_path / "c.toml"
@@ -68,6 +73,17 @@ def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found"):
         config.load("/nonexistent.toml")
+
+
+def test_a_config_that_cannot_be_read_as_utf8_toml_says_so(tmp_path):
+    """A directory or a file of another encoding: one line naming it (a directory was a traceback, and
+    UTF-16 read as "a number of more than 4300 digits")."""
+    with pytest.raises(ConfigError, match=r"^cannot read config file .*: Is a directory$"):
+        config.load(str(tmp_path))
+    f = tmp_path / "utf16.toml"
+    f.write_bytes("[train]\nrounds = 2\n".encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"utf16.toml is not UTF-8 text \(byte 0\): TOML is UTF-8$"):
+        config.load(str(f))
 
 
 def test_frozen():
