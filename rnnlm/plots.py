@@ -22,12 +22,30 @@ import numpy as np
 from .config import ExchangeConfig
 from .runs import labels as run_labels
 
-# x axes: metric key (or function of a metrics line) and its label
+
+def number(v) -> float | None:
+    """A metrics field as a finite float, or None: a line read from a file may hold anything there
+    (a string, null, a bool, an integer of 400 digits)."""
+    if type(v) not in (int, float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _bytes(m: dict) -> float | None:
+    sent, broadcast = number(m.get("bytes_sent")), number(m.get("bytes_broadcast"))
+    return None if sent is None or broadcast is None else sent + broadcast
+
+
+# x axes: a metrics line's value (a finite float, or None) and the axis' label
 X_AXES = {
-    "tokens": (lambda m: m["tokens"], "tokens seen (all partitions)"),
-    "syncs": (lambda m: m["syncs"], "all-reduces (async: pushes applied)"),
-    "bytes": (lambda m: m["bytes_sent"] + m["bytes_broadcast"], "bytes sent + broadcast"),
-    "wall": (lambda m: m["wall_s"], "wall time (s)"),
+    "tokens": (lambda m: number(m.get("tokens")), "tokens seen (all partitions)"),
+    "syncs": (lambda m: number(m.get("syncs")), "all-reduces (async: pushes applied)"),
+    "bytes": (_bytes, "bytes sent + broadcast"),
+    "wall": (lambda m: number(m.get("wall_s")), "wall time (s)"),
 }
 Y_LABELS = {"train_loss": "training loss (nats/token)", "valid_loss": "validation loss (nats/token)",
             "valid_ppl": "validation perplexity", "valid_bpc": "validation bits/char",
@@ -44,14 +62,15 @@ def pyplot():
     return plt
 
 
-def _value(m: dict, y: str):
-    if y == "train_ppl" and "train_loss" in m:
-        return math.exp(min(m["train_loss"], 709.0))
-    return m.get(y)
+def _value(m: dict, y: str) -> float | None:
+    if y == "train_ppl":
+        loss = number(m.get("train_loss"))
+        return None if loss is None else math.exp(min(loss, 709.0))
+    return number(m.get(y))
 
 
 def series(run, x: str = "tokens", y: str = "train_loss") -> tuple:
-    """The points of ``y`` against ``x`` in ``run``: the metrics lines that hold a finite ``y``.
+    """The points of ``y`` against ``x`` in ``run``: the metrics lines that hold a finite ``y`` and ``x``.
 
     Returns
     -------
@@ -60,8 +79,7 @@ def series(run, x: str = "tokens", y: str = "train_loss") -> tuple:
     if x not in X_AXES:
         raise ValueError(f"x must be one of {', '.join(X_AXES)}, not {x!r}")
     fx = X_AXES[x][0]
-    pts = [(fx(m), v) for m in run.metrics for v in (_value(m, y),)
-           if isinstance(v, (int, float)) and math.isfinite(v)]
+    pts = [(u, v) for m in run.metrics for u, v in ((fx(m), _value(m, y)),) if u is not None and v is not None]
     return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
 
 
@@ -126,10 +144,12 @@ def bytes_formatter():
     return EngFormatter(unit="B", sep=" ")
 
 
-def bytes_per_token(run) -> float:
-    """Bytes sent and broadcast per training token, over the whole run so far."""
+def bytes_per_token(run) -> float | None:
+    """Bytes sent and broadcast per training token, over the whole run so far (None: its last line
+    lacks a count)."""
     m = run.metrics[-1]
-    return (m["bytes_sent"] + m["bytes_broadcast"]) / max(1, m["tokens"])
+    sent, tokens = _bytes(m), number(m.get("tokens"))
+    return None if sent is None or tokens is None else sent / max(1.0, tokens)
 
 
 def pareto(points) -> list:
@@ -151,8 +171,9 @@ def frontier(runs, y: str = "valid_ppl", pick: str = "best", labels=None) -> lis
     rows = []
     for run, label in zip(runs, labels or run_labels(runs)):
         _, ys = series(run, "tokens", y)
-        if ys.size:
-            rows.append({"label": label, "bytes_per_token": bytes_per_token(run),
+        cost = bytes_per_token(run)
+        if ys.size and cost is not None:
+            rows.append({"label": label, "bytes_per_token": cost,
                          "value": float(ys.min() if pick == "best" else ys[-1])})
     for r, on in zip(rows, pareto([(r["bytes_per_token"], r["value"]) for r in rows])):
         r["pareto"] = on
@@ -173,7 +194,11 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
         ax.plot(*zip(*front), "k--", lw=1, label="Pareto front", zorder=2)
         ax.legend(fontsize="small", title=shared_exchange(runs) if labels is None else None,
                   title_fontsize="small")
-    ax.set_xscale("log")
+    costs = [r["bytes_per_token"] for r in rows]
+    if any(c <= 0 for c in costs):        # a run that sent nothing (one machine) stays on the axis, at 0
+        ax.set_xscale("symlog", linthresh=min([c for c in costs if c > 0] or [1.0]))
+    else:
+        ax.set_xscale("log")
     plain_numbers(ax.xaxis)
     ax.set_xlabel("bytes sent + broadcast per training token")
     ax.set_ylabel(f"{pick} {Y_LABELS.get(y, y)}")
@@ -196,8 +221,10 @@ def sync_fraction(run) -> float | None:
     """The median over rounds after the first of ``1 - compute_s / round_s``: the share of a
     round not spent in the slowest partition's local steps (broadcast, scheduling, the
     all-reduce, the driver's update). None for runs without round timings (async, one round)."""
-    ms = [m for m in run.metrics[1:] if m.get("round_s") and "compute_s" in m]
-    return statistics.median(1 - m["compute_s"] / m["round_s"] for m in ms) if ms else None
+    pairs = [(number(m.get("compute_s")), number(m.get("round_s"))) for m in run.metrics[1:]]
+    # the slowest partition's steps are inside the round: a pair that says otherwise is not drawn
+    fractions = [1 - c / r for c, r in pairs if c is not None and r and 0 <= c <= r]
+    return statistics.median(fractions) if fractions else None
 
 
 def sync_fractions(runs) -> dict:
@@ -206,8 +233,8 @@ def sync_fractions(runs) -> dict:
     out = {}
     for run in runs:
         f = sync_fraction(run)
-        if f is not None:
-            k = run.config.get("train", {}).get("local_steps", 0)
+        k = run.config.get("train", {}).get("local_steps", 0)
+        if f is not None and type(k) is int and k >= 0:
             out.setdefault(codec(run.config), {}).setdefault(k, []).append(f)
     return {c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())] for c, v in sorted(out.items())}
 

@@ -54,17 +54,37 @@ class Run:
         return {f"{s}.{k}": v for s, keys in self.config.items() for k, v in keys.items()}
 
 
+# what a run's files may weigh before they are read: a metrics line is about 1 kB (256 MiB: some
+# 200,000 rounds); run.json and config.json hold a configuration
+MAX_METRICS, MAX_JSON = 256 << 20, 16 << 20
+
+
+def _too_large(path: str, size: int, limit: int) -> RunError:
+    return RunError(f"{path}: {size:,} bytes, more than the {limit >> 20} MiB a run's "
+                    f"{os.path.basename(path)} is read up to")
+
+
 class _Local:
-    def read(self, path: str) -> bytes | None:
+    def read(self, path: str, limit: int) -> bytes | None:
         try:
             with open(path, "rb") as f:
-                return f.read()
+                size = os.fstat(f.fileno()).st_size
+                if size > limit:
+                    raise _too_large(path, size, limit)
+                return f.read(limit)        # a run still writing: a line cut short is dropped
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as e:                # no permission, an I/O error
+            raise RunError(f"{path}: {e.strerror or e}") from None
 
     def children(self, path: str) -> list:
-        return sorted(os.path.join(path, n) for n in os.listdir(path)
-                      if os.path.isdir(os.path.join(path, n))) if os.path.isdir(path) else []
+        if not os.path.isdir(path):
+            return []
+        try:
+            names = os.listdir(path)
+        except OSError as e:
+            raise RunError(f"{path}: {e.strerror or e}") from None
+        return sorted(os.path.join(path, n) for n in names if os.path.isdir(os.path.join(path, n)))
 
     def is_dir(self, path: str) -> bool:
         return os.path.isdir(path)
@@ -85,15 +105,20 @@ class _WebHDFS:
     def _call(self, path, fn):
         try:
             return fn()
+        except RunError:
+            raise
         except Exception as e:          # HdfsError, requests' errors: whatever the client raises
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise RunError(f"webhdfs://{self.netloc}{path}: {first}") from None
 
-    def read(self, path: str) -> bytes | None:
+    def read(self, path: str, limit: int) -> bytes | None:
         def read():
-            if self.client.status(path, strict=False) is None:
+            status = self.client.status(path, strict=False)
+            if status is None:
                 return None
-            with self.client.read(path) as f:
+            if status.get("length", 0) > limit:
+                raise _too_large(f"webhdfs://{self.netloc}{path}", status["length"], limit)
+            with self.client.read(path, length=limit) as f:
                 return f.read()
         return self._call(path, read)
 
@@ -131,12 +156,12 @@ def _fs(path: str):
 
 
 def _json(fs, path: str) -> dict:
-    raw = fs.read(path)
+    raw = fs.read(path, MAX_JSON)
     if raw is None:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -151,9 +176,9 @@ def load(path: str) -> Run:
     """
     fs, p, prefix = _fs(path)
     p = p.rstrip("/") or "/"
-    raw = fs.read(f"{p}/metrics.jsonl")
+    raw = fs.read(f"{p}/metrics.jsonl", MAX_METRICS)
     if raw is None:           # a replace cut short by a crash leaves the previous file as .old
-        raw = fs.read(f"{p}/metrics.jsonl.old")
+        raw = fs.read(f"{p}/metrics.jsonl.old", MAX_METRICS)
     if raw is None:
         what = "no such directory" if not fs.is_dir(p) else "no metrics.jsonl"
         raise RunError(f"{path}: not a run ({what})")

@@ -408,3 +408,66 @@ def test_rounds_without_both_timings_are_left_out_of_the_sync_fraction():
     assert plots.sync_fractions([old]) == {"dense": [(0, 0.75)]}
     ax = plots.plot_sync_fraction([old])
     assert ax.get_ylim() == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("bad", ["abc", None, True, 10 ** 400, [1, 2], float("nan"), "missing"])
+def test_a_damaged_field_is_no_point_never_a_traceback(tmp_path, capsys, bad):
+    """A metrics line read from a file may hold anything where a count should be: its point is not drawn
+    (a string, a missing key or an integer of 400 digits was a traceback; null drew at NaN, true at 1)."""
+    damaged = [dict(m) for m in LINES]
+    for m in damaged[2:]:
+        for key in ("tokens", "bytes_sent", "compute_s", "train_loss"):
+            if bad == "missing":
+                m.pop(key, None)
+            else:
+                m[key] = bad
+    d = make_run(tmp_path, "a", [dict(m, round_s=2.0, compute_s=1.0) for m in damaged[:2]] + damaged[2:])
+    run = runs.load(str(d))
+    xs, ys = plots.series(run)
+    assert xs.tolist() == [100, 200] and ys.tolist() == [4.0, 3.5]
+    assert plots.frontier([run], "train_loss") == []          # its last line has no byte count
+    assert plots.sync_fraction(run) == 0.5                      # the first round is left out anyway
+    for kind in ("metric", "frontier", "sync"):
+        code = main.main(["plot", "--runs", str(d), "--kind", kind, "--y", "train_loss",
+                          "--out", str(tmp_path / "f.png")])
+        err = capsys.readouterr().err
+        assert (code, err) == ((0, "") if kind != "frontier" else
+                               (2, "error: no run has 'train_loss' against bytes per token as finite numbers "
+                                   "in its metrics\n"))
+
+
+def test_a_metric_that_is_never_finite_is_said_so_not_taken_for_a_slip(tmp_path, capsys):
+    d = make_run(tmp_path, "a", [dict(m, train_loss=float("inf")) for m in LINES])
+    assert main.main(["plot", "--runs", str(d), "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == "error: no run has 'train_loss' against tokens as finite numbers in its metrics\n"
+
+
+def test_a_run_that_sent_nothing_stays_on_the_frontiers_axis(tmp_path):
+    """One machine's run sends 0 bytes per token: on a log axis its point (on the front) was not drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    one = make_run(tmp_path, "one", [line(1, 100, 0, 0, 1.0, 4.0, valid_ppl=40.0)], ["train.local_steps=1"])
+    many = make_run(tmp_path, "many", [line(1, 100, 500, 500, 1.0, 4.0, valid_ppl=30.0)], ["train.local_steps=9"])
+    ax = plots.plot_frontier(runs.load_all([str(one), str(many)]))
+    assert ax.get_xscale() == "symlog"
+    lo, hi = ax.get_xlim()
+    assert lo <= 0 < 10 <= hi
+
+
+def test_run_files_that_cannot_be_read_are_one_line_naming_them(tmp_path):
+    """A file past its size bound (checked before it is read), a file the system refuses (a link loop
+    here; a file without permission alike), a run.json nested deeper than Python's parser goes."""
+    big = make_run(tmp_path, "big", LINES)
+    with open(big / "metrics.jsonl", "r+b") as f:
+        f.truncate(runs.MAX_METRICS + 1)                    # sparse: nothing written
+    with pytest.raises(runs.RunError, match=r"metrics.jsonl: 268,435,457 bytes, more than the 256 MiB a run's "
+                                            r"metrics.jsonl is read up to$"):
+        runs.load(str(big))
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    os.symlink(loop / "metrics.jsonl", loop / "metrics.jsonl")
+    with pytest.raises(runs.RunError, match=r"loop/metrics.jsonl: Too many levels of symbolic links$"):
+        runs.load(str(loop))
+    deep = make_run(tmp_path, "deep", LINES)
+    (deep / "run.json").write_text('{"config": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert runs.load(str(deep)).config == {}

@@ -68,11 +68,16 @@ def demo(a) -> int:
     return 0
 
 
-def _did_you_mean(name: str, rs) -> str:
+def _missing(name: str, x: str, rs) -> str:
+    """Why no run has a point of ``name``: no line holds it (and the keys it may be a slip for), or
+    none holds it, and ``x``, as finite numbers."""
     import difflib
+    held = {k for r in rs for m in r.metrics for k in m}
+    if name in held or (name == "train_ppl" and "train_loss" in held):
+        return f"no run has {name!r} against {x} as finite numbers in its metrics"
     keys = sorted({k for r in rs for m in r.metrics for k, v in m.items() if isinstance(v, (int, float))})
     close = difflib.get_close_matches(name, keys, n=3)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"no run has {name!r} in its metrics" + (f" (did you mean {' or '.join(close)}?)" if close else "")
 
 
 def plot(a) -> int:
@@ -92,11 +97,11 @@ def plot(a) -> int:
         return error(f"--labels: {len(a.labels)} labels for {len(rs)} runs ({found})")
     if a.kind == "metric":
         if not any(plots.series(r, a.x, a.y)[0].size for r in rs):
-            return error(f"no run has {a.y!r} in its metrics{_did_you_mean(a.y, rs)}")
+            return error(_missing(a.y, a.x, rs))
         ax = plots.plot_metric(rs, a.x, a.y, labels=a.labels, log_x=a.log_x)
     elif a.kind == "frontier":
         if not plots.frontier(rs, a.y, a.pick):
-            return error(f"no run has {a.y!r} in its metrics{_did_you_mean(a.y, rs)}")
+            return error(_missing(a.y, "bytes per token", rs))
         ax = plots.plot_frontier(rs, a.y, a.pick, labels=a.labels)
     else:
         if a.labels is not None:
