@@ -161,18 +161,32 @@ def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_o
     assert checkpoint.load(str(out / "checkpoint")).position["line"] == again[-1]
 
 
-def test_a_run_that_cannot_listen_stops_with_one_line_and_leaves_nothing_cached(spark, tmp_path):
-    """Its corpus (training and held-out text) is cached by then: a notebook's session kept it."""
+def test_a_run_that_cannot_serve_stops_with_one_line_and_leaves_nothing_cached(spark, tmp_path):
+    """A frame bound below the largest push, a port taken: its corpus (training and held-out text) is
+    cached by then, and a notebook's session kept it."""
     import socket
+    from rnnlm.core.models import build as build_model
+    from rnnlm.core.vocab import Vocab
+    from rnnlm.server.paramserver import max_push_bytes
     sc = spark.sparkContext
     cached = sc._jsc.getPersistentRDDs().size()
+    sets = ("data.partitions=1", "data.valid=rnnlm/data/harbour_valid.txt", "train.mode=async", "train.push_every=2",
+            "train.rounds=2")
+    vocab = Vocab.build(open("rnnlm/data/harbour.txt").read(), "char")
+    layout = build_model(config.resolve(cfg_of(*sets), len(vocab)).model).layout
+    push, dense = max_push_bytes(layout, 4), 4 * layout.size + (1 << 16)
+    mb = (push + dense) / 2 / (1 << 20)                 # a frame for the model and 64 KiB, not for a push of rows
+    tr = make_trainer(spark, cfg_of(*sets, f"server.max_frame_mb={mb!r}"), str(tmp_path / "small"), log=lambda *_: None)
+    with pytest.raises(config.ConfigError, match=r"^server.max_frame_mb = \S+ is smaller than a push can be "
+                                                 rf"\({push / (1 << 20):.2f} MiB: the model's .* MiB with its rows' "
+                                                 r"ids and scales\): it would be refused$"):
+        tr.run()
+    assert tr.layout.size == layout.size and sc._jsc.getPersistentRDDs().size() == cached
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        tr = make_trainer(spark, cfg_of("data.partitions=1", "data.valid=rnnlm/data/harbour_valid.txt",
-                                        "train.mode=async", "train.push_every=2", "train.rounds=2",
-                                        f"server.port={port}"), str(tmp_path / "run"), log=lambda *_: None)
+        tr = make_trainer(spark, cfg_of(*sets, f"server.port={port}"), str(tmp_path / "run"), log=lambda *_: None)
         with pytest.raises(TrainingError, match=rf"^the parameter server cannot listen on 127.0.0.1:{port}: "):
             tr.run()
     assert sc._jsc.getPersistentRDDs().size() == cached

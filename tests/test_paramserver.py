@@ -738,3 +738,18 @@ def test_a_snapshot_holds_new_pushes_back_until_it_is_taken_and_drains_only_when
     assert snaps[0]["done"] == [1, 0] and snaps[0]["version"] == 1 and snaps[0]["drained"] is None
     np.testing.assert_array_equal(snaps[0]["params"], 1.0)
     assert ps.done == [1, 1] and ps.drain()["pushes"] == 2      # snapshot() alone drained nothing
+
+
+def test_a_push_of_every_row_fits_the_bound_the_driver_checks_max_frame_against():
+    """Row codecs send an int32 id a row: a push of every row of a 20,000-word model is larger than the
+    model plus the 64 KiB that the async driver's start-up check once allowed (a max_frame_mb between
+    the two passed it, and every such push was then refused by the wire)."""
+    import json
+    V, H = 20_000, 8
+    layout = Layout([("embed", (V, H)), ("Wo", (V, H)), ("bo", (V,))])
+    ex = config.load(None, ["exchange.embed=rows", "exchange.softmax=rows"]).exchange
+    blocks, _, _ = plan.encode(layout, np.ones(layout.size, np.float32), ex, np.arange(V), 1, 1, 0, 1)
+    fields, arrays = blocks_to_wire(blocks)
+    body = sum(a.nbytes for a in arrays.values()) + len(json.dumps(fields))
+    assert 4 * layout.size + (1 << 16) < body <= paramserver.max_push_bytes(layout, 4)
+    assert paramserver.server_in_flight(layout, 4, 2, 1 << 30) == 3 * paramserver.max_push_bytes(layout, 4)

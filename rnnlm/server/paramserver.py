@@ -469,12 +469,17 @@ def server_connections(partitions: int) -> int:
     return 4 * partitions + 4
 
 
+def max_push_bytes(layout, itemsize: int) -> int:
+    """The largest frame a worker's push can be: the whole model (``itemsize`` bytes a value) with int32
+    row ids and a float32 scale pair a row, and 64 KiB for its header."""
+    return sum(itemsize * slot.size + 12 * slot.shape[0] for slot in layout) + (1 << 16)
+
+
 def server_in_flight(layout, itemsize: int, partitions: int, max_frame: int) -> int:
     """The server's cap on the bytes of pushes being read or applied at once: one push of every worker
-    and one more (a retried attempt's predecessor), each at most the whole model (``itemsize`` bytes a
-    value) with int32 row ids and a float32 scale pair a row, and 64 KiB (never above ``max_frame``)."""
-    push = sum(itemsize * slot.size + 12 * slot.shape[0] for slot in layout) + (1 << 16)
-    return (partitions + 1) * min(max_frame, push)
+    and one more (a retried attempt's predecessor), each at most :func:`max_push_bytes` (never above
+    ``max_frame``)."""
+    return (partitions + 1) * min(max_frame, max_push_bytes(layout, itemsize))
 
 
 class WorkerClient:

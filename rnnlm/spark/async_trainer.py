@@ -19,7 +19,8 @@ from ..core.metrics import log_line, loss_fields
 from ..core.models import build as build_model
 from ..core.schedule import Schedule
 from ..server import wire
-from ..server.paramserver import ParameterServer, Stalled, server_connections, server_idle_s, server_in_flight
+from ..server.paramserver import (ParameterServer, Stalled, max_push_bytes, server_connections, server_idle_s,
+                                  server_in_flight)
 from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host, job_failure
@@ -117,9 +118,11 @@ class AsyncTrainer(Driver):
         sv, P = cfg.server, cfg.data.partitions
         host = bind_host(sv.host, self.sc.master, self.sc.getConf().get("spark.driver.host"))
         max_frame = int(sv.max_frame_mb * (1 << 20))
-        if params.nbytes + (1 << 16) > max_frame:
-            raise config.ConfigError(f"server.max_frame_mb = {sv.max_frame_mb:g} is smaller than the model "
-                                     f"({params.nbytes / (1 << 20):.1f} MiB): a pull would be refused")
+        push = max_push_bytes(self.layout, params.itemsize)
+        if push > max_frame:
+            raise config.ConfigError(f"server.max_frame_mb = {sv.max_frame_mb:g} is smaller than a push can be "
+                                     f"({push / (1 << 20):.2f} MiB: the model's {params.nbytes / (1 << 20):.2f} "
+                                     "MiB with its rows' ids and scales): it would be refused")
         if P > self.sc.defaultParallelism:
             self.log(f"warning: {P} workers but {self.sc.defaultParallelism} task slots: the tasks that do not "
                      "fit wait for a slot, then train all their windows")
