@@ -8,6 +8,7 @@ metrics file is the record.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -34,7 +35,10 @@ def parse(specs: list, out: str) -> list:
             if not arg and not local:
                 raise TrackerError(f"--log tensorboard: --out {out} is not a local directory; "
                                    "name one: --log tensorboard:DIR")
-            parsed.append(("tensorboard", arg or os.path.join(out.removeprefix("file://"), "tensorboard")))
+            directory = arg or os.path.join(out.removeprefix("file://"), "tensorboard")
+            if os.path.exists(directory) and not os.path.isdir(directory):
+                raise TrackerError(f"--log tensorboard: {directory} is not a directory")
+            parsed.append(("tensorboard", directory))
         elif kind == "mlflow" and not arg:
             try:
                 import mlflow  # noqa: F401
@@ -141,10 +145,19 @@ def event(wall_time: float, step: int, scalars: dict | None = None, file_version
     if file_version is not None:
         out += _field(3, file_version.encode())
     if scalars:
-        values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", v))
+        values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", _float32(v)))
                           for tag, v in scalars.items())
         out += _field(5, values)
     return out
+
+
+def _float32(v: float) -> float:
+    """``v`` as float32 holds it: past its largest finite value (a perplexity of a loss above 88.7),
+    infinite, where ``struct`` refuses it."""
+    return v if not abs(v) > _F32_MAX else math.copysign(math.inf, v)
+
+
+_F32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 
 class TensorBoard(Tracker):
@@ -155,10 +168,13 @@ class TensorBoard(Tracker):
 
     def __init__(self, directory: str, log=print):
         super().__init__(log)
-        os.makedirs(directory, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rnnlm"
         self.path = os.path.join(directory, name)
-        self.f = open(self.path, "ab")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self.f = open(self.path, "ab")
+        except OSError as e:
+            raise TrackerError(f"--log tensorboard: cannot write {self.path}: {e.strerror or e}") from None
         self._write(event(time.time(), 0, file_version="brain.Event:2"))
 
     def _write(self, data: bytes) -> None:

@@ -35,6 +35,33 @@ def test_an_event_file_starts_with_its_version_at_step_0_and_a_second_writer_sha
     assert os.path.exists(second.path)
 
 
+def test_a_value_past_float32s_range_is_written_as_infinite_and_the_tracker_goes_on(tmp_path):
+    """A perplexity of a loss above 88.7 is finite in float64 and not in float32: struct refused it, and the
+    tracker switched itself off at the run's most telling line."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    said = []
+    tb = trackers.TensorBoard(str(tmp_path / "tb"), log=said.append)
+    tb.line({"round": 1, "valid_loss": 90.0, "valid_ppl": 1.2e39, "lr": -1e300})
+    tb.line({"round": 2, "valid_loss": 5.0})
+    tb.close(True)
+    events = [Event.FromString(r) for r in RawEventFileLoader(tb.path).Load()]
+    assert [[(v.tag, v.simple_value) for v in e.summary.value] for e in events[1:]] == [
+        [("valid_loss", 90.0), ("valid_ppl", float("inf")), ("lr", float("-inf"))], [("valid_loss", 5.0)]]
+    assert not tb.broken and said == []
+
+
+def test_a_tensorboard_directory_that_cannot_be_one_is_one_line(tmp_path):
+    """Said before Spark starts when the path is a file; where it cannot be made, when the tracker starts."""
+    (tmp_path / "file").write_text("x")
+    r = subprocess.run(train_cmd(tmp_path / "run") + ["--log", f"tensorboard:{tmp_path / 'file'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr.strip()) == (2, f"error: --log tensorboard: {tmp_path / 'file'} is not a directory")
+    with pytest.raises(trackers.TrackerError, match=r"^--log tensorboard: cannot write .*/file/tb/events\.out\."
+                                                    r"tfevents\..*: Not a directory$"):
+        trackers.TensorBoard(str(tmp_path / "file" / "tb"))
+
+
 def _mlflow_run(store: str, name: str):
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=store)
