@@ -102,8 +102,9 @@ def test_generation_is_deterministic_and_learns(xp):
     assert len(a) == 40
     greedy = generate(m, res.params, vocab, prime="the quick brown fox jumps over the lazy", length=5, argmax=True)
     assert greedy == " dog."
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        generate(m, res.params, vocab, temperature=0.0)
+    for t in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=rf"^temperature must be a number > 0 \(or use argmax\), not {t!r}$"):
+            generate(m, res.params, vocab, temperature=t)
 
 
 def test_evaluate_matches_model_loss_on_one_stream():
@@ -231,6 +232,8 @@ def test_generate_defaults_edges_and_temperature():
     p = m.init_params(4)
     greedy = generate(m, p, vocab, prime="he", length=30, argmax=True)
     assert generate(m, p, vocab, prime="he", length=30, temperature=0.001, seed=9) == greedy
+    # one past float64's range once divided by it (NaN probabilities were the sampler's error)
+    assert generate(m, p, vocab, prime="he", length=30, temperature=1e-320, seed=9) == greedy
     assert generate(m, p, vocab, prime="he", length=30, temperature=100.0, seed=9) != greedy
     default = generate(m, p, vocab)
     assert len(default) == 200 and default == generate(m, p, vocab, "", 200, 1.0, False, 0)

@@ -1,6 +1,8 @@
 """Sampling text from a trained model."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import backend
@@ -26,8 +28,8 @@ def generate(model, params, vocab, prime: str = "", length: int = 200,
         A word-level prime that does not end with a line break is continued inside its
         sentence (no ``<eos>`` is added after it).
     """
-    if temperature <= 0 and not argmax:
-        raise ValueError("temperature must be > 0 (or use argmax)")
+    if not (0 < temperature < math.inf) and not argmax:
+        raise ValueError(f"temperature must be a number > 0 (or use argmax), not {temperature!r}")
     if length < 0:
         raise ValueError("length must be >= 0")
     xp = model.xp
@@ -45,8 +47,8 @@ def generate(model, params, vocab, prime: str = "", length: int = 200,
         if argmax:
             nxt = int(lg.argmax())
         else:
-            lg = lg / temperature
-            pr = np.exp(lg - lg.max())
+            with np.errstate(over="ignore"):        # a temperature near 0: the others' weights underflow to 0
+                pr = np.exp((lg - lg.max()) / temperature)
             pr /= pr.sum()
             nxt = int(rng.choice(pr.size, p=pr))
         out.append(nxt)
