@@ -55,6 +55,15 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
     """
     if corpus not in CORPORA:
         raise DownloadError(f"unknown corpus {corpus!r}; known: {', '.join(CORPORA)}")
+    try:
+        return _fetch(corpus, dest, mirror, log)
+    except DownloadError:
+        raise
+    except OSError as e:        # dest a file, no permission, a full disk
+        raise DownloadError(f"{e.filename or dest}: {e.strerror or e}") from None
+
+
+def _fetch(corpus: str, dest: str, mirror: str | None, log) -> list:
     os.makedirs(dest, exist_ok=True)
     out = []
     for name, (url, digest, size) in CORPORA[corpus].items():

@@ -162,3 +162,18 @@ def test_download_without_names_fetches_every_corpus(tmp_path, shared_data):
     assert sorted(os.listdir(tmp_path / "d")) == sorted(
         [n for files in download.CORPORA.values() for n in files] + ["tinyshakespeare.train.txt",
                                                                      "tinyshakespeare.valid.txt"])
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    """package --out and download --dest under a file or onto a directory: tracebacks, and a .zip.tmp
+    left behind."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir.zip").mkdir()
+    for out, why in ((tmp_path / "file" / "rnnlm.zip", "File exists"), (tmp_path / "dir.zip", "Is a directory")):
+        assert main(["package", "--out", str(out)]) == 2
+        assert capsys.readouterr() == ("", f"error: cannot write {out}: {why}\n")
+    assert sorted(os.listdir(tmp_path)) == ["dir.zip", "file"] and os.listdir(tmp_path / "dir.zip") == []
+    assert main(["download", "ptb", "--dest", str(tmp_path / "file"), "--mirror", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'file'}: File exists\n"
+    assert main(["package", "--out", str(tmp_path / "ok" / "rnnlm.zip")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'ok' / 'rnnlm.zip'}\n"

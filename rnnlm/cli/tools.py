@@ -128,12 +128,12 @@ def download(a) -> int:
 
 def package(a) -> int:
     from ..packaging import PackagingError, build_env, build_pyfiles
-    print(build_pyfiles(a.out))
-    if a.env:
-        try:
+    try:
+        print(build_pyfiles(a.out))
+        if a.env:
             print(build_env(a.env))
-        except PackagingError as e:
-            return error(str(e))
+    except PackagingError as e:
+        return error(str(e))
     return 0
 
 
