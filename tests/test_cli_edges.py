@@ -177,3 +177,10 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
     assert capsys.readouterr().err == f"error: {tmp_path / 'file'}: File exists\n"
     assert main(["package", "--out", str(tmp_path / "ok" / "rnnlm.zip")]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'ok' / 'rnnlm.zip'}\n"
+
+
+def test_a_line_break_in_a_name_cannot_forge_a_second_error_line(tmp_path, capsys):
+    forged = tmp_path / "x\nerror: forged"
+    forged.mkdir()
+    assert main(["plot", "--runs", str(forged), "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}/x\\nerror: forged: not a run (no metrics.jsonl)\n"

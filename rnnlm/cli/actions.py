@@ -18,6 +18,7 @@ from ..core.vocab import VocabError
 from ..progress import Progress
 from .. import trackers
 from . import signals
+from .tools import error
 from .session import read_checkpoint, spark_session
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
@@ -30,20 +31,17 @@ def guarded(fn) -> int:
     try:
         return fn() or 0
     except Interrupted as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return error(e, e.exit_code)
     except KeyboardInterrupt as e:
         return signals.report(e)
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
         if isinstance(e, Py4JJavaError):    # a job Spark aborted outside a round (which says its own line)
-            print(f"error: a Spark job failed: {job_failure(str(e))}", file=sys.stderr)
-            return 2
+            return error(f"a Spark job failed: {job_failure(str(e))}")
         if not isinstance(e, EXPECTED):
             raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return error(e)
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):

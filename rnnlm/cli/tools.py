@@ -13,8 +13,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
 
 
-def error(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def error(message, code: int = 2) -> int:
+    """Say ``message`` as one line on stderr (a line break a path or a file put in it is escaped, so it
+    cannot read as a second message); the exit code."""
+    one = str(message).replace("\n", "\\n").replace("\r", "\\r")
+    print(f"error: {one}", file=sys.stderr)
     return code
 
 
