@@ -24,9 +24,10 @@ class TrackerError(ValueError):
 KINDS = ("tensorboard[:DIR]", "mlflow")
 
 
-def parse(specs: list, out: str) -> list:
+def parse(specs: list, out: str, overwrite: bool = False) -> list:
     """``--log`` values as ``(kind, argument)``, checked before anything starts: TensorBoard's
-    directory defaults to ``OUT/tensorboard`` for a local ``--out``."""
+    directory defaults to ``OUT/tensorboard`` for a local ``--out`` (``overwrite``: the run starts
+    again there, and its earlier event files go, as its metrics do; a directory named is left as it is)."""
     parsed = []
     for spec in specs:
         kind, _, arg = spec.partition(":")
@@ -38,7 +39,7 @@ def parse(specs: list, out: str) -> list:
             directory = arg or os.path.join(out.removeprefix("file://"), "tensorboard")
             if os.path.exists(directory) and not os.path.isdir(directory):
                 raise TrackerError(f"--log tensorboard: {directory} is not a directory")
-            parsed.append(("tensorboard", directory))
+            parsed.append(("tensorboard", (directory, overwrite and not arg)))
         elif kind == "mlflow" and not arg:
             try:
                 import mlflow  # noqa: F401
@@ -52,7 +53,7 @@ def parse(specs: list, out: str) -> list:
 
 def start(parsed: list, cfg: config.Config, out: str, log=print) -> list:
     """The trackers of ``parsed`` (:func:`parse`), started for a run of ``cfg`` in ``out``."""
-    return [TensorBoard(arg, log) if kind == "tensorboard" else MLflow(cfg, out, log) for kind, arg in parsed]
+    return [TensorBoard(*arg, log=log) if kind == "tensorboard" else MLflow(cfg, out, log) for kind, arg in parsed]
 
 
 def scalars(m: dict) -> dict:
@@ -166,12 +167,16 @@ class TensorBoard(Tracker):
 
     name = "tensorboard"
 
-    def __init__(self, directory: str, log=print):
+    def __init__(self, directory: str, afresh: bool = False, log=print):
         super().__init__(log)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rnnlm"
         self.path = os.path.join(directory, name)
         try:
             os.makedirs(directory, exist_ok=True)
+            if afresh:          # a run started again: the earlier run's curves would be drawn with its own
+                for old in os.listdir(directory):
+                    if old.startswith("events.out.tfevents.") and old.endswith(".rnnlm"):
+                        os.remove(os.path.join(directory, old))
             self.f = open(self.path, "ab")
         except OSError as e:
             raise TrackerError(f"--log tensorboard: cannot write {self.path}: {e.strerror or e}") from None

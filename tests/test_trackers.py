@@ -62,6 +62,25 @@ def test_a_tensorboard_directory_that_cannot_be_one_is_one_line(tmp_path):
         trackers.TensorBoard(str(tmp_path / "file" / "tb"))
 
 
+def test_a_run_started_again_drops_its_earlier_event_files_and_nothing_else(tmp_path):
+    """--overwrite deletes the earlier run's metrics; its event files in OUT/tensorboard stayed, and
+    TensorBoard drew both runs' curves as one. A directory named (--log tensorboard:DIR) is the user's."""
+    out = tmp_path / "run"
+    (out / "tensorboard").mkdir(parents=True)
+    kept = ["events.out.tfevents.1.h.2.other", "notes.txt"]
+    for name in ["events.out.tfevents.1.h.1.rnnlm", *kept]:
+        (out / "tensorboard" / name).write_text("earlier")
+    [again] = trackers.start(trackers.parse(["tensorboard"], str(out), overwrite=True), None, str(out))
+    again.close(True)
+    assert sorted(os.listdir(out / "tensorboard")) == sorted([os.path.basename(again.path), *kept])
+    named = tmp_path / "mine"
+    named.mkdir()
+    (named / "events.out.tfevents.1.h.1.rnnlm").write_text("another run's")
+    [tb] = trackers.start(trackers.parse([f"tensorboard:{named}"], str(out), overwrite=True), None, str(out))
+    tb.close(True)
+    assert len(os.listdir(named)) == 2
+
+
 def _mlflow_run(store: str, name: str):
     from mlflow import MlflowClient
     client = MlflowClient(tracking_uri=store)
@@ -78,7 +97,7 @@ def test_every_metrics_line_reaches_tensorboard_and_mlflow(spark, tmp_path, monk
                              "train.rounds=3", "train.eval_every=2"])
     out = str(tmp_path / "run")
     parsed = trackers.parse(["tensorboard", "mlflow"], out)
-    assert parsed == [("tensorboard", os.path.join(out, "tensorboard")), ("mlflow", "")]
+    assert parsed == [("tensorboard", (os.path.join(out, "tensorboard"), False)), ("mlflow", "")]
     sinks = trackers.start(parsed, cfg, out, log=print)
     tr = Trainer(spark, cfg, out, log=lambda s: None, sinks=sinks)
     tr.run()

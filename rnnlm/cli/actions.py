@@ -76,7 +76,7 @@ def train(a) -> int:
     logs = getattr(a, "log", [])
     if logs and a.dry_run:
         raise trackers.TrackerError("--log goes with training, not --dry-run")
-    logs = trackers.parse(logs, a.out)
+    logs = trackers.parse(logs, a.out, getattr(a, "overwrite", False))
     # what can be checked without Spark is, before its JVM takes 13-16 s to start
     check_device(cfg, a.master)
     cfg = check_train(cfg, a.config, a.out, a.resume, getattr(a, "overwrite", False), a.dry_run)
