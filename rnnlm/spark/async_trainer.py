@@ -52,7 +52,7 @@ class AsyncTrainer(Driver):
             model = build_model(cfg.model)
             self.layout, P = model.layout, cfg.data.partitions
             per_window = round_tokens(probe_cfg, data)
-            windows = total_rounds(probe_cfg, data)
+            windows = total_rounds(probe_cfg, data, per_window)
             if ck is not None and _finished(ck.position, windows):
                 self.params, self.vocab = ck.params, data.vocab
                 return self.dir.nothing_to_do(ck.position["round"], windows)

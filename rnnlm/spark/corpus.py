@@ -393,11 +393,13 @@ def _probe(cfg: config.Config, rdd) -> list:
     return probe
 
 
-def total_rounds(cfg: config.Config, data: Corpus) -> int:
-    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens."""
+def total_rounds(cfg: config.Config, data: Corpus, per_round: float | None = None) -> int:
+    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens
+    (``per_round``: :func:`round_tokens`, when the caller has it)."""
     if cfg.train.rounds:
         return cfg.train.rounds
-    return max(1, math.ceil(cfg.train.epochs * data.tokens / round_tokens(cfg, data)))
+    per_round = round_tokens(cfg, data) if per_round is None else per_round
+    return max(1, math.ceil(cfg.train.epochs * data.tokens / per_round))
 
 
 def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
