@@ -24,6 +24,10 @@ class RunError(ValueError):
     """A path that is not a readable run; the message is one line."""
 
 
+class NotARun(RunError):
+    """A path that holds no run at all (no directory, or no ``metrics.jsonl``)."""
+
+
 @dataclass
 class Run:
     """One training run.
@@ -181,7 +185,7 @@ def load(path: str) -> Run:
         raw = fs.read(f"{p}/metrics.jsonl.old", MAX_METRICS)
     if raw is None:
         what = "no such directory" if not fs.is_dir(p) else "no metrics.jsonl"
-        raise RunError(f"{path}: not a run ({what})")
+        raise NotARun(f"{path}: not a run ({what})")
     metrics = json_lines(raw)
     if not metrics:
         raise RunError(f"{path}: metrics.jsonl holds no complete line yet")
@@ -195,9 +199,11 @@ def _sections(cfg) -> dict:
     return {s: keys for s, keys in cfg.items() if isinstance(keys, dict)} if isinstance(cfg, dict) else {}
 
 
-def load_all(paths) -> list:
+def load_all(paths, skipped: list | None = None) -> list:
     """Read every run named: a run directory, or a directory whose subdirectories are runs
-    (``runs/strategies`` holding one run per strategy; searched two levels deep).
+    (``runs/strategies`` holding one run per strategy; searched two levels deep). A run found in a
+    directory that cannot be read (its metrics empty or damaged, a file refused) is left out, and
+    why is appended to ``skipped``.
 
     Raises
     ------
@@ -212,21 +218,23 @@ def load_all(paths) -> list:
             continue
         except RunError as e:
             first = e
-        found = _find(fs, p.rstrip("/"), prefix, depth=2)
+        found = _find(fs, p.rstrip("/"), prefix, 2, [] if skipped is None else skipped)
         if not found:
             raise first
         out.extend(found)
     return out
 
 
-def _find(fs, p: str, prefix: str, depth: int) -> list:
+def _find(fs, p: str, prefix: str, depth: int, skipped: list) -> list:
     runs = []
     for child in fs.children(p):
         try:
             runs.append(load(prefix + child))
-        except RunError:
+        except NotARun:
             if depth > 1:
-                runs.extend(_find(fs, child, prefix, depth - 1))
+                runs.extend(_find(fs, child, prefix, depth - 1, skipped))
+        except RunError as e:
+            skipped.append(str(e))
     return runs
 
 

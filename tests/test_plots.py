@@ -471,3 +471,17 @@ def test_run_files_that_cannot_be_read_are_one_line_naming_them(tmp_path):
     deep = make_run(tmp_path, "deep", LINES)
     (deep / "run.json").write_text('{"config": ' + "[" * 100_000 + "]" * 100_000 + "}")
     assert runs.load(str(deep)).config == {}
+
+
+def test_runs_in_a_folder_that_cannot_be_read_are_said_to_be_left_out(tmp_path, capsys):
+    """They were left out without a word: a figure of fewer runs than the folder holds, unexplained."""
+    make_run(tmp_path / "all", "good", LINES)
+    make_run(tmp_path / "all", "empty", [])
+    (make_run(tmp_path / "all", "garbage", []) / "metrics.jsonl").write_bytes(bytes(range(256)))
+    (tmp_path / "all" / "notes").mkdir()                        # no run at all: nothing to say
+    skipped = []
+    assert [r.name for r in runs.load_all([str(tmp_path / "all")], skipped)] == ["good"]
+    assert skipped == [f"{tmp_path / 'all' / n}: metrics.jsonl holds no complete line yet"
+                       for n in ("empty", "garbage")]
+    assert main.main(["plot", "--runs", str(tmp_path / "all"), "--out", str(tmp_path / "f.png")]) == 0
+    assert capsys.readouterr().err == "".join(f"warning: left out {s}\n" for s in skipped)

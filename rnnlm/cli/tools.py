@@ -91,10 +91,13 @@ def plot(a) -> int:
         return error(f"plotting needs matplotlib ({e}): pip install -e \".[plots]\"")
     if os.path.splitext(a.out)[1].lower() not in plots.FORMATS:
         return error(f"--out {a.out}: the suffix picks the format: {', '.join(plots.FORMATS)}")
+    skipped = []
     try:
-        rs = runs.load_all(a.runs)
+        rs = runs.load_all(a.runs, skipped)
     except runs.RunError as e:
         return error(str(e))
+    for why in skipped:
+        print(f"warning: left out {why}".replace("\n", "\\n"), file=sys.stderr)
     if a.labels is not None and len(a.labels) != len(rs):
         found = ", ".join(r.name for r in rs)
         return error(f"--labels: {len(a.labels)} labels for {len(rs)} runs ({found})")
