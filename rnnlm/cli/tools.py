@@ -13,11 +13,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout
 
 
-def error(message, code: int = 2) -> int:
-    """Say ``message`` as one line on stderr (a line break a path or a file put in it is escaped, so it
-    cannot read as a second message); the exit code."""
+def say(kind: str, message) -> None:
+    """``kind: message`` as one line on stderr: a line break a path or a file put in it is escaped, so
+    it cannot read as a second message."""
     one = str(message).replace("\n", "\\n").replace("\r", "\\r")
-    print(f"error: {one}", file=sys.stderr)
+    print(f"{kind}: {one}", file=sys.stderr)
+
+
+def error(message, code: int = 2) -> int:
+    """Say ``message`` as an error (:func:`say`); the exit code."""
+    say("error", message)
     return code
 
 
@@ -97,7 +102,7 @@ def plot(a) -> int:
     except runs.RunError as e:
         return error(str(e))
     for why in skipped:
-        print(f"warning: left out {why}".replace("\n", "\\n"), file=sys.stderr)
+        say("warning", f"left out {why}")
     if a.labels is not None and len(a.labels) != len(rs):
         found = ", ".join(r.name for r in rs)
         return error(f"--labels: {len(a.labels)} labels for {len(rs)} runs ({found})")
