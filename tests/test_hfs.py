@@ -33,6 +33,20 @@ def test_resolve_file_uri_is_local_whatever_the_default():
         assert resolve("file:///x/y", default) == (True, "/x/y")
         assert resolve("file:/x/y", default) == (True, "/x/y")
         assert resolve("file://localhost/x/y", default) == (True, "/x/y")
+        # Hadoop's Path has no query or fragment: they are the name's ("/runs/x#2" is not "/runs/x")
+        assert resolve("file:///runs/x#2", default) == (True, "/runs/x#2")
+        assert resolve("file:/runs/x?y", default) == (True, "/runs/x?y")
+        assert resolve("file:///runs/a%20b", default) == (True, "/runs/a%20b")
+
+
+def test_a_file_uri_names_where_hadoop_writes(spark, tmp_path):
+    """Hadoop's own FileSystem and the local check put file:///.../exp#2 in one place; with the
+    fragment cut off, --overwrite of that run deleted the run in .../exp."""
+    for name in ("exp#2", "exp?q", "a%20b"):
+        uri = f"file://{tmp_path}/{name}"
+        HadoopFS(spark.sparkContext, uri, local=False).write_atomic(f"{uri}/m", b"x")
+        assert resolve(uri, "file:///") == (True, str(tmp_path / name))
+        assert (tmp_path / name / "m").read_bytes() == b"x"
 
 
 def test_resolve_other_schemes_go_to_hadoop():

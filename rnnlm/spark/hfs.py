@@ -40,8 +40,12 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
     """
     url = urlparse(path)
     if url.scheme == "file" and url.netloc in ("", "localhost"):
-        # no unquoting: Hadoop's Path takes "%20" literally as well
-        return True, os.path.abspath(url.path)
+        # the text after the authority, as Hadoop's Path takes it: "%20" literally, and "#" and "?" as
+        # part of the name (urlparse would cut a fragment and a query off: file:///runs/x#2 is not /runs/x)
+        rest = path[len("file:"):]
+        if rest.startswith("//"):
+            rest = rest[2 + len(url.netloc):]
+        return True, os.path.abspath(rest)
     if url.scheme:
         return False, path
     if urlparse(default_fs).scheme in ("", "file"):
