@@ -20,19 +20,8 @@ import matplotlib
 import numpy as np
 
 from .config import ExchangeConfig
+from .core.metrics import number
 from .runs import labels as run_labels
-
-
-def number(v) -> float | None:
-    """A metrics field as a finite float, or None: a line read from a file may hold anything there
-    (a string, null, a bool, an integer of 400 digits)."""
-    if type(v) not in (int, float):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _bytes(m: dict) -> float | None:

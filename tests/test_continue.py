@@ -165,6 +165,17 @@ def saved_run(out, *sets, position, lines):
     (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
 
 
+def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, capsys, no_jvm):
+    """Its loss a string and its perplexity null: the closing line formatted them as numbers (a traceback)."""
+    lines = [{"round": 1, "syncs": 1, "train_loss": 3.9},
+             {"round": 2, "syncs": 2, "train_loss": "x", "valid_ppl": None}]
+    saved_run(tmp_path / "run", "train.rounds=2", lines=lines, position={
+        "round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    assert train(tmp_path / "run", "train.rounds=2", resume=True) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[1] == f"done: round 2 | checkpoint {tmp_path}/run/checkpoint", said
+
+
 def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
     saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={

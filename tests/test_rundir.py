@@ -61,6 +61,34 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     assert list((tmp_path / "run").iterdir()) == []
 
 
+def test_a_new_run_refuses_a_directory_holding_only_the_earlier_runs_backup_or_checkpoint(tmp_path):
+    """A rewrite of metrics.jsonl cut between its renames leaves metrics.jsonl.old (a checkpoint, with no
+    metrics, a run stopped between its checkpoint and its line): a new run took either directory as
+    empty, replaced the checkpoint and then the backup, and the earlier run was lost without --overwrite."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position={"round": 2})
+    for name in ("backup", "checkpoint"):
+        out = RunDir(str(tmp_path / name), fs=LocalFS(), log=lambda s: None)
+        out.prepare(resume=False)
+        if name == "backup":
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "metrics.jsonl.old").write_text('{"round": 1}\n{"round": 2}\n')
+        else:
+            out.write_checkpoint(ck, best=False)
+        with pytest.raises(TrainingError, match=f"^{re.escape(str(tmp_path / name))} already holds a run "):
+            out.prepare(resume=False)
+    assert (tmp_path / "backup" / "metrics.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n'   # restored
+
+
+def test_the_last_line_said_of_a_run_already_at_its_length_is_its_checkpoints_rounds(tmp_path):
+    """A metrics file that ends before the checkpoint's round: "done" said round 80's line of a run at 100."""
+    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda s: None)
+    out.keep_lines([{"round": 79, "train_loss": 3.0}, {"round": 80, "train_loss": 2.9}])
+    assert out.nothing_to_do(100, 100) == {"round": 100}
+    assert out.nothing_to_do(80, 80) == {"round": 80, "train_loss": 2.9}
+
+
 @pytest.mark.parametrize("lines, key, taken", [
     ('{"round": 1}\n{"round": 2}\n{"rou', "round", [{"round": 1}, {"round": 2}]),    # a crash cut the last
     ('{"round": 0, "syncs": 0}\n', "syncs", [{"round": 0, "syncs": 0}]),

@@ -9,7 +9,7 @@ from ..core import checkpoint
 from .. import config
 from ..spark import corpus
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
-from ..core.metrics import loss_fields
+from ..core.metrics import loss_fields, number
 from ..spark.rundir import Init, TrainingError
 from ..spark.session import job_failure, release
 from ..spark.stop import Interrupted
@@ -116,11 +116,12 @@ def _report(tr, last: dict, samples: int) -> int:
     """The run's last line (``done: ...``) and ``samples`` texts from its model."""
     from ..core.generate import generate
     from ..core.models import build as build_model
-    # an async run's last line may count no push, and so carry no loss: the latest one is reported
-    loss = next((m["train_loss"] for m in reversed(tr.metrics) if "train_loss" in m), None)
+    # an async run's last line may count no push, and so carry no loss: the latest of its round is reported
+    loss = next((number(m.get("train_loss")) for m in reversed(tr.metrics)
+                 if m.get("round") == last["round"] and number(m.get("train_loss")) is not None), None)
+    ppl = number(last.get("valid_ppl"))
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
-          + (f" | valid_ppl {last['valid_ppl']:.2f}" if "valid_ppl" in last else "")
-          + f" | checkpoint {tr.dir.ck_path}")
+          + (f" | valid_ppl {ppl:.2f}" if ppl is not None else "") + f" | checkpoint {tr.dir.ck_path}")
     model = build_model(tr.cfg.model)
     for s in range(samples):
         print(f"--- sample {s + 1} ---")

@@ -7,6 +7,18 @@ import math
 EVAL_BPTT = 100   # chunk length when held-out text is scored as one stream
 
 
+def number(v) -> float | None:
+    """A metrics field as a finite float, or None: a line read from a file may hold anything there
+    (a string, null, a bool, an integer of 400 digits)."""
+    if type(v) not in (int, float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def loss_fields(loss: float, level: str, prefix: str) -> dict:
     """``<prefix>_loss`` (nats/token), ``_ppl``, and ``_bpc`` for characters."""
     out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(loss) if loss < 709.0 else math.inf}

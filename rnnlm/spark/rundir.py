@@ -201,15 +201,16 @@ class RunDir:
             for p in (self.metrics_path, f"{self.out}/{runinfo.NAME}", self.ck_path, self.best_path):
                 self.fs.delete(p)
             return
-        for p in (self.ck_path, self.best_path):
-            self.fs.restore(p)            # a checkpoint write cut between its two renames
+        for p in (self.ck_path, self.best_path, self.metrics_path):
+            self.fs.restore(p)            # a write cut between its two renames
         has_metrics = self.fs.exists(self.metrics_path)
-        if resume and not self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}"):
+        has_checkpoint = self.fs.exists(f"{self.ck_path}/{checkpoint.MANIFEST}")
+        if resume and not has_checkpoint:
             if has_metrics:
                 raise TrainingError(f"--resume: {self.out} holds metrics but no checkpoint (the run stopped "
                                     "before its first one): start it again with --overwrite")
             raise TrainingError(f"--resume: no checkpoint at {self.ck_path}")
-        if not resume and has_metrics:
+        if not resume and (has_metrics or has_checkpoint):
             raise TrainingError(f"{self.out} already holds a run (use --resume to continue it, --overwrite to "
                                 "start it again, or another --out)")
 
@@ -302,7 +303,8 @@ class RunDir:
         """A resumed run already at its length (round ``at`` of ``rounds``): say so; the last line."""
         self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
                  "train.epochs to train on)")
-        return self.metrics[-1] if self.metrics else {"round": at}
+        # the metrics' last line, when it is the checkpoint's round (a file cut short ends earlier)
+        return self.metrics[-1] if self.metrics and self.metrics[-1]["round"] == at else {"round": at}
 
 
 class Driver:
