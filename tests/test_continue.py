@@ -165,6 +165,14 @@ def saved_run(out, *sets, position, lines):
     (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
 
 
+def test_an_out_the_run_cannot_write_in_is_one_line_before_spark(tmp_path, capsys, no_jvm):
+    """A file, or a path under one: a traceback once Spark and the corpus were up (os.makedirs)."""
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "run"):
+        one_error(capsys, train(out, "train.rounds=2"), f"--out {out}: {tmp_path / 'f'} is a file, not a directory")
+    assert (tmp_path / "f").read_text() == "x"
+
+
 def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, capsys, no_jvm):
     """Its loss a string and its perplexity null: the closing line formatted them as numbers (a traceback)."""
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9},

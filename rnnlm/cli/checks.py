@@ -17,7 +17,7 @@ from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.rundir import Init, RunDir, best_record, check_init, check_longer, check_resume, resume_keys
+from ..spark.rundir import Init, RunDir, TrainingError, best_record, check_init, check_longer, check_resume, resume_keys
 from ..spark.session import is_local_master
 
 DATA_KEYS = ("train", "valid", "test")
@@ -87,7 +87,10 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     for key in DATA_KEYS:
         check_records(getattr(cfg.data, key), cfg.data, f"data.{key}")
     local_out = _local(out)
-    if dry_run or local_out is None or overwrite:
+    if dry_run or local_out is None:
+        return cfg
+    _check_writable(out, local_out)
+    if overwrite:
         return cfg
     run_dir = _run_dir(out, local_out)
     run_dir.prepare(resume)
@@ -99,6 +102,18 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
             check_longer(cfg, at, cfg.train.rounds, run_dir.saved_lines() or [], best_record(ck.position.get("best")),
                          run_dir.ck_path)
     return cfg
+
+
+def _check_writable(out: str, local_out: str) -> None:
+    """A local ``--out`` the run can write in: a directory, or one its nearest existing parent lets
+    it make (found after Spark and the corpus, it was a traceback)."""
+    path = local_out
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise TrainingError(f"--out {out}: {path} is a file, not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TrainingError(f"--out {out}: {path} is not writable")
 
 
 def _run_dir(out: str, local_out: str) -> RunDir:
