@@ -132,6 +132,22 @@ def test_run_json_keeps_where_the_weights_came_from_across_resumes(spark):
     assert "init_from" not in runinfo.describe(spark.sparkContext, cfg)
 
 
+def test_a_damaged_run_json_is_replaced_on_resume_never_fatal(spark, tmp_path):
+    """Its fields not of their kind ("resumed": 5 was a traceback, "ab" became ["a", "b"]), or nested
+    deeper than Python's parser goes (a RecursionError)."""
+    from rnnlm.core.files import LocalFS
+    sc, cfg = spark.sparkContext, config.resolve(cfg_of(), 47)
+    for damaged, kept in (({"resumed": 5, "started": 7, "init_from": "x"}, []), ({"resumed": "ab"}, []),
+                          ({"resumed": None}, []), ({"resumed": ["2026-01-01T00:00:00+00:00", 3]},
+                                                    ["2026-01-01T00:00:00+00:00"])):
+        info = runinfo.describe(sc, cfg, resume_of=damaged)
+        assert info["resumed"][:-1] == kept and info["started"] is None and "init_from" not in info
+    (tmp_path / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    runinfo.write(LocalFS(), str(tmp_path), sc, cfg, resume=True)
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["started"] is None and len(info["resumed"]) == 1
+
+
 # ------------------------------------------------------------ rnnlm train before the JVM starts (no Spark)
 @pytest.fixture
 def no_jvm(monkeypatch):

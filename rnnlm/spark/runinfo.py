@@ -38,9 +38,12 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
             "application_id": sc.applicationId, "started": now, "resumed": [],
             "devices": {str(pid): d for pid, d in sorted((devices or {}).items())}}
     if resume_of is not None:          # {} for a run from before run.json: its start is unknown
-        info["started"] = resume_of.get("started")
-        info["resumed"] = list(resume_of.get("resumed", [])) + [now]
-        init_from = resume_of.get("init_from")
+        # what a damaged or edited record holds of each field that is not of its kind is unknown, not fatal
+        started, resumed = resume_of.get("started"), resume_of.get("resumed")
+        info["started"] = started if isinstance(started, str) else None
+        info["resumed"] = [t for t in resumed if isinstance(t, str)] if isinstance(resumed, list) else []
+        info["resumed"].append(now)
+        init_from = resume_of.get("init_from") if isinstance(resume_of.get("init_from"), dict) else None
     if init_from is not None:
         info["init_from"] = init_from
     return info
@@ -54,7 +57,7 @@ def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init
         raw = fs.read(path)
         try:
             old = json.loads(raw) if raw else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             old = {}            # a damaged record is replaced, never fatal to training
         old = old if isinstance(old, dict) else {}
     fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())
