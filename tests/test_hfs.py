@@ -252,3 +252,25 @@ def test_the_default_filesystem_is_read_from_core_site_as_sparks_launcher_reads_
     assert default_fs() == "hdfs://yarn:8020"                            # else YARN_CONF_DIR
     monkeypatch.delenv("YARN_CONF_DIR")
     assert default_fs() == "file:///"
+
+
+def test_a_checkpoint_read_through_hadoops_paths_is_checked_before_its_bytes_are_read(spark, tmp_path, ck):
+    """A local one under spark-submit (every path is Hadoop's there) was read with open(): a link to
+    /dev/zero would never end, and sizes were known only once whole files were in memory. Now a local
+    one is the local loader's (lstat first), and any other's sizes come from Hadoop's file status."""
+    from rnnlm.spark.hfs import read_checkpoint
+    path = str(tmp_path / "c")
+    ckpt.save(path, ck)
+    for mode in (None, False):                        # Python I/O where local, and Hadoop's own FileSystem
+        assert read_checkpoint(HadoopFS(spark.sparkContext, path, local=mode), path).position == {"round": 1}
+    params = os.path.join(path, "params.npy")
+    os.replace(params, tmp_path / "params.npy")
+    os.symlink(tmp_path / "params.npy", params)         # to the file itself: followed and taken before
+    with pytest.raises(ckpt.CheckpointError, match=r"params.npy is a symbolic link, refused"):
+        read_checkpoint(HadoopFS(spark.sparkContext, path), path)
+    os.remove(params)
+    with open(params, "wb") as f:
+        f.truncate(10 ** 12)                          # sparse: a terabyte that is never read
+    fs = HadoopFS(spark.sparkContext, path, local=False)
+    with pytest.raises(ckpt.CheckpointError, match=r"params.npy has 1000000000000 bytes, its manifest entry \d+$"):
+        read_checkpoint(fs, path)

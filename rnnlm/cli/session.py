@@ -6,7 +6,7 @@ import sys
 from contextlib import contextmanager
 
 from ..core import checkpoint
-from ..spark.hfs import HadoopFS
+from ..spark.hfs import HadoopFS, read_checkpoint as hfs_checkpoint
 from . import signals
 
 
@@ -50,7 +50,7 @@ def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
         fs.restore(path)
         if not fs.exists(path):
             raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
-        return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path)
+        return hfs_checkpoint(fs, path)
     except Py4JJavaError as e:
         first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
         raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None

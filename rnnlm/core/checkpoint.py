@@ -157,13 +157,16 @@ class _Directory:
 
 
 class _Reader:
-    """Checkpoint files from ``read(name) -> bytes | None`` (Hadoop's client, WebHDFS): each is
-    read whole by ``read``, then checked as a local one is."""
+    """Checkpoint files from ``read(name) -> bytes | None`` (Hadoop's client, WebHDFS), checked as a
+    local one is: each file's size from ``size(name) -> int | None`` where the filesystem tells it
+    before a byte is read (then read whole once that size passed), else from reading it whole."""
 
-    def __init__(self, read):
-        self.read, self.data = read, {}
+    def __init__(self, read, size=None):
+        self.read, self.stat, self.data = read, size, {}
 
     def size(self, name: str) -> int | None:
+        if self.stat is not None:
+            return self.stat(name)
         data = self.read(name)
         if data is None:
             return None
@@ -171,7 +174,10 @@ class _Reader:
         return len(data)
 
     def open(self, name: str):
-        return io.BytesIO(self.data.pop(name))
+        data = self.data.pop(name) if name in self.data else self.read(name)
+        if data is None:
+            raise CheckpointError(f"{name} went missing while the checkpoint was read")
+        return io.BytesIO(data)
 
 
 class _Hashed(io.RawIOBase):
@@ -466,9 +472,11 @@ def optimizer_arrays(cfg: config_mod.Config) -> int:
     return slots * (1 + P) + 2 + 2 * P + 1
 
 
-def from_files(read, where: str, expect: config_mod.ModelConfig | None = None, resume: bool = False) -> Checkpoint:
-    """Load from ``read(name) -> bytes | None`` (see :func:`load`)."""
-    return _load(_Reader(read), where, expect, resume)
+def from_files(read, where: str, expect: config_mod.ModelConfig | None = None, resume: bool = False,
+               size=None) -> Checkpoint:
+    """Load from ``read(name) -> bytes | None`` (see :func:`load`); ``size(name) -> int | None``, where
+    the filesystem tells a file's size without reading it, bounds each file before it is read."""
+    return _load(_Reader(read, size), where, expect, resume)
 
 
 def _load(source, where: str, expect, resume: bool) -> Checkpoint:

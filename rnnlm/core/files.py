@@ -95,6 +95,10 @@ class ReplaceSafely:
 class LocalFS(ReplaceSafely):
     """The local disk through Python's file I/O (same methods as :class:`HadoopFS`)."""
 
+    def local_path(self, p: str) -> str:
+        """``p`` on the local disk (every path is)."""
+        return p
+
     def exists(self, p: str) -> bool:
         return os.path.exists(p)
 

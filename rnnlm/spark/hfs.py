@@ -16,6 +16,7 @@ import os
 import xml.etree.ElementTree as ET
 from urllib.parse import urlparse
 
+from ..core import checkpoint
 from ..core.files import LocalFS, ReplaceSafely, read_file
 from .session import hadoop_conf, jvm
 
@@ -100,6 +101,10 @@ class HadoopFS(ReplaceSafely):
         self.fs = None if self.local else self._fs(path)
 
     # ------------------------------------------------------------ mapping
+    def local_path(self, p: str) -> str | None:
+        """``p`` on the local disk when Python I/O handles it, else None (Hadoop does)."""
+        return self._local_path(p)
+
     def _local_path(self, p: str) -> str | None:
         """``p`` on the local disk when Python I/O handles it, else None (Hadoop does)."""
         if self._mode is False:
@@ -117,6 +122,14 @@ class HadoopFS(ReplaceSafely):
         return self._path(p).getFileSystem(self._conf)
 
     # --------------------------------------------------------- primitives
+    def size(self, p: str) -> int | None:
+        """Bytes in the file ``p`` as Hadoop's file status says (before a byte is read), None when missing."""
+        q = self._local_path(p)
+        if q is not None:
+            return os.path.getsize(q) if os.path.exists(q) else None
+        fs, path = self._fs(p), self._path(p)
+        return int(fs.getFileStatus(path).getLen()) if fs.exists(path) else None
+
     def exists(self, p: str) -> bool:
         q = self._local_path(p)
         return self._local.exists(q) if q is not None else bool(self._fs(p).exists(self._path(p)))
@@ -200,3 +213,14 @@ class HadoopFS(ReplaceSafely):
             stream.hflush()
         finally:
             stream.close()
+
+
+def read_checkpoint(fs, path: str, resume: bool = False):
+    """The checkpoint directory ``path`` through ``fs`` (a :class:`HadoopFS` or a LocalFS): a local one
+    by :func:`rnnlm.core.checkpoint.load` (each file's ``lstat`` before a byte: no link followed, no
+    fifo read), any other with each file's size from Hadoop's status checked before it is read whole."""
+    local = fs.local_path(path)
+    if local is not None:
+        return checkpoint.load(local, resume=resume)
+    return checkpoint.from_files(lambda n: fs.read(f"{path}/{n}"), path, resume=resume,
+                                 size=lambda n: fs.size(f"{path}/{n}"))

@@ -11,7 +11,7 @@ from .. import config
 from ..core import checkpoint
 from ..core.metrics import json_table
 from . import runinfo
-from .hfs import HadoopFS
+from .hfs import HadoopFS, read_checkpoint
 
 # a change in any of these makes a resumed run a different experiment (train.results: direct merges in
 # partition order, treeAggregate in its tree's); the other keys (the run's length train.rounds or
@@ -216,7 +216,7 @@ class RunDir:
 
     def read_checkpoint(self, cfg: config.Config, keys: dict = RESUME_KEYS) -> checkpoint.Checkpoint:
         """The checkpoint to resume under ``cfg``, refused when one of ``keys`` differs (:func:`check_resume`)."""
-        ck = checkpoint.from_files(lambda n: self.fs.read(f"{self.ck_path}/{n}"), self.ck_path, resume=True)
+        ck = read_checkpoint(self.fs, self.ck_path, resume=True)
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
