@@ -51,10 +51,15 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     assert again.read_checkpoint(cfg).position == position
     assert again.saved_lines() == [{"round": 1}, {"round": 2}, {"round": 3}]
     again.keep_lines(again.saved_lines()[:2])         # round 3 runs again
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n'
     assert again.nothing_to_do(2, 2) == {"round": 2}
+    # the file is rewritten with the resumed run's first line: a resume that stops before it drops nothing
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n{"round": 3}\n'
     assert logs[-1] == (f"nothing to do: {tmp_path}/run is at round 2 of 2 (raise train.rounds or train.epochs "
                         "to train on)")
+    again.add_line({"round": 3, "again": True}, 3, "line 3 again")
+    again.add_line({"round": 4}, 4, "line 4")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == ('{"round": 1}\n{"round": 2}\n'
+                                                                '{"round": 3, "again": true}\n{"round": 4}\n')
 
     (tmp_path / "run" / "run.json").write_text("{}")
     again.prepare(resume=False, overwrite=True)

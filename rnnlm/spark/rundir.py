@@ -191,6 +191,7 @@ class RunDir:
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
         self.best_path = f"{self.out}/{BEST}"
         self.metrics: list = []           # the lines of this run, those kept from before a resume first
+        self._rewrite = False             # the file holds lines past the resumed checkpoint until the next line
 
     # ----------------------------------------------------------- starting
     def prepare(self, resume: bool, overwrite: bool = False) -> None:
@@ -245,17 +246,21 @@ class RunDir:
         return out
 
     def keep_lines(self, lines: list) -> None:
-        """On resume: the metrics file holds ``lines`` only (the work after the checkpoint runs
-        again, and writes its lines again), rewritten once, atomically."""
-        self.metrics = list(lines)
-        self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+        """On resume: the metrics file is to hold ``lines`` only (the work after the checkpoint runs
+        again, and writes its lines again), rewritten atomically with the resumed run's first line: a
+        resume that stops before it (a corpus error, Ctrl-C) leaves the file as it was."""
+        self.metrics, self._rewrite = list(lines), True
 
     # ------------------------------------------------------------ running
     def add_line(self, m: dict, total: int, line: str) -> None:
         """Append the metrics line ``m`` to the file, then report it: to the progress bar (with the
         run's length ``total``), or as the log line ``line``."""
         self.metrics.append(m)
-        self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
+        if self._rewrite:
+            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+            self._rewrite = False
+        else:
+            self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
         for t in self.trackers:
             t.line(m)
         if self.progress is not None:
