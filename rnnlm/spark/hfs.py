@@ -97,15 +97,11 @@ class HadoopFS(ReplaceSafely):
         self._jvm, self._conf = jvm(sc), hadoop_conf(sc)
         self.default_fs = self._conf.get("fs.defaultFS") or "file:///"
         self._mode, self._local = local, LocalFS()
-        self.local = self._local_path(path) is not None
+        self.local = self.local_path(path) is not None
         self.fs = None if self.local else self._fs(path)
 
     # ------------------------------------------------------------ mapping
     def local_path(self, p: str) -> str | None:
-        """``p`` on the local disk when Python I/O handles it, else None (Hadoop does)."""
-        return self._local_path(p)
-
-    def _local_path(self, p: str) -> str | None:
         """``p`` on the local disk when Python I/O handles it, else None (Hadoop does)."""
         if self._mode is False:
             return None
@@ -124,25 +120,25 @@ class HadoopFS(ReplaceSafely):
     # --------------------------------------------------------- primitives
     def size(self, p: str) -> int | None:
         """Bytes in the file ``p`` as Hadoop's file status says (before a byte is read), None when missing."""
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             return os.path.getsize(q) if os.path.exists(q) else None
         fs, path = self._fs(p), self._path(p)
         return int(fs.getFileStatus(path).getLen()) if fs.exists(path) else None
 
     def exists(self, p: str) -> bool:
-        q = self._local_path(p)
+        q = self.local_path(p)
         return self._local.exists(q) if q is not None else bool(self._fs(p).exists(self._path(p)))
 
     def mkdirs(self, p: str) -> None:
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             self._local.mkdirs(q)
         else:
             self._fs(p).mkdirs(self._path(p))
 
     def rename(self, src: str, dst: str) -> None:
-        q, r = self._local_path(src), self._local_path(dst)
+        q, r = self.local_path(src), self.local_path(dst)
         if (q is None) != (r is None):
             raise OSError(f"rename {src} -> {dst}: not on one filesystem")
         if q is not None:
@@ -152,7 +148,7 @@ class HadoopFS(ReplaceSafely):
 
     def write(self, p: str, data: bytes) -> None:
         """Write ``data`` to ``p`` (overwriting), flushed and closed."""
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             self._local.write(q, data)
             return
@@ -166,14 +162,14 @@ class HadoopFS(ReplaceSafely):
             stream.close()
 
     def _remove(self, p: str) -> None:
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             self._local._remove(q)
         else:
             self._fs(p).delete(self._path(p), True)
 
     def _read(self, p: str) -> bytes | None:
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             return read_file(q)
         fs, path = self._fs(p), self._path(p)
@@ -188,7 +184,7 @@ class HadoopFS(ReplaceSafely):
     # ------------------------------------------------ local fast paths
     def write_atomic(self, p: str, data: bytes) -> None:
         """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             self._local.write_atomic(q, data)
         else:
@@ -197,7 +193,7 @@ class HadoopFS(ReplaceSafely):
     def append(self, p: str, data: bytes, whole) -> None:
         """Append ``data`` to ``p``; where the filesystem cannot append (local Hadoop,
         object stores), rewrite ``p`` atomically with the bytes ``whole()`` returns."""
-        q = self._local_path(p)
+        q = self.local_path(p)
         if q is not None:
             self._local.append(q, data)
             return
