@@ -117,8 +117,8 @@ def _report(tr, last: dict, samples: int) -> int:
     from ..core.generate import generate
     from ..core.models import build as build_model
     # an async run's last line may count no push, and so carry no loss: the latest of its round is reported
-    loss = next((number(m.get("train_loss")) for m in reversed(tr.metrics)
-                 if m.get("round") == last["round"] and number(m.get("train_loss")) is not None), None)
+    loss = next((v for m in reversed(tr.metrics)
+                 if m.get("round") == last["round"] and (v := number(m.get("train_loss"))) is not None), None)
     ppl = number(last.get("valid_ppl"))
     print(f"done: round {last['round']}" + (f" | train_loss {loss:.4f}" if loss is not None else "")
           + (f" | valid_ppl {ppl:.2f}" if ppl is not None else "") + f" | checkpoint {tr.dir.ck_path}")
