@@ -295,10 +295,15 @@ def _coerce(section: str, key: str, value, typ):
     raise ConfigError(f"{where} = {value!r:.80}: expected {typ.__name__}, got {type(value).__name__}")
 
 
+# Cc: newlines, ESC, ...; Zl, Zp: U+2028 and U+2029, which editors and terminals may show as line
+# breaks; Cf: invisible format characters, among them U+202E, which prints the text after it reversed
+_UNPRINTABLE = ("Cc", "Cf", "Zl", "Zp")
+
+
 def _refuse_control(where: str, text: str) -> None:
-    """A control character (a newline, ESC, ...) in a value would forge or hide lines of the messages
-    that print it: refused, and named by its code only."""
-    bad = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+    """A control character (a newline, ESC, a line separator, a bidirectional override) in a value
+    would forge, hide or reorder lines of the messages that print it: refused, named by its code only."""
+    bad = next((c for c in text if unicodedata.category(c) in _UNPRINTABLE), None)
     if bad is not None:
         raise ConfigError(f"{where}: the value holds a control character (U+{ord(bad):04X}); refused")
 

@@ -188,14 +188,18 @@ def test_the_model_size_is_checked_against_memory_without_building_it():
     (["data.valid=\x1b[31mred"], ""),
     ([], '[data]\ntrain = "a\\nerror: forged"\n'),
     ([], '[data]\ntrain = "a\\u001b[2Jb"\n'),
+    (["data.train=/x\u2028error: forged"], ""),
+    (["data.test=/x/\u202etxt.tset"], ""),
+    ([], '[data]\ntrain = "a\\u2029b"\n'),
 ])
 def test_a_control_character_in_a_value_is_refused(tmp_path, overrides, text):
     """A newline printed a forged second error: line; in a number it silently dropped ``layers = 9``."""
     f = tmp_path / "c.toml"
     f.write_text(text)
-    with pytest.raises(ConfigError, match=r"the value holds a control character \(U\+00(0A|1B)\); refused$") as e:
+    with pytest.raises(ConfigError, match=r"the value holds a control character \(U\+(000A|001B|2028|2029|202E)\); "
+                                          r"refused$") as e:
         config.load(str(f), overrides)
-    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+    assert not any(c in str(e.value) for c in "\n\x1b\u2028\u2029\u202e")
 
 
 def test_global_batch_splits_between_the_partitions_and_a_saved_config_loads_back():
