@@ -137,10 +137,10 @@ def _die_on_rename_into_place(fs, monkeypatch):
     """Make the writer crash at its rename of the temporary into place."""
     if fs.local:
         real = os.rename
-        monkeypatch.setattr(os, "rename", lambda s, d: _die() if ".tmp-" in str(s) else real(s, d))
+        monkeypatch.setattr(os, "rename", lambda s, d: _die() if str(s).endswith(".tmp") else real(s, d))
     else:
         real = fs.rename
-        monkeypatch.setattr(fs, "rename", lambda s, d: _die() if ".tmp-" in s else real(s, d))
+        monkeypatch.setattr(fs, "rename", lambda s, d: _die() if s.endswith(".tmp") else real(s, d))
 
 
 def _die():
@@ -154,9 +154,10 @@ def _crash_then_recover(fs, p, write, read, monkeypatch):
         with pytest.raises(RuntimeError, match="crash"):
             write(b"new")
     assert fs.exists(f"{p}.old")          # a fixed name a later process finds
+    assert fs.exists(f"{p}.tmp")          # the new content, never renamed into place
     assert read() == b"old"
     write(b"new")                           # and the next write completes cleanly
-    assert read() == b"new" and not fs.exists(f"{p}.old")
+    assert read() == b"new" and not fs.exists(f"{p}.old") and not fs.exists(f"{p}.tmp")
 
 
 def test_crash_in_write_dir_atomic_keeps_old_directory(store, monkeypatch):
@@ -180,6 +181,22 @@ def test_delete_removes_backup_too(store):
     fs.rename(p, f"{p}.old")
     fs.delete(p)
     assert fs.read(p) is None
+
+
+def test_a_crashed_writers_temporary_is_cleared_not_piled_up(store):
+    """A replacement is written under one fixed name: what a writer killed before its renames left
+    (a whole checkpoint's size) is cleared by the next write, or by a delete (``--overwrite``)."""
+    fs, root = store
+    d, p = f"{root}/checkpoint", f"{root}/metrics.jsonl"
+    fs.write_dir_atomic(d, {"a": b"1"})
+    fs.write_dir_atomic(f"{d}.tmp", {"a": b"half"})         # a writer killed midway, in any process
+    fs.write_atomic(f"{p}.tmp", b"half")
+    fs.write_dir_atomic(d, {"a": b"2"})
+    assert fs.read(f"{d}/a") == b"2" and not fs.exists(f"{d}.tmp")
+    fs.write_dir_atomic(f"{d}.tmp", {"a": b"half"})
+    fs.delete(d)
+    fs.delete(p)
+    assert not any(fs.exists(q) for q in (d, f"{d}.tmp", p, f"{p}.tmp"))
 
 
 # -------------------------------------------------------------- checkpoint
@@ -207,7 +224,7 @@ def test_checkpoint_load_recovers_from_a_crashed_save(tmp_path, ck, monkeypatch)
     newer = ckpt.Checkpoint(params=ck.params + 1, config=ck.config, vocab=ck.vocab, position={"round": 2})
     real = os.rename
     with monkeypatch.context() as m:
-        m.setattr(os, "rename", lambda s, d: _die() if ".tmp-" in str(s) else real(s, d))
+        m.setattr(os, "rename", lambda s, d: _die() if str(s).endswith(".tmp") else real(s, d))
         with pytest.raises(RuntimeError, match="crash"):
             ckpt.save(path, newer)
     assert ckpt.load(path).position == {"round": 1}

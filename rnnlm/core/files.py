@@ -2,9 +2,10 @@
 
 Replacing a file or directory is crash-safe on any filesystem, including object
 stores without an atomic overwrite: the new content is written under a temporary
-name, the old one is moved to the fixed backup name ``<path>.old``, the new one is
-renamed into place and the backup is deleted. A crash between the two renames leaves
-only ``<path>.old``; readers (:meth:`read`, :meth:`restore`) move it back first.
+name ``<path>.tmp``, the old one is moved to the fixed backup name ``<path>.old``, the new
+one is renamed into place and the backup is deleted. A crash between the two renames leaves
+only ``<path>.old``; readers (:meth:`read`, :meth:`restore`) move it back first. A crash
+before them leaves ``<path>.tmp``, which the next replacement (or deletion) clears.
 One process is assumed to write a given path at a time. :class:`rnnlm.spark.hfs.HadoopFS`
 runs the same logic over Hadoop's FileSystem client.
 """
@@ -14,11 +15,18 @@ import os
 import shutil
 
 BACKUP = ".old"
+TEMPORARY = ".tmp"
 
 
 def backup(path: str) -> str:
     """The fixed name ``path`` is moved to while it is being replaced."""
     return path + BACKUP
+
+
+def temporary(path: str) -> str:
+    """The fixed name ``path``'s replacement is written under (a fixed name, not one per process,
+    so that what a crashed writer left is cleared by the next one and cannot pile up)."""
+    return path + TEMPORARY
 
 
 def _local_write(p: str, data: bytes, mode: str) -> None:
@@ -62,20 +70,21 @@ class ReplaceSafely:
         return data
 
     def delete(self, p: str) -> None:
-        """Delete file or directory ``p``, and its backup (or :meth:`read` would bring it back)."""
-        self._remove(p)
-        self._remove(backup(p))
+        """Delete file or directory ``p``, its backup (or :meth:`read` would bring it back) and
+        what a crashed replacement left."""
+        for q in (p, backup(p), temporary(p)):
+            self._remove(q)
 
     def write_atomic(self, p: str, data: bytes) -> None:
         """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""
-        tmp = f"{p}.tmp-{os.getpid()}"
+        tmp = temporary(p)
         self.write(tmp, data)
         self._replace(tmp, p)
 
     def write_dir_atomic(self, d: str, files: dict) -> None:
         """Write ``{name: bytes}`` as directory ``d``, replacing it only once complete."""
-        tmp = f"{d}.tmp-{os.getpid()}"
-        self._remove(tmp)
+        tmp = temporary(d)
+        self._remove(tmp)                  # what a writer that crashed midway left
         self.mkdirs(tmp)
         for name, data in files.items():
             self.write(f"{tmp}/{name}", data)
@@ -114,7 +123,7 @@ class LocalFS(ReplaceSafely):
 
     def write_atomic(self, p: str, data: bytes) -> None:
         """Replace file ``p`` by ``data`` in one ``os.replace`` (atomic on POSIX)."""
-        tmp = f"{p}.tmp-{os.getpid()}"
+        tmp = temporary(p)
         self.write(tmp, data)
         os.replace(tmp, p)
         self._remove(backup(p))         # stale: p is whole
