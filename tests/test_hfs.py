@@ -252,6 +252,8 @@ def test_the_default_filesystem_is_read_from_core_site_as_sparks_launcher_reads_
 
     def prop(name, value):
         return f"<property><name>{name}</name><value>{value}</value></property>"
+    for var in ("SPARK_CONF_DIR", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS"):     # the launcher's own settings
+        monkeypatch.delenv(var, raising=False)
     hdfs = site("hdfs", "<property><value>x</value></property>" + prop("fs.other", "y")
                 + prop(" fs.defaultFS ", " hdfs://nn:8020 "))
     assert default_fs(hdfs) == "hdfs://nn:8020"
@@ -291,3 +293,43 @@ def test_a_checkpoint_read_through_hadoops_paths_is_checked_before_its_bytes_are
     fs = HadoopFS(spark.sparkContext, path, local=False)
     with pytest.raises(ckpt.CheckpointError, match=r"params.npy has 1000000000000 bytes, its manifest entry \d+$"):
         read_checkpoint(fs, path)
+
+
+def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp_path, monkeypatch):
+    """Spark copies ``spark.hadoop.*`` over Hadoop's configuration: a default filesystem named in
+    spark-defaults.conf, a --properties-file or a --conf in $PYSPARK_SUBMIT_ARGS is where a scheme-less
+    --data or --out goes, so the checks before Spark must not read such a path on the local disk. (Each
+    case below was checked once against the JVM that plain PySpark starts: ``hadoopConfiguration()``.)"""
+    site = tmp_path / "hadoop"
+    site.mkdir()
+    (site / "core-site.xml").write_text("<configuration><property><name>fs.defaultFS</name>"
+                                        "<value>hdfs://site:8020</value></property></configuration>")
+    (tmp_path / "spark-defaults.conf").write_text("# comment\n! comment\nspark.other=1\n"
+                                                  "spark.hadoop.fs.defaultFS   hdfs://defaults:1 \n")
+    (tmp_path / "p.conf").write_text("spark.hadoop.fs.defaultFS: hdfs://props:2\n")
+    (tmp_path / "p2.conf").write_text("spark.other 1\n")
+    for var in ("SPARK_HOME", "YARN_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(site))
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert default_fs() == "hdfs://defaults:1"
+    monkeypatch.setenv("SPARK_CONF_DIR", str(site))                   # no spark-defaults.conf there
+    assert default_fs() == "hdfs://site:8020"
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "conf").symlink_to(tmp_path)
+    assert default_fs() == "hdfs://defaults:1"                         # $SPARK_HOME/conf
+    cases = {f"--properties-file {tmp_path}/p.conf pyspark-shell": "hdfs://props:2",
+             f"--properties-file {tmp_path}/p2.conf pyspark-shell": "hdfs://site:8020",
+             f"--properties-file {tmp_path}/p2.conf --load-spark-defaults pyspark-shell": "hdfs://defaults:1",
+             f"--properties-file {tmp_path}/p.conf --conf spark.hadoop.fs.defaultFS=hdfs://conf:3 pyspark-shell":
+                 "hdfs://conf:3",
+             "--conf=spark.hadoop.fs.defaultFS=file:/// pyspark-shell": "file:///",
+             "--properties-file 'unclosed pyspark-shell": "hdfs://defaults:1",
+             f"--properties-file {tmp_path}/missing.conf pyspark-shell": "hdfs://site:8020"}
+    for args, expected in cases.items():
+        monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", args)
+        assert default_fs() == expected, args
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.hadoop.fs.defaultFS=hdfs://x:1 pyspark-shell")
+    assert resolve("runs/x", default_fs()) == (False, "runs/x")

@@ -13,6 +13,8 @@ logic this module runs over Hadoop's client too).
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import xml.etree.ElementTree as ET
 from urllib.parse import urlparse
 
@@ -55,8 +57,13 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
 
 
 def default_fs(conf_dir: str | None = None) -> str:
-    """``fs.defaultFS`` read without a JVM, as Spark's launcher finds it: from ``core-site.xml``
-    in ``conf_dir`` (default ``$HADOOP_CONF_DIR``, else ``$YARN_CONF_DIR``), else ``file:///``."""
+    """``fs.defaultFS`` read without a JVM, as Spark's launcher finds it: ``spark.hadoop.fs.defaultFS``
+    given to the launcher (:func:`launcher_property`), which Spark copies over Hadoop's; else the
+    one in ``core-site.xml`` in ``conf_dir`` (default ``$HADOOP_CONF_DIR``, else ``$YARN_CONF_DIR``);
+    else ``file:///``."""
+    given = launcher_property("spark.hadoop.fs.defaultFS")
+    if given:
+        return given
     if conf_dir is None:
         conf_dir = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")
     try:
@@ -67,6 +74,56 @@ def default_fs(conf_dir: str | None = None) -> str:
         if (prop.findtext("name") or "").strip() == "fs.defaultFS":
             return (prop.findtext("value") or "").strip() or "file:///"
     return "file:///"
+
+
+def launcher_property(key: str) -> str | None:
+    """Spark property ``key`` as the launcher that plain Python starts would read it: ``--conf
+    key=value`` in ``$PYSPARK_SUBMIT_ARGS``, else the properties file (``--properties-file`` there,
+    else ``spark-defaults.conf`` in ``$SPARK_CONF_DIR``, else in ``$SPARK_HOME/conf``); None if
+    none names it or they cannot be read."""
+    try:
+        args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    except ValueError:
+        args = []
+    value, props, defaults = None, None, True
+    for flag, arg in zip(args, args[1:] + [""]):
+        if flag in ("--conf", "-c") and arg.partition("=")[0].strip() == key:
+            value = arg.partition("=")[2].strip()
+        elif flag.startswith("--conf=") and flag[7:].partition("=")[0].strip() == key:
+            value = flag[7:].partition("=")[2].strip()
+        elif flag == "--properties-file":
+            props, defaults = arg, "--load-spark-defaults" in args
+    if value is not None:
+        return value
+    home = os.environ.get("SPARK_HOME")
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
+    files = [props] if props else []
+    if defaults and conf_dir:
+        files.append(os.path.join(conf_dir, "spark-defaults.conf"))
+    for f in files:                    # the properties file's value wins over spark-defaults.conf's
+        found = _properties(f).get(key)
+        if found is not None:
+            return found
+    return None
+
+
+def _properties(path: str) -> dict:
+    """A Java properties file's ``key value`` / ``key=value`` / ``key: value`` lines (comments
+    skipped, values trimmed as Spark trims them); empty if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^\s=:]+)\s*[=:\s]\s*(.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
 
 
 class HadoopFS(ReplaceSafely):
