@@ -40,8 +40,11 @@ MEMO = Memo()
 
 
 def digest(*arrays) -> str:
-    """Names a partition's data exactly (a sample of it could collide); hashing is ~1 GB/s."""
+    """Names a partition's data exactly (a sample of it could collide); hashing is ~1 GB/s. Each
+    array's dtype and shape go in before its bytes, so that where one array ends is part of the name."""
     h = hashlib.blake2b(digest_size=16)
     for a in arrays:
-        h.update(np.ascontiguousarray(a).data)
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.data)
     return h.hexdigest()
