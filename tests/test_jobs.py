@@ -135,6 +135,37 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     assert info["config"]["train"]["rounds"] == ck.position["round"] + 1
 
 
+def test_a_second_ctrl_c_inside_a_round_stops_at_once_with_one_line(tmp_path):
+    """The first Ctrl-C asks for a checkpoint after the round, the second to stop now. It used to
+    reach the driver blocked on the round's job, take that job off the run's books and destroy its
+    broadcasts under its running tasks (an ERROR and a stack trace per task), and the close that
+    followed cancelled nothing: it waited out the round, here hours of local steps."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
+                             "--samples", "0", *sets("train.local_steps=10000000", "data.valid=")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1"))
+    try:
+        line = "-"
+        while line and " rounds" not in line:       # the start line: the corpus is read, round 1 comes next
+            line = proc.stdout.readline()
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        log, err = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert line and proc.returncode == 130, (line, err[-2000:])
+    assert "stopping after this round with a checkpoint (Ctrl-C again to stop now)" in log
+    lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted in round 1; "), err[-2000:]
+    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
+    assert took < 30, took                      # the job cancelled, not waited out
+
+
 def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
     """SIGTERM (kill, timeout, a scheduler) gets Ctrl-C's grace: the round ends, a checkpoint is
     written, exit 143; resumed, the run ends exactly where an uninterrupted one does."""

@@ -183,17 +183,20 @@ class AllReduce:
         return job
 
     def wait(self, job: Job) -> Aggregate:
-        """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them)."""
+        """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them).
+        A wait interrupted (a second Ctrl-C) leaves the job running and in flight, for :meth:`close`
+        to cancel before its broadcasts go."""
         ok = False
         try:
             agg, ok = job.future.result(), True
             return agg
         finally:
-            self.flight.remove(job)
-            if self.lineage is not None:
-                self.lineage.finished(job.out, ok)
-            else:
-                release(job.bcs)
+            if job.future.done():
+                self.flight.remove(job)
+                if self.lineage is not None:
+                    self.lineage.finished(job.out, ok)
+                else:
+                    release(job.bcs)
 
     def apply(self, agg: Aggregate) -> np.ndarray:
         """Move the state on by the merged ``agg`` (:meth:`SyncRound.apply`); the new parameters."""
@@ -238,11 +241,12 @@ class AllReduce:
                     self.sc.cancelAllJobs()
                 else:
                     self.sc.cancelJobGroup(self.group)
-            for job in list(self.flight):
-                try:
-                    self.wait(job)
-                except Exception:       # cancelled: what it would have computed is not needed
-                    pass
+                for job in list(self.flight):
+                    try:
+                        self.wait(job)
+                    except Exception:       # cancelled: what it would have computed is not needed
+                        pass
+                self._tasks_ended()
             self.pool.shutdown(wait=True)
             if self.next is not None and self.next.future is None:
                 release(self.next.bcs, blocking=blocking)
@@ -255,6 +259,18 @@ class AllReduce:
         self.pool = self.channel = self.broadcasts = self.lineage = self.next = None
 
     # ------------------------------------------------------------- inside
+    def _tasks_ended(self, limit_s: float = 10.0) -> None:
+        """Wait, at most ``limit_s``, for the tasks of the run's cancelled jobs to end. A job fails
+        as soon as it is cancelled, but each of its tasks lets go of its broadcast blocks only when it
+        ends: destroying them first makes Spark log an ERROR with a stack trace per task."""
+        tracker = self.sc.statusTracker()
+        stages = [s for j in tracker.getJobIdsForGroup(self.group) for s in
+                  getattr(tracker.getJobInfo(j), "stageIds", ())]
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end and any(getattr(tracker.getStageInfo(s), "numActiveTasks", 0)
+                                             for s in stages):
+            time.sleep(0.05)
+
     def _define(self, r: int, params, lr: float) -> Job:
         """Round ``r``'s job training from ``params`` at ``lr``: its broadcasts and task."""
         p0 = time.perf_counter()
