@@ -203,6 +203,10 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_not_read(tmp_path, ck):
     ("state.json list", "state.json must be a table with position, schedule and optim_t"),
     ("optim_t string", "state.json: optim_t must be an integer >= 0"),
     ("optim_t float", "state.json: optim_t must be an integer >= 0"),
+    ("optim_t_local list", "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
+    ("optim_t_local pid", "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
+    ("optim_t_local sign", "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
+    ("optim_t_local bool", "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
     ("position list", "state.json must be a table with position, schedule and optim_t"),
     ("hidden shape", "hidden.npy is float32[2, 1, 2, 8, 19], the configuration needs float32[2, 1, 2, 8, 20]"),
     ("hidden dtype", "hidden.npy is float64[2, 1, 2, 8, 20], the configuration needs float32[2, 1, 2, 8, 20]"),
@@ -242,6 +246,9 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
         path = _crafted(tmp_path, ck, **{"state.json": _state(ck, optim_t=7.5)})
     elif what == "position list":
         path = _crafted(tmp_path, ck, **{"state.json": _state(ck, position=[3])})
+    elif what.startswith("optim_t_local"):
+        bad = {"list": [3, 4], "pid": {"0": 3, "2": 4}, "sign": {"1": -1}, "bool": {"0": True}}[what.split()[1]]
+        path = _crafted(tmp_path, ck, **{"state.json": _state(ck, optim_t_local=bad)})
     elif what in ("hidden shape", "hidden dtype"):
         h = np.zeros((2, 1, 2, 8, 19), np.float32) if what == "hidden shape" else np.zeros((2, 1, 2, 8, 20))
         path = _crafted(tmp_path, ck, **{"hidden.npy": _save(h)})

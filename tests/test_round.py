@@ -135,22 +135,50 @@ def test_a_contribution_carries_what_its_optimizer_state_mode_needs():
 
 
 def test_the_checkpoint_keys_round_trip():
-    st = SyncState(params=np.zeros(6), opt={"t": 7, "m": np.ones(6)}, opt_local={2: {"t": 7, "v": np.zeros(6)}},
+    st = SyncState(params=np.zeros(6), opt={"t": 7, "m": np.ones(6)}, opt_local={2: {"t": 9, "v": np.zeros(6)}},
                    velocity=np.full(6, 3.0))
     view = np.full(6, 5.0)
     held = {1: {"feedback": np.ones(6)}, 2: {"eager": np.full(6, 2.0)}}
-    optim, t = SyncRound.to_optim(st, view, held)
-    assert t == 7 and sorted(optim) == ["eager.p2", "feedback.p1", "m", "outer.velocity", "outer.view", "p2/v"]
-    back = SyncRound.from_optim(optim, t)
+    optim, t, t_local = SyncRound.to_optim(st, view, held)
+    assert t == 7 and t_local == {2: 9}
+    assert sorted(optim) == ["eager.p2", "feedback.p1", "m", "outer.velocity", "outer.view", "p2/v"]
+    back = SyncRound.from_optim(optim, t, t_local)
     assert set(back["opt"]) == {"m", "t"} and back["opt"]["t"] == 7
-    assert list(back["opt_local"]) == [2] and back["opt_local"][2]["t"] == 7
+    assert list(back["opt_local"]) == [2] and back["opt_local"][2]["t"] == 9
     assert back["velocity"] is optim["outer.velocity"] and back["view"] is optim["outer.view"]
     assert {p: sorted(d) for p, d in back["held"].items()} == {1: ["feedback"], 2: ["eager"]}
-    nothing, t0 = SyncRound.to_optim(SyncState(params=np.zeros(6)), None, None)
-    assert nothing == {} and t0 == 0
-    assert SyncRound.from_optim({}, 0) == {"opt": None, "opt_local": {}, "velocity": None, "view": None, "held": {}}
-    only_local, t = SyncRound.to_optim(SyncState(params=np.zeros(6), opt_local={0: {"t": 3}}), None, None)
-    assert t == 3
+    assert SyncRound.from_optim(optim, 7, {})["opt_local"][2]["t"] == 7       # a checkpoint without the counts
+    nothing, t0, none = SyncRound.to_optim(SyncState(params=np.zeros(6)), None, None)
+    assert nothing == {} and t0 == 0 and none == {}
+    assert SyncRound.from_optim({}, 0, {}) == {"opt": None, "opt_local": {}, "velocity": None, "view": None,
+                                               "held": {}}
+    only_local, t, t_local = SyncRound.to_optim(SyncState(params=np.zeros(6), opt_local={0: {"t": 3}}), None, None)
+    assert t == 3 and t_local == {0: 3}
+
+
+def test_each_partitions_own_optimizer_step_count_survives_a_checkpoint(tmp_path):
+    """Under ``train.optim_state = "local"`` partitions that train different numbers of steps (one
+    pass each of unequal shares, a sample) have different Adam step counts, and Adam's bias correction
+    reads them: the checkpoint kept one count, partition 0's, and a resumed run gave it to every
+    partition, so it was not the uninterrupted run."""
+    from rnnlm.core import checkpoint
+    from rnnlm.core.model import RNNLM
+    vocab = Vocab.build("ab", "char")
+    cfg = config.replace(config.load(None, ["data.partitions=3", "train.optim_state=local", "optim.name=adam",
+                                            "model.hidden=2"]), "model", vocab_size=len(vocab))
+    params = RNNLM(cfg.model).init_params(1)
+    m = {pid: np.full(params.size, pid + 0.5, np.float32) for pid in range(3)}
+    st = SyncState(params=params,
+                   opt_local={pid: {"t": t, "m": m[pid], "v": m[pid] * 2} for pid, t in ((0, 30), (1, 37), (2, 0))})
+    optim, t, t_local = SyncRound.to_optim(st, None, None)
+    ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, optim_t=t, optim_t_local=t_local,
+                    position={"round": 4})
+    checkpoint.save(str(tmp_path / "ck"), ck)
+    back = SyncState.resumed(checkpoint.load(str(tmp_path / "ck")), cfg, "ck")
+    assert {pid: o["t"] for pid, o in back.opt_local.items()} == {0: 30, 1: 37, 2: 0}
+    assert all(np.array_equal(back.opt_local[pid]["m"], m[pid]) for pid in range(3))
+    carries = SyncRound(LAYOUT, cfg.train, 3).carries(back)
+    assert {pid: c.opt["t"] for pid, c in carries.items()} == {0: 30, 1: 37, 2: 0}
 
 
 @pytest.mark.parametrize("key,slot,held", [

@@ -516,6 +516,7 @@ def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, 
     assert ck.position["pending_lr"] == cfg.optim.lr
     assert np.array_equal(ck.hidden, np.stack([states[pid] for pid, _, _ in parts]))
     assert np.array_equal(ck.optim["p1/m"], slots[1]["m"]) and ck.optim_t == slots[0]["t"] == 12
+    assert ck.optim_t_local == {0: slots[0]["t"], 1: slots[1]["t"]}
     # with eager, each partition's last change, the start of its next round
     assert sorted(k for k in ck.optim if k.startswith("eager.")) == (["eager.p0", "eager.p1"] if eager else [])
     if eager:

@@ -7,7 +7,7 @@ Files::
     hidden.npy     carried hidden states (optional)
     vocab.json     the vocabulary
     config.json    the full run configuration
-    state.json     training position, optimizer step, schedule state, layout
+    state.json     training position, optimizer step (and each partition's own), schedule state, layout
     MANIFEST.json  size and sha256 of every file above (written last)
 
 A checkpoint is serialised to bytes first (:func:`to_files`), so the same bytes
@@ -68,6 +68,7 @@ class Checkpoint:
     hidden: np.ndarray | None = None
     optim_t: int = 0
     schedule: dict = field(default_factory=dict)
+    optim_t_local: dict = field(default_factory=dict)    # pid -> its own optimizer's step count
 
 
 def _npy_bytes(a) -> bytes:
@@ -85,6 +86,7 @@ def to_files(ck: Checkpoint) -> dict:
         "config.json": ck.config.to_json().encode(),
         "state.json": json.dumps({
             "position": ck.position, "optim_t": int(ck.optim_t), "schedule": ck.schedule,
+            "optim_t_local": {str(pid): int(t) for pid, t in sorted(ck.optim_t_local.items())},
             "layout": model.layout.describe(), "format": 1}, indent=2).encode(),
     }
     optim = {k: np.asarray(v) for k, v in ck.optim.items()}
@@ -434,7 +436,7 @@ def _position(pos: dict, partitions: int) -> str | None:
 
 
 def _state(raw: str, where: str, partitions: int) -> tuple:
-    """(position, schedule, optim_t) of ``state.json``, each field of a known key typed."""
+    """(position, schedule, optim_t, optim_t_local) of ``state.json``, each field of a known key typed."""
     try:
         state = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -445,6 +447,11 @@ def _state(raw: str, where: str, partitions: int) -> tuple:
     optim_t = state.get("optim_t", 0)
     if type(optim_t) is not int or optim_t < 0:
         raise CheckpointError(f"{where}: state.json: optim_t must be an integer >= 0, not {optim_t!r:.40}")
+    local = state.get("optim_t_local", {})
+    if not (isinstance(local, dict) and all(k.isdigit() and len(k) <= 5 and int(k) < partitions
+                                            and type(t) is int and t >= 0 for k, t in local.items())):
+        raise CheckpointError(f"{where}: state.json: optim_t_local must be a table of integers >= 0 by "
+                              f"partition (0 to {partitions - 1})")
     position, schedule = state.get("position", {}), state.get("schedule", {})
     problem = _position(position, partitions)
     if problem:
@@ -452,7 +459,7 @@ def _state(raw: str, where: str, partitions: int) -> tuple:
     if schedule and not (set(schedule) == {"lr", "best"} and _amount(schedule["lr"])
                          and type(schedule["best"]) in (int, float) and not math.isnan(schedule["best"])):
         raise CheckpointError(f"{where}: state.json: schedule must be empty or hold a finite lr >= 0 and a best loss")
-    return position, schedule, optim_t
+    return position, schedule, optim_t, {int(k): t for k, t in local.items()}
 
 
 def _resumable(ck: Checkpoint, where: str) -> None:
@@ -484,8 +491,8 @@ def _load(source, where: str, expect, resume: bool) -> Checkpoint:
     manifest, the JSON files (the configuration first: it bounds every other file), then the arrays."""
     files = _Files(source, where)
     cfg, vocab = _described(files, where)
-    position, schedule, optim_t = _state(files.text("state.json", JSON_LIMITS["state.json"]), where,
-                                         cfg.data.partitions)
+    position, schedule, optim_t, optim_t_local = _state(files.text("state.json", JSON_LIMITS["state.json"]),
+                                                        where, cfg.data.partitions)
     m = cfg.model
     if expect is not None and expect != m:
         diff = [k for k in m.__dataclass_fields__ if getattr(m, k) != getattr(expect, k)]
@@ -494,7 +501,7 @@ def _load(source, where: str, expect, resume: bool) -> Checkpoint:
         raise CheckpointError(f"{where}: vocabulary has {len(vocab)} tokens, model.vocab_size is {m.vocab_size}")
     params, optim, hidden = _arrays(files, cfg)
     ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, position=position, hidden=hidden,
-                    optim_t=optim_t, schedule=schedule)
+                    optim_t=optim_t, schedule=schedule, optim_t_local=optim_t_local)
     if resume:
         _resumable(ck, where)
     return ck

@@ -140,8 +140,9 @@ class SyncRound:
     # -------------------------------------------------------- checkpoint
     @staticmethod
     def to_optim(st, view, held: dict | None) -> tuple:
-        """``(optim.npz entries, optimizer step count)`` for a checkpoint of ``st``; ``held``: pid ->
-        what the partition holds between rounds, by :attr:`StateKeys.HELD` name."""
+        """``(optim.npz entries, optimizer step count, {pid: its own optimizer's step count})`` for a
+        checkpoint of ``st``; ``held``: pid -> what the partition holds between rounds, by
+        :attr:`StateKeys.HELD` name."""
         optim = {}
         if st.opt:
             optim.update({k: v for k, v in st.opt.items() if k != "t"})
@@ -154,11 +155,12 @@ class SyncRound:
         for pid, arrays in (held or {}).items():
             optim.update({f"{name}.p{pid}": np.asarray(a) for name, a in arrays.items()})
         t = (st.opt or next(iter(st.opt_local.values()), {})).get("t", 0)
-        return optim, t
+        # each partition's own count: partitions train different numbers of steps (one pass each, a sample)
+        return optim, t, {pid: d["t"] for pid, d in st.opt_local.items() if "t" in d}
 
     @staticmethod
-    def from_optim(optim: dict, t: int) -> dict:
-        """What a checkpoint's ``optim.npz`` (:meth:`to_optim`) restores: the
+    def from_optim(optim: dict, t: int, t_local: dict) -> dict:
+        """What a checkpoint's ``optim.npz`` and step counts (:meth:`to_optim`) restore: the
         :class:`~rnnlm.spark.allreduce.SyncState` fields ``opt``, ``opt_local``, ``velocity`` and
         ``held``, and ``view``, the stored ``outer.view`` (:meth:`~rnnlm.spark.allreduce.SyncState.resumed`
         says whose it is)."""
@@ -167,7 +169,7 @@ class SyncRound:
         for k, v in optim.items():
             if "/" in k:
                 pid, slot = k[1:].split("/", 1)
-                opt_local.setdefault(int(pid), {"t": t})[slot] = v
+                opt_local.setdefault(int(pid), {"t": t_local.get(int(pid), t)})[slot] = v
         held: dict = {}
         for k, v in optim.items():
             if (named := StateKeys.held(k)) is not None:

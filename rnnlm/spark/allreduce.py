@@ -50,7 +50,7 @@ class SyncState:
         the executors' view)."""
         kept = {}
         if init.keep_optimizer:
-            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t)
+            kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t, init.checkpoint.optim_t_local)
             kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
         return cls(params=np.array(init.checkpoint.params), **kept)
 
@@ -60,7 +60,7 @@ class SyncState:
 
         Its ``outer.view`` is a delta broadcast's view and, under overlap, what the next round trains
         from (with a delta broadcast the two are the same parameters)."""
-        kept = SyncRound.from_optim(ck.optim, ck.optim_t)
+        kept = SyncRound.from_optim(ck.optim, ck.optim_t, ck.optim_t_local)
         stored = kept.pop("view")
         state = cls(params=ck.params, **kept)
         if cfg.exchange.broadcast != "rows":
@@ -85,6 +85,7 @@ class Snapshot:
 
     optim: dict                       # ``optim.npz``'s entries (:meth:`SyncRound.to_optim`)
     optim_t: int
+    optim_t_local: dict               # pid -> its own optimizer's step count
     hidden: np.ndarray | None         # the partitions' hidden states, stacked
     next_lr: float | None             # train.overlap: the next round's learning rate
     held: dict | None                 # what the partitions hold, collected from Spark
@@ -222,9 +223,9 @@ class AllReduce:
         if self.overlap:
             view, lr = (self.next.params if view is None else view), float(self.next.lr)
         held = st.held if self.lineage is not None else None
-        optim, opt_t = SyncRound.to_optim(st, view, held)
+        optim, opt_t, opt_t_local = SyncRound.to_optim(st, view, held)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
-        return Snapshot(optim, opt_t, hidden, lr, held)
+        return Snapshot(optim, opt_t, opt_t_local, hidden, lr, held)
 
     def truncate(self, snapshot: Snapshot) -> None:
         """Restart the lineage from what a checkpoint just saved (not while a round runs)."""

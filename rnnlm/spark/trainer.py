@@ -240,7 +240,7 @@ class Trainer(Driver):
             position["pending_lr"] = snapshot.next_lr
         ck = checkpoint.Checkpoint(
             params=sync.params, config=cfg, vocab=vocab, optim=snapshot.optim, optim_t=snapshot.optim_t,
-            hidden=snapshot.hidden, schedule=at.schedule, position=position)
+            optim_t_local=snapshot.optim_t_local, hidden=snapshot.hidden, schedule=at.schedule, position=position)
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
         sync.truncate(snapshot)            # not while a round runs
