@@ -98,16 +98,27 @@ def test_sampled_paragraphs_train_on_the_whole_sample():
 
 
 @pytest.mark.parametrize("strategy, local_steps", [("streams", 3), ("streams", 0), ("paragraphs", 2),
-                                                   ("windows", 0), ("sampled_windows", 0)])
+                                                   ("paragraphs", 0), ("windows", 0), ("windows", 3),
+                                                   ("sampled_windows", 0)])
 def test_round_tokens_counts_what_a_round_trains_on(strategy, local_steps):
-    """What ``train.epochs`` is counted in: every position of the fixed strategies' steps (all scored for
-    streams), every target of a sampled round's windows."""
+    """What ``train.epochs`` is counted in, as the ``epoch`` metric counts: the targets a round scores,
+    not its padding (the lanes' ends, a paragraph's last token, the last step's slots past the windows).
+    Counting every position made ``epochs = 10`` of short paragraphs train 4 passes."""
     src = Source(strategy, TOK, STARTS, B=2, T=9, fraction=0.3, seed=1)
-    batches = src.round_batches(1, local_steps)
-    positions, scored = sum(b.x.size for b in batches), sum(int((b.y >= 0).sum()) for b in batches)
-    assert src.round_tokens(local_steps) == (scored if strategy == "sampled_windows" else positions)
+    if local_steps == 0 or strategy.startswith("sampled"):
+        batches = src.round_batches(1, local_steps)
+    else:              # rounds of local_steps that cover whole passes: their mean is the expectation
+        rounds = src.steps_per_pass // math.gcd(src.steps_per_pass, local_steps)
+        batches = [b for r in range(1, rounds + 1) for b in src.round_batches(r, local_steps)]
+        assert len(batches) % src.steps_per_pass == 0
+    scored = sum(int((b.y >= 0).sum()) for b in batches)
+    assert src.round_tokens(local_steps) * len(batches) / max(1, local_steps or len(batches)) == \
+        pytest.approx(scored, rel=1e-12)
     if strategy == "streams":
-        assert scored == positions == (local_steps or src.steps_per_pass) * 2 * 9
+        assert scored == sum(b.x.size for b in batches)
+    if strategy == "paragraphs":
+        assert Source(strategy, TOK, STARTS, B=2, T=9).round_tokens(0) == 100 - 4    # each paragraph's last
+        assert scored < sum(b.x.size for b in batches)
 
 
 def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_length():

@@ -64,6 +64,7 @@ class StreamBlock:
         self.B, self.T = B, T
         self.streams = np.ascontiguousarray(np.asarray(tokens[:n * B]).reshape(B, n).T)  # (n, B)
         self.steps_per_pass = (n - 1) // T
+        self.scored_per_pass = self.steps_per_pass * T * B       # every position predicts the next
 
     def batch(self, k: int) -> Batch:
         j = k % self.steps_per_pass
@@ -126,6 +127,7 @@ class LaneSource:
         self.x = tok
         self.y = np.where(scored, np.roll(tok, -1, axis=0), -1).astype(np.int32)
         self.steps_per_pass = max(1, math.ceil((len(tok) - 1) / T))
+        self.scored_per_pass = int((self.y >= 0).sum())    # not the lanes' padding, nor a paragraph's last
 
     def batch(self, k: int) -> Batch:
         a = (k % self.steps_per_pass) * self.T
@@ -148,6 +150,7 @@ class WindowSource:
             raise TooShort(f"partition has {len(tokens)} tokens, fewer than one window of {T + 1}")
         self.tokens, self.offsets, self.B, self.T = tokens, offsets, B, T
         self.steps_per_pass = max(1, math.ceil(len(offsets) / B))
+        self.scored_per_pass = len(offsets) * T                   # not the last step's slots past the end
         self._ar = np.arange(T + 1)
         self._reset = np.zeros((T, B), dtype=bool)
         self._reset[0] = True
@@ -232,10 +235,11 @@ class Source:
         return [src.batch(k) for k in range(first, first + local_steps)]
 
     def round_tokens(self, local_steps: int) -> float:
-        """Expected tokens a round trains on (what ``train.epochs`` is counted in)."""
+        """Expected tokens a round scores (what ``train.epochs`` is counted in, as the ``epoch``
+        metric counts them: padding is not trained on)."""
         if self.strategy == "sampled_windows":
             return self._pool(len(self._offsets)) * self.T
         if self.strategy == "sampled_paragraphs":
             return self.fraction * len(self.tokens)
-        steps = local_steps or self.steps_per_pass
-        return steps * self.B * self.T
+        per_pass = self._fixed.scored_per_pass
+        return per_pass * local_steps / self.steps_per_pass if local_steps else per_pass
