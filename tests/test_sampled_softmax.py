@@ -220,14 +220,14 @@ def test_softmax_sets_contents():
     other = softmax_sets(targets, Vb, top=10, beta=beta, mu=0.05, rng=np.random.default_rng(6))
     assert np.array_equal(other[0], v_all) and not np.array_equal(other[1], v_f)
     # the draw itself: exactly ceil(mu V) distinct ids, whatever the seed; 99 of 100 ids drawn with
-    # replacement would repeat some (all distinct: probability 100! / 100^99 ~ 1e-42)
+    # replacement would repeat some (all distinct: probability 100! / 100^99 ~ 1e-42). With nothing
+    # scored v_all is word 0 alone: v_f is the draw plus word 0 (NumPy's draw tells which holds it)
     for seed in range(5):
-        _, f_only = softmax_sets(np.array([-1]), Vb, top=0, beta=np.array([], int), mu=0.05,
-                                 rng=np.random.default_rng(seed))
-        assert len(f_only) == 50
-        _, most = softmax_sets(np.array([-1]), 100, top=0, beta=np.array([], int), mu=0.99,
-                               rng=np.random.default_rng(seed))
-        assert len(most) == 99
+        for n, mu, drawn in ((Vb, 0.05, 50), (100, 0.99, 99)):
+            v_all, v_f = softmax_sets(np.array([-1]), n, top=0, beta=np.array([], int), mu=mu,
+                                      rng=np.random.default_rng(seed))
+            has_0 = 0 in np.random.default_rng(seed).choice(n, drawn, replace=False)
+            assert v_all.tolist() == [0] and len(v_f) == drawn + (not has_0)
     _, full = softmax_sets(targets, Vb, top=10, beta=beta, mu=1.0, rng=np.random.default_rng(5))
     assert np.array_equal(full, np.arange(Vb))
     v0, f0 = softmax_sets(targets, Vb, top=0, beta=np.array([], int), mu=0.0, rng=r)
@@ -321,6 +321,38 @@ def test_train_steps_with_sampled_sets_moves_only_v_all_rows_of_wo(xp):
     before, after = _slot(m, backend.to_numpy(p), "Wo"), _slot(m, backend.to_numpy(res.params), "Wo")
     moved = np.flatnonzero(np.any(before != after, axis=1))
     assert set(moved.tolist()) == used
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_a_chunk_of_padding_alone_is_a_step_that_scores_and_moves_nothing(xp, corrected):
+    """Paragraph lanes end in padding: with 1-token paragraphs (a blank line at character level, or
+    bptt = 1) a whole chunk can score nothing. Its v_all was empty under the default exchange.frequent =
+    exchange.random = 0, and the layout refused it: the task failed, and every retry with it. Now its one
+    row is word 0's, and the step is a step of no loss: under plain SGD nothing moves."""
+    from rnnlm.core.strategies import LaneSource
+    tokens = np.array([5, 6, 7, 8, 9, 10, 11], np.int32)        # a 3-token paragraph, then four of 1 token
+    src = LaneSource(tokens, np.array([0, 3, 4, 5, 6]), B=1, T=2)
+    batches = [src.batch(k) for k in range(src.steps_per_pass)]
+    assert [int((b.y >= 0).sum()) for b in batches] == [2, 0, 0]
+    m = RNNLM(ModelConfig(vocab_size=V, hidden=4), xp=xp, dtype="float64")
+    p = m.init_params(1)
+    opt = make_optimizer(OptimConfig(name="sgd", lr=0.5))
+    pres, none = presence(tokens, 2, V), np.empty(0, np.int64)
+
+    def sets(k, y):
+        rng = np.random.default_rng(k)
+        if corrected:
+            return corrected_sets(y, V, 0, none, 0.2, rng, pres)
+        return softmax_sets(y, V, 0, none, 0.2, rng)
+    assert sets(1, batches[1].y)[0].tolist() == [0]
+    if corrected:                # surely in the set, as the rows' reweighting reads it (log pi = 0, not -inf)
+        assert sets(1, batches[1].y).log_pi_rows.tolist() == [0.0]
+    whole = train_steps(m, opt, p.copy(), opt.init_state(p), batches, m.zero_state(1), lr=0.5, softmax_sets=sets)
+    first = train_steps(m, opt, p.copy(), opt.init_state(p), batches[:1], m.zero_state(1), lr=0.5,
+                        softmax_sets=sets)
+    assert whole.tokens == first.tokens == 2 and whole.loss_sum == first.loss_sum
+    assert np.array_equal(backend.to_numpy(whole.params), backend.to_numpy(first.params))
+    assert not np.array_equal(backend.to_numpy(first.params), backend.to_numpy(p))
 
 
 # ---------------------------------------------------------------- the corrected variant

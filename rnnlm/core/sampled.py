@@ -148,6 +148,7 @@ def softmax_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Gene
     for name, ids in (("target", t), ("beta", b)):
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             raise ValueError(f"{name} ids must be in [0, {V})")
+    top = _top(top, t.size, b.size)
     k = gamma_size(mu, V)
     gamma = rng.choice(V, size=k, replace=False).astype(np.int64) if 0 < k < V else np.empty(0, np.int64)
     if V > BITMAP_RATIO * (t.size + top + b.size + gamma.size):        # sorting the ids is cheaper
@@ -162,6 +163,12 @@ def softmax_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Gene
     return v_all, (np.arange(V, dtype=np.int64) if k >= V else v_f)
 
 
+def _top(top: int, targets: int, beta: int) -> int:
+    """``top``, or 1 for a chunk with nothing else in v_all (no scored target, as in a chunk of lane
+    padding, and no random row): its one row is the most frequent word's, surely in the set."""
+    return top if top or targets or beta else 1
+
+
 def corrected_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Generator, presence) -> Sets:
     """:func:`softmax_sets` for ``targets`` (T, B) with the corrected variant's ``log_pi`` and
     ``log_pi_rows`` (``presence``: :func:`presence` with windows of T).
@@ -174,5 +181,6 @@ def corrected_sets(targets, V: int, top: int, beta, mu: float, rng: np.random.Ge
     t = backend.to_numpy(targets)
     streams = int((t.reshape(t.shape[0], -1) >= 0).any(axis=0).sum())
     n_beta = np.unique(np.asarray(backend.to_numpy(beta)).reshape(-1)).size
+    top = _top(top, streams, n_beta)
     return Sets(v_all, v_f, log_inclusion(v_f, presence, streams, top, n_beta, gamma_size(mu, V), V), True,
                 log_inclusion(v_all, presence, streams, top, n_beta, 0, V))
