@@ -82,3 +82,17 @@ def test_each_round_takes_the_rate_of_the_epoch_it_starts_in_and_losses_are_per_
     chance = math.log(len(m["vocab"]))                     # a model that knows nothing: ln V per token
     assert 0 < m["train_loss"] < chance + 0.5 and 0 < m["valid_loss"] < chance + 0.5, (m, chance)
     assert 0 < m["wall_s"] <= wall
+
+
+def test_a_short_validation_text_is_scored_and_one_too_short_is_refused_before_training(corpus):
+    """The held-out text was scored in chunks of 100 tokens: one of 60 stopped the run at its first
+    evaluation, after a round of training, with "60 tokens cannot fill 1 streams of 101 tokens"."""
+    (corpus / "short.txt").write_text(TEXT[:60], encoding="utf-8")
+    m, said = run(corpus, "train.rounds=2", "train.local_steps=3", "train.eval_every=1",
+                  f"data.valid={corpus / 'short.txt'}")
+    assert math.isfinite(m["valid_loss"]) and 0 < m["valid_loss"] < 10 and said[2].startswith("round 2 |")
+    (corpus / "one.txt").write_text("l", encoding="utf-8")
+    for valid, where in ((f"data.valid={corpus / 'one.txt'}", "data.valid"),
+                         (f"data.train={corpus / 'one.txt'}", "the last 10% of data.train")):
+        with pytest.raises(ValueError, match=rf"^the validation text has [01] tokens?: {where} must hold at least 2$"):
+            run(corpus, "train.rounds=2", valid, *(["data.valid="] if "train" in valid else []))

@@ -9,9 +9,9 @@ import time
 
 from . import backend, checkpoint
 from .. import config
-from .local import evaluate, train_steps
+from .local import held_out_nll, train_steps
 from .strategies import StreamBlock
-from .metrics import EVAL_BPTT, due, log_line, loss_fields
+from .metrics import due, log_line, loss_fields
 from .models import build as build_model
 from .optim import make_optimizer
 from .schedule import Schedule
@@ -42,6 +42,9 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     else:
         cut = int(len(ids) * 0.9)
         ids, valid = ids[:cut], ids[cut:]
+    if len(valid) < 2:              # known now, not after a round of training
+        raise ValueError(f"the validation text has {len(valid)} token{'s' * (len(valid) != 1)}: "
+                         f"{'data.valid' if d.valid else 'the last 10% of data.train'} must hold at least 2")
     xp = backend.get_xp(t.device)
     model = build_model(cfg.model, xp=xp)
     opt, sched = make_optimizer(cfg.optim), Schedule(cfg.optim)
@@ -65,7 +68,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
         metrics = {"round": r, "epoch": round(step / block.steps_per_pass, 4), "lr": lr,
                    "train_loss": res.loss_sum / res.tokens, "wall_s": round(time.perf_counter() - t0, 3)}
         if due(r, t.eval_every, rounds):
-            vl, vn = evaluate(model, params, valid, 1, EVAL_BPTT)
+            vl, vn = held_out_nll(model, params, [valid])        # one stream, however short
             metrics.update(loss_fields(vl / vn, d.level, "valid"))
             sched.observe(vl / vn)
             log(log_line(metrics))
