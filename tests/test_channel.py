@@ -10,7 +10,7 @@ from rnnlm.exchange.blocks import Block
 from rnnlm.exchange.frames import Expected, Malformed, contribution_from_wire, contribution_to_wire
 from rnnlm.exchange.round import Carry
 from rnnlm.server import wire
-from rnnlm.spark.channel import Channel, Inbox, Sink
+from rnnlm.spark.channel import Channel, ChannelError, Inbox, Sink
 
 SHAPES = {"params.E": (8, 3), "params.b": (5,), "opt.m": (29,)}
 EXPECT = Expected(SHAPES, partitions=3, vocab=8, state=(1, 2, 4, 2), opt=("m",), size=29)
@@ -275,5 +275,5 @@ def test_a_merge_that_fails_fails_the_round_instead_of_dropping_the_partition(mo
     ch, _ = channel
     sink = ch.sink(1)
     assert sink.add(leaf(0)) and sink.add(leaf(1)) and sink.add(leaf(2))
-    with pytest.raises(RuntimeError, match="round 1: merging the contributions failed: MemoryError: no room"):
+    with pytest.raises(ChannelError, match="^merging the contributions failed: MemoryError: no room"):
         ch.take(1, recompute=lambda missing: pytest.fail(f"{missing} counted missing, not failed"))

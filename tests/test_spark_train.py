@@ -668,6 +668,20 @@ def test_direct_results_equal_spark_results_and_fall_back_to_them(spark, tiny_cf
         assert sorted(saved[0].files) == sorted(saved[1].files) and len(saved[0].files) >= 2
         for key in saved[0].files:
             assert np.array_equal(saved[0][key], saved[1][key]), (name, key)
+    if overlap:
+        return
+    # the driver cannot merge a contribution (out of memory): the run stops with one line naming the round
+    monkeypatch.setattr(channel, "contribution_from_wire", real_decode)
+    real_merge = channel.Aggregate.merge
+
+    def merge(self, other):
+        if 1 in other.local:
+            raise MemoryError("no room for the float64 sums")
+        return real_merge(self, other)
+    monkeypatch.setattr(channel.Aggregate, "merge", merge)
+    with pytest.raises(TrainingError, match=r"^round 1: merging the contributions failed: MemoryError: no room for "
+                                            r"the float64 sums; stopped, "):
+        run(spark, direct_cfg, tmp_path / "no_room")
 
 
 def recorded_releases(monkeypatch) -> list:

@@ -27,6 +27,11 @@ from ..server import wire
 CONNECT_S = 10.0           # a task's connect and each socket operation (s)
 
 
+class ChannelError(RuntimeError):
+    """A round's contributions could not be merged (the driver out of memory), or some never came
+    even through Spark: the round cannot go on (the trainer stops, saying which round)."""
+
+
 @dataclass(frozen=True)
 class Sink:
     """What a task holds to send its contribution: plain values (pickled into the task)."""
@@ -155,8 +160,8 @@ class Channel:
             box.close()
         box.drain()
         if box.error or box.missing:
-            raise RuntimeError(f"round {rnd}: " + (f"merging the contributions failed: {box.error}" if box.error
-                                                   else f"no contribution from partitions {sorted(box.missing)}"))
+            raise ChannelError(f"merging the contributions failed: {box.error}" if box.error
+                               else f"no contribution from partitions {sorted(box.missing)}")
         return box.agg
 
     def _handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:

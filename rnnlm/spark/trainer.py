@@ -19,6 +19,7 @@ from ..core import checkpoint
 from .. import config
 from . import executor
 from .allreduce import AllReduce, SyncState, steps_label
+from .channel import ChannelError
 from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
@@ -169,6 +170,8 @@ class Trainer(Driver):
             agg = sync.wait(job)
         except Py4JJavaError as e:          # the round's job failed in Spark (its retries spent)
             self._stop(r, f"the Spark job failed: {job_failure(str(e))}")
+        except ChannelError as e:           # train.results = "direct": the driver could not merge a contribution
+            self._stop(r, str(e))
         arrived, t_agg = time.time(), time.perf_counter()
         # the mean change applied, unless a partition failed or a value is not finite
         errors, loss = agg.errors(), agg.stats["loss_sum"] / max(1, agg.stats["tokens"])
