@@ -737,3 +737,26 @@ def test_a_run_that_ends_waits_for_its_last_releases_and_a_failing_one_does_not(
     after = calls[calls.index(("line", 1)) + 1:]
     assert {kind for kind, _ in after} == {"broadcast", "rdd"}, calls
     assert all(blocking is False for _, blocking in after), after
+
+
+def test_a_corpus_that_fails_to_load_leaves_nothing_in_the_session_and_one_that_loads_owns_its_vocabulary(
+        spark, tiny_cfg, tmp_path, monkeypatch):
+    """A notebook's or a sweep's session outlives a run: a held-out text that cannot be read left the
+    training partitions cached, and every corpus left its vocabulary's broadcast behind."""
+    from rnnlm.spark.corpus import CorpusError, unpersist_corpus
+    sc = spark.sparkContext
+    cached = sc._jsc.getPersistentRDDs().size()
+    calls = recorded_releases(monkeypatch)
+    missing = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [f"data.valid={tmp_path / 'nothing.txt'}"]))
+    with pytest.raises(CorpusError, match="nothing.txt"):
+        load_corpus(sc, missing)
+    assert sc._jsc.getPersistentRDDs().size() == cached
+    assert [kind for kind, _ in calls].count("broadcast") == 1 and "rdd" in [kind for kind, _ in calls]
+    calls.clear()
+    data = load_corpus(sc, config.from_dict(config.apply_overrides(tiny_cfg.to_dict(),
+                                                                   [f"data.valid={HARBOUR_VALID}"])))
+    assert sc._jsc.getPersistentRDDs().size() == cached + 2 and ("broadcast", False) not in calls
+    calls.clear()
+    unpersist_corpus(data, blocking=True)
+    assert sc._jsc.getPersistentRDDs().size() == cached
+    assert sorted(calls) == [("broadcast", True), ("rdd", True), ("rdd", True)]

@@ -313,6 +313,7 @@ class Corpus:
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
     devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (probe_task)
     counted_for: tuple = ()  # round_keys() of the configuration round_tokens was counted under
+    broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
 
 
 def round_keys(cfg: config.Config) -> tuple:
@@ -356,21 +357,21 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
     phase(f"encoding and caching {d.partitions} partitions")
     enc = encode_partitions(contiguous_partitions(paras, d.partitions), bc_vocab)
     enc = enc.persist()
+    held_out, counts = {}, {}
     try:
         probe = _probe(cfg, enc)
-    except CorpusError:
-        release(rdds=[enc])
+        for name, path in (("valid", d.valid), ("test", d.test)):
+            if path:
+                phase(f"reading {name} text {path}")
+                held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
+                # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
+                counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
+    except BaseException:       # a corpus error, a failed job, Ctrl-C: a shared session keeps nothing of it
+        release([bc_vocab], [enc, *held_out.values()])
         raise
-    held_out, counts = {}, {}
-    for name, path in (("valid", d.valid), ("test", d.test)):
-        if path:
-            phase(f"reading {name} text {path}")
-            held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
-            # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
-            counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
-                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe}, round_keys(cfg))
+                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe}, round_keys(cfg), (bc_vocab,))
 
 
 def round_tokens(cfg: config.Config, data: Corpus) -> float:
@@ -403,7 +404,8 @@ def total_rounds(cfg: config.Config, data: Corpus, per_round: float | None = Non
 
 
 def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
-    release(rdds=[r for r in (data.train, data.valid, data.test) if r is not None], blocking=blocking)
+    """Drop the corpus' cached partitions and its vocabulary's broadcast."""
+    release(data.broadcasts, [r for r in (data.train, data.valid, data.test) if r is not None], blocking=blocking)
 
 
 def evaluate_rdd(sc, cfg, params, rdd, last: bool = False) -> float:
