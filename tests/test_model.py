@@ -111,6 +111,12 @@ def test_reset_equals_fresh_state(xp):
     reset = xp.zeros((5, 2), dtype=bool)
     reset[0] = True
     assert m.loss(p, x, y, carried, reset)[0] == pytest.approx(m.loss(p, x, y, m.zero_state(2))[0], rel=1e-12)
+    # a 0/1 integer mask means the same (its ~ was -1/-2: the state negated or doubled, every step a reset)
+    mid = np.zeros((5, 2), dtype=np.int64)
+    mid[2, 1] = 1
+    as_bool = m.loss(p, x, y, carried, xp.asarray(mid.astype(bool)))[0]
+    assert m.loss(p, x, y, carried, xp.asarray(mid))[0] == as_bool
+    assert as_bool != m.loss(p, x, y, carried)[0]
 
 
 def test_layout_is_one_flat_buffer_with_named_views():

@@ -152,7 +152,8 @@ class RNNLM:
         """``reset`` (T, B) bool, on the host (None: no stream restarts) as the device mask and the steps."""
         if reset is None:
             return None
-        rh = backend.to_numpy(reset)                 # the steps with a reset, known on the host: no sync
+        rh = backend.to_numpy(reset).astype(bool, copy=False)   # the steps with a reset, on the host: no sync
+        # (as bool: ~ of an integer 0/1 mask is -1/-2, which would negate or double the incoming state)
         return Resets(self.xp.asarray((~rh).astype(self.dtype))[:, None, :],
                       frozenset(np.nonzero(rh.any(axis=1))[0].tolist()))
 
