@@ -169,3 +169,32 @@ def test_a_round_taken_is_closed_to_contributions_that_arrive_later():
     taken = Contributions.take(acc)
     assert sorted(taken) == [0] and taken[0].weight == 1.0 and acc.value == {}
     assert param.addInPlace(acc.value, leaf(1, 2.0)) == {}                  # late: dropped
+
+
+def fail_on(pid_failing, step, sink):
+    """A round's task that fails on one partition, after the others have added their contributions."""
+    inner = count_round(step, sink)
+
+    def run(it):
+        rows = list(it)
+        if rows and rows[0][0] == pid_failing:
+            raise RuntimeError("a task that fails")
+        yield from inner(iter(rows))
+    return run
+
+
+def test_a_failed_round_leaves_no_contribution_in_the_accumulator_pyspark_keeps(lin):
+    """PySpark keeps every accumulator for the life of the context: a round whose job failed or was
+    cancelled never took the contributions the partitions that finished had added, model-sized blocks
+    left in the session; and a late update racing the take put back what it had just emptied."""
+    from pyspark.accumulators import _accumulatorRegistry
+    before = set(_accumulatorRegistry)
+    with pytest.raises(Exception, match="a task that fails"):
+        lin.submit(functools.partial(fail_on, 1, 1), lambda go: go())
+    made = [a for k, a in _accumulatorRegistry.items() if k not in before and isinstance(a.accum_param, Contributions)]
+    assert len(made) == 1 and made[0].value == {}
+    late = Contributions()
+    late.closed = True
+    leaf = Aggregate.contribution(1.0, {}, {0: Carry()})
+    assert late.addInPlace({0: leaf}, leaf) == {}
+    assert Contributions().addInPlace({}, leaf) == {0: leaf}

@@ -43,9 +43,10 @@ class Contributions(AccumulatorParam):
     def addInPlace(self, a: dict, b) -> dict:
         # b: a task's contribution (on the executor), or a task's accumulated {pid: contribution} (on the driver)
         with _LOCK:
-            if not self.closed:
-                for pid, leaf in (b.items() if isinstance(b, dict) else [(next(iter(b.local)), b)]):
-                    a.setdefault(pid, leaf)
+            if self.closed:     # a late task's update racing take(): ``a`` may be the dict take() just emptied
+                return {}
+            for pid, leaf in (b.items() if isinstance(b, dict) else [(next(iter(b.local)), b)]):
+                a.setdefault(pid, leaf)
             return a
 
     @staticmethod
@@ -198,10 +199,12 @@ class Lineage:
             return recomputed(self.sc, src, task(None), missing)
 
         def go():
-            run_in_jvm(out)            # the round runs and caches its output; no Python reads it
+            try:
+                run_in_jvm(out)        # the round runs and caches its output; no Python reads it
+            finally:                   # failed or cancelled too: the partitions that finished added theirs
+                leaves = Contributions.take(acc) if direct is None else None
             if direct is not None:
                 return direct[1](recompute)
-            leaves = Contributions.take(acc)
             missing = set(range(partitions)) - set(leaves)
             if missing:                # computed inside another job: recomputed here, the same numbers
                 for a in recompute(missing):
