@@ -304,7 +304,7 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
     site.mkdir()
     (site / "core-site.xml").write_text("<configuration><property><name>fs.defaultFS</name>"
                                         "<value>hdfs://site:8020</value></property></configuration>")
-    (tmp_path / "spark-defaults.conf").write_text("# comment\n! comment\nspark.other=1\n"
+    (tmp_path / "spark-defaults.conf").write_text("# comment\n! comment\n\nspark.other=1\n"
                                                   "spark.hadoop.fs.defaultFS   hdfs://defaults:1 \n")
     (tmp_path / "p.conf").write_text("spark.hadoop.fs.defaultFS: hdfs://props:2\n")
     (tmp_path / "p2.conf").write_text("spark.other 1\n")
@@ -326,6 +326,8 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
              f"--properties-file {tmp_path}/p.conf --conf spark.hadoop.fs.defaultFS=hdfs://conf:3 pyspark-shell":
                  "hdfs://conf:3",
              "--conf=spark.hadoop.fs.defaultFS=file:/// pyspark-shell": "file:///",
+             "--conf spark.other=1 --name spark.hadoop.fs.defaultFS=hdfs://no:9 pyspark-shell": "hdfs://defaults:1",
+             "--conf=spark.other=2 pyspark-shell": "hdfs://defaults:1",
              "--properties-file 'unclosed pyspark-shell": "hdfs://defaults:1",
              f"--properties-file {tmp_path}/missing.conf pyspark-shell": "hdfs://site:8020"}
     for args, expected in cases.items():
