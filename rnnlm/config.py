@@ -296,14 +296,16 @@ def _coerce(section: str, key: str, value, typ):
 
 
 # Cc: newlines, ESC, ...; Zl, Zp: U+2028 and U+2029, which editors and terminals may show as line
-# breaks; Cf: invisible format characters, among them U+202E, which prints the text after it reversed
-_UNPRINTABLE = ("Cc", "Cf", "Zl", "Zp")
+# breaks; and the bidirectional controls, among them U+202E, which prints the text after it reversed
+# (not the rest of Cf: a zero-width joiner or non-joiner belongs in Persian or emoji names)
+_UNPRINTABLE = ("Cc", "Zl", "Zp")
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def _refuse_control(where: str, text: str) -> None:
     """A control character (a newline, ESC, a line separator, a bidirectional override) in a value
     would forge, hide or reorder lines of the messages that print it: refused, named by its code only."""
-    bad = next((c for c in text if unicodedata.category(c) in _UNPRINTABLE), None)
+    bad = next((c for c in text if c in _BIDI or unicodedata.category(c) in _UNPRINTABLE), None)
     if bad is not None:
         raise ConfigError(f"{where}: the value holds a control character (U+{ord(bad):04X}); refused")
 

@@ -202,6 +202,15 @@ def test_a_control_character_in_a_value_is_refused(tmp_path, overrides, text):
     assert not any(c in str(e.value) for c in "\n\x1b\u2028\u2029\u202e")
 
 
+def test_joiners_and_other_format_characters_of_real_names_are_taken():
+    """A zero-width non-joiner (U+200C) is part of Persian words, a joiner (U+200D) of emoji: a path
+    holding one is a name, and a checkpoint that saved it must load."""
+    for name in ("/data/\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645.txt", "/data/\U0001f469\u200d\U0001f4bb.txt",
+                 "/data/co\u00adop.txt"):
+        cfg = config.load(None, [f"data.train={name}"])
+        assert cfg.data.train == name and config.from_json(cfg.to_json()).data.train == name
+
+
 def test_global_batch_splits_between_the_partitions_and_a_saved_config_loads_back():
     # strong scaling: G streams in all, G // P per partition (at least one)
     got = {P: config.load(None, [f"data.partitions={P}", "train.global_batch=20"]).train.batch
