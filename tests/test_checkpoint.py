@@ -247,7 +247,8 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     elif what == "position list":
         path = _crafted(tmp_path, ck, **{"state.json": _state(ck, position=[3])})
     elif what.startswith("optim_t_local"):
-        bad = {"list": [3, 4], "pid": {"0": 3, "2": 4}, "sign": {"1": -1}, "bool": {"0": True}}[what.split()[1]]
+        bad = {"list": [3, 4], "pid": {"0": 3, "2": 4, "\u00b2": 1}, "sign": {"1": -1},
+               "bool": {"0": True}}[what.split()[1]]
         path = _crafted(tmp_path, ck, **{"state.json": _state(ck, optim_t_local=bad)})
     elif what in ("hidden shape", "hidden dtype"):
         h = np.zeros((2, 1, 2, 8, 19), np.float32) if what == "hidden shape" else np.zeros((2, 1, 2, 8, 20))

@@ -448,7 +448,7 @@ def _state(raw: str, where: str, partitions: int) -> tuple:
     if type(optim_t) is not int or optim_t < 0:
         raise CheckpointError(f"{where}: state.json: optim_t must be an integer >= 0, not {optim_t!r:.40}")
     local = state.get("optim_t_local", {})
-    if not (isinstance(local, dict) and all(k.isdigit() and len(k) <= 5 and int(k) < partitions
+    if not (isinstance(local, dict) and all(re.fullmatch(r"[0-9]{1,5}", k) and int(k) < partitions
                                             and type(t) is int and t >= 0 for k, t in local.items())):
         raise CheckpointError(f"{where}: state.json: optim_t_local must be a table of integers >= 0 by "
                               f"partition (0 to {partitions - 1})")

@@ -367,7 +367,10 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
                 # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
                 counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
     except BaseException:       # a corpus error, a failed job, Ctrl-C: a shared session keeps nothing of it
-        release([bc_vocab], [enc, *held_out.values()])
+        try:
+            release([bc_vocab], [enc, *held_out.values()])
+        except Exception:       # the context stopped: the error that stopped the load is the one to see
+            pass
         raise
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
