@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait as wait_all
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -238,16 +238,18 @@ class AllReduce:
         :func:`rnnlm.spark.session.release`)."""
         if self.pool is not None:
             if self.flight:          # this run's jobs only: a shared session may run others
+                stages = self._running_stages()
                 if self.group is None:
                     self.sc.cancelAllJobs()
                 else:
                     self.sc.cancelJobGroup(self.group)
+                wait_all([job.future for job in self.flight])
+                self._tasks_ended(stages)           # before wait() releases each job's broadcasts
                 for job in list(self.flight):
                     try:
                         self.wait(job)
                     except Exception:       # cancelled: what it would have computed is not needed
                         pass
-                self._tasks_ended()
             self.pool.shutdown(wait=True)
             if self.next is not None and self.next.future is None:
                 release(self.next.bcs, blocking=blocking)
@@ -260,13 +262,17 @@ class AllReduce:
         self.pool = self.channel = self.broadcasts = self.lineage = self.next = None
 
     # ------------------------------------------------------------- inside
-    def _tasks_ended(self, limit_s: float = 10.0) -> None:
-        """Wait, at most ``limit_s``, for the tasks of the run's cancelled jobs to end. A job fails
-        as soon as it is cancelled, but each of its tasks lets go of its broadcast blocks only when it
-        ends: destroying them first makes Spark log an ERROR with a stack trace per task."""
+    def _running_stages(self) -> list:
+        """The stages of the run's jobs running now (the group's; with no group, those without one)."""
         tracker = self.sc.statusTracker()
-        stages = [s for j in tracker.getJobIdsForGroup(self.group) for s in
-                  getattr(tracker.getJobInfo(j), "stageIds", ())]
+        jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(self.group)]
+        return [s for j in jobs if j is not None and j.status == "RUNNING" for s in j.stageIds]
+
+    def _tasks_ended(self, stages: list, limit_s: float = 10.0) -> None:
+        """Wait, at most ``limit_s``, for the tasks of the cancelled jobs' ``stages`` to end. A job
+        fails as soon as it is cancelled, but each of its tasks lets go of its broadcast blocks only
+        when it ends: destroying them first makes Spark log an ERROR with a stack trace per task."""
+        tracker = self.sc.statusTracker()
         end = time.monotonic() + limit_s
         while time.monotonic() < end and any(getattr(tracker.getStageInfo(s), "numActiveTasks", 0)
                                              for s in stages):
