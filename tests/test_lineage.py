@@ -178,6 +178,8 @@ def fail_on(pid_failing, step, sink):
     def run(it):
         rows = list(it)
         if rows and rows[0][0] == pid_failing:
+            import time
+            time.sleep(2.0)                  # the other partitions finish (and add theirs) first
             raise RuntimeError("a task that fails")
         yield from inner(iter(rows))
     return run
