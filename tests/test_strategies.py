@@ -121,11 +121,31 @@ def test_round_tokens_counts_what_a_round_trains_on(strategy, local_steps):
         assert scored < sum(b.x.size for b in batches)
 
 
-def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_length():
+def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_score():
+    """Two of the four paragraphs a round (half, rounded up), each scoring all but its last token:
+    2 x (100 - 4) / 4 = 48 expected (the fraction of all tokens, 50, counted the last tokens)."""
     lengths = np.diff(np.append(STARTS, 100))
     src = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=0.5, seed=1)
-    drawn = [sum(lengths[i] for i in paragraphs_in(src.round_batches(rnd, 0))[0]) for rnd in range(1, 41)]
-    assert src.round_tokens(0) == 50.0 and abs(np.mean(drawn) - 50.0) < 5
+    drawn = [sum(lengths[i] - 1 for i in paragraphs_in(src.round_batches(rnd, 0))[0]) for rnd in range(1, 41)]
+    scored = [sum(int((b.y >= 0).sum()) for b in src.round_batches(rnd, 0)) for rnd in range(1, 41)]
+    assert drawn == scored and src.round_tokens(0) == 48.0 and abs(np.mean(scored) - 48.0) < 5
+    odd = Source("sampled_paragraphs", TOK, STARTS, B=2, T=10, fraction=0.3, seed=1)     # 1.2 paragraphs: 2
+    assert odd.round_tokens(0) == 48.0
+
+
+def test_paragraphs_that_cannot_score_are_too_short_not_a_round_of_nothing():
+    """B or more one-token paragraphs (blank lines at character level) filled lanes that scored
+    nothing: the run counted 0 tokens a round and divided by it."""
+    ones = np.arange(6, dtype=np.int32)
+    for strategy in ("paragraphs", "sampled_paragraphs"):
+        with pytest.raises(TooShort, match="no paragraph of 2 or more tokens"):
+            Source(strategy, ones, np.arange(6), B=2, T=3, fraction=1.0, seed=1)
+    # a sample that draws only one-token paragraphs is a round that scores nothing, not a failed task
+    mixed = Source("sampled_paragraphs", np.arange(8, dtype=np.int32), np.array([0, 1, 2, 3, 4, 5]), B=2, T=3,
+                   fraction=0.2, seed=1)           # five of one token, one of three
+    rounds = [mixed.round_batches(r, 0) for r in range(1, 30)]
+    scored = [sum(int((b.y >= 0).sum()) for b in bs) for bs in rounds]
+    assert 0 in scored and 2 in scored and set(scored) == {0, 2}
 
 
 def test_too_short():

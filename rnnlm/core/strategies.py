@@ -120,9 +120,7 @@ class LaneSource:
 
     def __init__(self, tokens, starts, B, T, order=None):
         order = np.arange(len(starts)) if order is None else order
-        tok, self.reset, scored = _lanes(tokens, starts, order, B)
-        if len(tok) < 2:
-            raise TooShort("partition has no paragraph of 2 or more tokens")
+        tok, self.reset, scored = _lanes(tokens, starts, order, B)     # (a sample may score nothing)
         self.T = T
         self.x = tok
         self.y = np.where(scored, np.roll(tok, -1, axis=0), -1).astype(np.int32)
@@ -194,6 +192,11 @@ class Source:
         self.strategy, self.tokens, self.starts = strategy, tokens, np.asarray(starts, np.int64)
         self.B, self.T, self.fraction, self.seed, self.partition = B, T, fraction, seed, partition
         self.carries_state = strategy in CARRY_STATE
+        if strategy in ("paragraphs", "sampled_paragraphs"):
+            if len(self.starts) == 0:
+                raise TooShort("partition has no paragraphs")
+            if not (np.diff(np.append(self.starts, len(tokens))) >= 2).any():     # one-token paragraphs alone
+                raise TooShort("partition has no paragraph of 2 or more tokens")
         if strategy == "streams":
             if len(tokens) // B < T + 1:
                 raise TooShort(f"partition has {len(tokens)} tokens, fewer than {B} streams of {T + 1}")
@@ -204,8 +207,6 @@ class Source:
             self._offsets = window_offsets(len(tokens), T, stride)
             self._fixed = WindowSource(tokens, self._offsets, B, T)
         else:
-            if len(self.starts) == 0:
-                raise TooShort("partition has no paragraphs")
             self._fixed = None
         self.steps_per_pass = self._fixed.steps_per_pass if self._fixed is not None else None
 
@@ -239,7 +240,7 @@ class Source:
         metric counts them: padding is not trained on)."""
         if self.strategy == "sampled_windows":
             return self._pool(len(self._offsets)) * self.T
-        if self.strategy == "sampled_paragraphs":
-            return self.fraction * len(self.tokens)
+        if self.strategy == "sampled_paragraphs":   # the pool's paragraphs, each scoring all but its last token
+            return self._pool(len(self.starts)) / len(self.starts) * (len(self.tokens) - len(self.starts))
         per_pass = self._fixed.scored_per_pass
         return per_pass * local_steps / self.steps_per_pass if local_steps else per_pass
