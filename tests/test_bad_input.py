@@ -133,6 +133,17 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     # named by the file scored (it was "test_loss ..." whatever the file)
     number = r"[0-9]+\.[0-9]{4}"
     assert re.fullmatch(rf"{re.escape(held)}: loss {number} \| ppl inf \| bpc {number}", result), result
+    # --streams has data.eval_streams' range (beyond it Hadoop cut the file into 1-byte splits, or py4j raised)
+    for streams in (10_001, 2 ** 31):
+        a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=streams, master=None,
+                               verbose=False)
+        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)), f"--streams {streams}: must be in [1, 10000]")
+    # streams that score nothing (one token each: one-character lines at character level, split by line)
+    # are an error, not "ppl=1.0000"
+    from rnnlm.spark.corpus import CorpusError, evaluate_rdd
+    ones = spark.sparkContext.parallelize([(pid, np.array([3], np.int32), np.array([0])) for pid in range(2)], 2)
+    with pytest.raises(CorpusError, match="^the held-out text scores no token: each of its streams is shorter"):
+        evaluate_rdd(spark.sparkContext, ck.config, ck.params, ones)
 
 
 def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_path, capsys):

@@ -133,8 +133,9 @@ def evaluate(a) -> int:
     """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
     run (its data paths, its partitions) is read."""
     from .checks import check_checkpoint, check_input, check_records
-    if a.streams is not None and a.streams < 1:
-        raise config.ConfigError(f"--streams {a.streams}: must be >= 1")
+    most = config.RANGES[("data", "eval_streams")][1]
+    if a.streams is not None and not 1 <= a.streams <= most:      # data.eval_streams' range
+        raise config.ConfigError(f"--streams {a.streams}: must be in [1, {most}]")
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
     if ck is not None:

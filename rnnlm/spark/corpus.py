@@ -420,4 +420,7 @@ def evaluate_rdd(sc, cfg, params, rdd, last: bool = False) -> float:
     finally:
         release([bc], blocking=last and parts is not None)
     total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return total / max(1, count)
+    if count == 0:              # a perplexity of 1 would be a figure of nothing
+        raise CorpusError("the held-out text scores no token: each of its streams is shorter than 2 tokens "
+                          "(fewer data.eval_streams, or a longer text)")
+    return total / count
