@@ -356,6 +356,9 @@ py4j.protocol.Py4JJavaError: An error occurred
      "failure: Task 2 in stage 1.0 failed 4 times\n\tat org.apache.spark.x(y.scala:1)",
      "Task 2 in stage 1.0 failed 4 times"),                                                 # else Spark's reason
     ("  \n Connection refused by the JVM\nmore", "Connection refused by the JVM"),          # else the first line
+    ("An error occurred while calling o123.partitions.\n: org.apache.hadoop.mapreduce.lib.input."
+     "InvalidInputException: Input path does not exist: file:/d/_valid.txt\n\tat org.apache.hadoop.x(y.java:1)",
+     "org.apache.hadoop.mapreduce.lib.input.InvalidInputException: Input path does not exist: file:/d/_valid.txt"),
     ("", ""),
     ("KeyError: " + "k" * 400, "KeyError: " + "k" * 290),                                     # 300 characters at most
 ])

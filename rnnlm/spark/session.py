@@ -99,7 +99,8 @@ def job_failure(text: str) -> str:
     """One line for a failed Spark job, from its error's text (a ``Py4JJavaError``'s): the last
     ``SomethingError: ...`` of the Python traceback it carries (its first line only names the py4j
     call), else Spark's reason for aborting the job; with a hint where memory is what failed."""
-    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    # (py4j writes a Java exception raised on the driver as ": org.apache...Exception: why")
+    lines = [x.strip().removeprefix(": ") for x in text.strip().splitlines() if x.strip()]
     causes = [x for x in lines if re.match(r"^[\w.]*(Error|Exception): ", x) and "Py4JJavaError" not in x
               and not x.startswith(("org.apache.spark", "py4j"))]
     aborted = [x.split("Job aborted due to stage failure: ", 1)[1] for x in lines
