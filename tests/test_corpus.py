@@ -96,3 +96,25 @@ def test_a_corpus_directory_holding_a_subdirectory_is_refused_in_one_line(spark,
             corpus.paragraphs(sc, str(d), mode, "word")
         assert str(e.value) == (f"{d}: {d}/more is a directory: a corpus directory is read as its files, not "
                                 f"its subdirectories (name them with a glob, such as {d}/*/*)")
+
+
+def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path):
+    """A local directory is listed in the order of its entries on that disk, and that order was the
+    corpus' (its paragraphs, its partitions): the same corpus copied elsewhere trained on other data.
+    Its files are now read in sorted order, as HDFS lists them and as the checks before Spark scan them."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    names = [f"part-{i:02d}.txt" for i in range(12)]
+    for i in np.random.default_rng(3).permutation(12):          # made in another order than their names'
+        (d / names[i]).write_text(f"w{i} x\n\ny{i}\n")
+    sc = spark.sparkContext
+    for mode in ("blank_line", "line"):
+        got = corpus.paragraphs(sc, str(d), mode, "word", min_partitions=1).collect()
+        assert got == [p for i in range(12) for p in (f"w{i} x", f"y{i}")], (mode, got)
+    glob = corpus.paragraphs(sc, f"{d}/part-0*.txt", "line", "word", min_partitions=1).collect()
+    assert glob == [p for i in range(10) for p in (f"w{i} x", f"y{i}")]
+    odd = tmp_path / "odd"                              # a name Hadoop would split: the path goes as given
+    odd.mkdir()
+    (odd / "a,b.txt").write_text("z\n")
+    (odd / "c.txt").write_text("v\n")
+    assert sorted(corpus.paragraphs(sc, str(odd), "line", "word").collect()) == ["v", "z"]

@@ -34,9 +34,16 @@ class CorpusError(ValueError):
     """A corpus that cannot be trained on (missing, empty, undecodable, too short)."""
 
 
-def check_path(sc, path: str) -> None:
+def check_path(sc, path: str) -> str:
     """Fail with a one-line error when ``path`` matches no file, or names a directory holding a
-    subdirectory (any Hadoop filesystem).
+    subdirectory (any Hadoop filesystem); else the files it names, in the order of their paths, as
+    Hadoop's input formats take several (comma-separated).
+
+    A directory is listed in whatever order its filesystem gives (a local one: the order of the
+    directory's entries on that disk), and its files' order is the corpus' order, so the same
+    corpus copied elsewhere would train on other partitions: the files are named in sorted order.
+    (A name holding a comma or a glob character, which Hadoop would read as syntax, leaves the
+    path as given.)
 
     Hadoop reads a directory's files and fails on a subdirectory (a NullPointerException or an
     IOException tens of lines long), as Spark's ``textFile`` does unless asked to recurse. It is
@@ -48,6 +55,9 @@ def check_path(sc, path: str) -> None:
         fs = hpath.getFileSystem(hadoop_conf(sc))
         matches = fs.globStatus(hpath)
         sub = next((d for st in matches or [] if st.isDirectory() for d in _subdirectories(fs, st)), None)
+        files = sorted(c.getPath().toString() for st in matches or []
+                       for c in (fs.listStatus(st.getPath()) if st.isDirectory() else [st])
+                       if c.isFile() and not c.getPath().getName().startswith(("_", ".")))
     except Exception as e:
         raise CorpusError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if matches is None or len(matches) == 0:
@@ -56,6 +66,9 @@ def check_path(sc, path: str) -> None:
         shown = sub.toString() if ":" in path else sub.toUri().getPath()
         raise CorpusError(f"{path}: {shown} is a directory: a corpus directory is read as its files, not its "
                           f"subdirectories (name them with a glob, such as {path.rstrip('/')}/*/*)")
+    if not files or any(c in f for f in files for c in ",{}[]*?\\"):
+        return path
+    return ",".join(files)
 
 
 def _subdirectories(fs, status):
@@ -87,7 +100,7 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     Hadoop's reader, which never holds it; :func:`check_local_records` refuses one in a local corpus
     before Spark starts.
     """
-    check_path(sc, path)
+    path = check_path(sc, path)         # its files, in sorted order
     most = _hadoop_max(max_record_mb)
     if mode == "line":
         rdd = _text_file(sc, path, min_partitions, most)
