@@ -118,3 +118,20 @@ def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path
     (odd / "a,b.txt").write_text("z\n")
     (odd / "c.txt").write_text("v\n")
     assert sorted(corpus.paragraphs(sc, str(odd), "line", "word").collect()) == ["v", "z"]
+
+
+def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop_reads_it(tmp_path):
+    """Hadoop finds the blank lines of the corpus' first file in every file: a CRLF file after an LF one is
+    one record to it, which it skipped (a whole file gone, with an INFO line) when over the limit, while
+    the scan before Spark, cutting each file at its own blank lines, had passed it."""
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.txt").write_bytes(b"a b\n\nc\n")
+    (d / "b.txt").write_bytes(b"word word word\r\n\r\n" * 80_000)        # 1.3 MB of short paragraphs
+    with pytest.raises(corpus.CorpusError) as e:
+        corpus.check_local_records(str(d), "blank_line", 1, "data.train")
+    assert str(e.value).startswith(f"data.train: {d}/b.txt has no blank line in its first 1 MiB: it is one "
+                                   "paragraph") and "its lines end with b'\\r\\n', the corpus' first file's with " \
+        "b'\\n'" in str(e.value), str(e.value)
+    (d / "a.txt").write_bytes(b"a b\r\n\r\nc\r\n")                      # alike: read as it is cut
+    corpus.check_local_records(str(d), "blank_line", 1, "data.train")

@@ -151,18 +151,34 @@ def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> 
     CorpusError
         Naming the file, where the record starts, the limit and how to raise it.
     """
-    limit = max_record_mb << 20
+    limit, corpus_end = max_record_mb << 20, None
     for name in _local_files(path):
         opener = gzip.open if name.endswith(".gz") else None if name.endswith(_UNSCANNED) else open
         if opener is None:
             continue
         try:
             with opener(name, "rb") as f:
-                found = _long_record(f, mode, limit)
+                own = _blank_line(f.read(1 << 16))
+                # Hadoop cuts every file at the blank lines of the first (its first line's end): so does the scan
+                corpus_end = corpus_end or own
+                f.seek(0)
+                found = _long_record(f, mode, limit, corpus_end)
         except (OSError, EOFError):       # unreadable, or a broken gzip: Hadoop reports it in its own words
             continue
         if found is not None:
-            raise CorpusError(_too_long(what, name, mode, max_record_mb, *found))
+            message = _too_long(what, name, mode, max_record_mb, *found)
+            if mode != "line" and own not in (None, corpus_end):
+                message += (f" (its lines end with {own[:len(own) // 2]!r}, the corpus' first file's with "
+                            f"{corpus_end[:len(corpus_end) // 2]!r}, and Hadoop finds the blank lines of the first "
+                            "in every file: make them end alike)")
+            raise CorpusError(message)
+
+
+def _blank_line(head: bytes) -> bytes | None:
+    """The blank line of a text whose first bytes are ``head``, as Hadoop's reader is told it: two of
+    its first line's end (``\r\n`` or ``\n``); None when ``head`` holds no line end."""
+    i = head.find(b"\n")
+    return None if i < 0 else b"\r\n\r\n" if head[i - 1:i] == b"\r" else b"\n\n"
 
 
 def _local_files(path: str) -> list:
@@ -176,23 +192,24 @@ def _local_files(path: str) -> list:
                     if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(match, n))]
         elif os.path.isfile(match) and not os.path.basename(match).startswith(("_", ".")):
             out.append(match)
-    return out
+    return sorted(out)          # as check_path names them to Hadoop
 
 
-def _long_record(f, mode: str, limit: int) -> tuple | None:
+def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> tuple | None:
     """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes, or None.
     ``alone``, for a stream that starts with that record (else None): ``"line"`` when its first ``limit``
     bytes hold no line end (always, with ``mode = "line"``), ``"paragraph"`` when they do.
 
     Records end as Hadoop ends them: at each line end (``\\r`` and ``\\n`` alike, so ``\\r\\n`` leaves
-    an empty record), or at each blank line (``\\r\\n\\r\\n`` when the stream's first line end is
-    ``\\r\\n``, else ``\\n\\n``), matched left to right without overlap (three line ends: a blank line,
-    then a record opening with a line end). The stream is read in chunks of at most half the limit, so
-    only the records that meet a chunk's ends can be too long; the open record's last bytes, where a
-    delimiter may begin, are carried to the next chunk, and a stream with no delimiter stops being
-    read past the limit."""
+    an empty record), or at each blank line (``blank_line``, the corpus' own; else ``\\r\\n\\r\\n``
+    when the stream's first line end is ``\\r\\n``, else ``\\n\\n``), matched left to right without
+    overlap (three line ends: a blank line, then a record opening with a line end). The stream is
+    read in chunks of at most half the limit, so only the records that meet a chunk's ends can be too
+    long; the open record's last bytes, where a delimiter may begin, are carried to the next chunk,
+    and a stream with no delimiter stops being read past the limit."""
     chunk = max(1, min(limit // 2, 8 << 20))
-    delim = b"\n" if mode == "line" else None      # paragraphs: told by the first line end
+    # paragraphs: the corpus' blank line (its first file's), else told by the stream's first line end
+    delim = b"\n" if mode == "line" else blank_line
     pos, start, lines, tail = 0, 0, False, b""      # tail's offset; the open record's; a line end early in it
 
     def found():
