@@ -320,6 +320,9 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "conf").symlink_to(tmp_path)
     assert default_fs() == "hdfs://defaults:1"                         # $SPARK_HOME/conf
+    import pyspark
+    from rnnlm.spark import hfs
+    assert hfs._pyspark_home() == os.path.dirname(pyspark.__file__)  # its conf/ where $SPARK_HOME is unset
     cases = {f"--properties-file {tmp_path}/p.conf pyspark-shell": "hdfs://props:2",
              f"--properties-file {tmp_path}/p2.conf pyspark-shell": "hdfs://site:8020",
              f"--properties-file {tmp_path}/p2.conf --load-spark-defaults pyspark-shell": "hdfs://defaults:1",

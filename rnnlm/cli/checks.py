@@ -169,7 +169,7 @@ def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init
 
 def load_checkpoint(path: str) -> checkpoint.Checkpoint:
     """A checkpoint or run directory: a local one with plain Python, any other Hadoop path
-    (``hdfs://``, or a scheme-less path while ``$HADOOP_CONF_DIR`` names another default
+    (``hdfs://``, or a scheme-less path while Hadoop's configuration names another default
     filesystem) through Hadoop's client in a local Spark JVM."""
     is_local, local = resolve(path, default_fs())
     if is_local:

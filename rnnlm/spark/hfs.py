@@ -79,8 +79,8 @@ def default_fs(conf_dir: str | None = None) -> str:
 def launcher_property(key: str) -> str | None:
     """Spark property ``key`` as the launcher that plain Python starts would read it: ``--conf
     key=value`` in ``$PYSPARK_SUBMIT_ARGS``, else the properties file (``--properties-file`` there,
-    else ``spark-defaults.conf`` in ``$SPARK_CONF_DIR``, else in ``$SPARK_HOME/conf``); None if
-    none names it or they cannot be read."""
+    else ``spark-defaults.conf`` in ``$SPARK_CONF_DIR``, else in ``$SPARK_HOME/conf``, PySpark's
+    package directory where ``$SPARK_HOME`` is unset); None if none names it or they cannot be read."""
     try:
         args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
     except ValueError:
@@ -95,7 +95,7 @@ def launcher_property(key: str) -> str | None:
             props, defaults = arg, "--load-spark-defaults" in args
     if value is not None:
         return value
-    home = os.environ.get("SPARK_HOME")
+    home = os.environ.get("SPARK_HOME") or _pyspark_home()
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
     files = [props] if props else []
     if defaults and conf_dir:
@@ -105,6 +105,14 @@ def launcher_property(key: str) -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _pyspark_home() -> str | None:
+    """Where PySpark's launcher looks when ``$SPARK_HOME`` is unset (a pip-installed PySpark: its
+    package directory), found without importing it."""
+    import importlib.util
+    spec = importlib.util.find_spec("pyspark")
+    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
 
 
 def _properties(path: str) -> dict:
