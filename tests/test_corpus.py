@@ -27,13 +27,15 @@ def test_character_paragraphs_keep_every_character_of_the_raw_text(spark, tmp_pa
     assert "".join(corpus.paragraphs(sc, str(f), "line", "char").collect()) == raw
 
 
-def test_spark_vocabulary_equals_the_local_one(spark):
+def test_spark_vocabulary_equals_the_local_one(spark, tmp_path):
     sc = spark.sparkContext
     text = open(TEXT).read()
-    for level, cap in (("char", 0), ("char", 20), ("word", 50)):
-        paras = corpus.paragraphs(sc, TEXT, "blank_line", level)
+    long_lines = tmp_path / "long.txt"                  # <eos> (one a line) ranks below the top 7 words
+    long_lines.write_text(("a b c d e f g h " * 20 + "\n") * 2 + "\n" + "i j\n")
+    for level, cap, path in (("char", 0, TEXT), ("char", 20, TEXT), ("word", 50, TEXT), ("word", 5, str(long_lines))):
+        paras = corpus.paragraphs(sc, path, "blank_line", level)
         local = Vocab.build("".join(p + ("\n" if level == "word" else "") for p in paras.collect()), level, cap)
-        assert corpus.build_vocab(paras, level, cap) == local
+        assert corpus.build_vocab(paras, level, cap) == local, (level, cap)
     assert len(corpus.build_vocab(corpus.paragraphs(sc, TEXT, "line", "char"), "char")) == len(set(text)) + 1
 
 

@@ -265,8 +265,9 @@ def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Voc
             raise CorpusError("the corpus is empty")
         forced = {UNK_WORD, EOS} if level == "word" else {UNK_CHAR}
         cand = counts.filter(lambda kv: kv[1] >= min_count or kv[0] in forced)
-        if max_size:
+        if max_size:            # the forced tokens' counts too, wherever they rank (a rare <eos> in long lines)
             top = cand.takeOrdered(max_size + len(forced), key=lambda kv: (-kv[1], kv[0]))
+            top += counts.filter(lambda kv: kv[0] in forced).collect()
         else:
             top = cand.collect()   # distinct kept tokens: vocabulary-sized, not corpus-sized
     finally:
