@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rnnlm.core import backend, checkpoint
-from rnnlm import cli
+from rnnlm import cli, config
 from rnnlm.core.model import RNNLM
 
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, metrics
@@ -123,27 +123,35 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     ck = checkpoint.load(str(out / "checkpoint"))
     views = RNNLM(ck.config.model).layout.views(ck.params)
     views["Wo"] *= 1e5                     # confidently wrong: losses in the thousands of nats
+    # trained on a GPU: scored here all the same (--device auto), as it was not (train.device = "gpu")
+    ck.config = config.replace(ck.config, "train", device="gpu")
     checkpoint.save(str(out / "checkpoint"), ck)
     capsys.readouterr()
     held = HARBOUR_VALID
-    a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=None, master=None, verbose=False)
+    a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=None, master=None, verbose=False,
+                           device="auto")
     assert cli.guarded(lambda: cli.evaluate(a)) == 0
     result, last = capsys.readouterr().out.strip().splitlines()[-2:]
     assert last == "ppl=inf"
     # named by the file scored (it was "test_loss ..." whatever the file)
     number = r"[0-9]+\.[0-9]{4}"
     assert re.fullmatch(rf"{re.escape(held)}: loss {number} \| ppl inf \| bpc {number}", result), result
+    if not backend.gpu_available():
+        a.device = "gpu"
+        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)),
+                  "a Spark job failed: RuntimeError: device='gpu' but CuPy or a CUDA device is not available")
+        a.device = "auto"
     # --streams has data.eval_streams' range (beyond it Hadoop cut the file into 1-byte splits, or py4j raised)
     for streams in (10_001, 2 ** 31):
         a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=streams, master=None,
-                               verbose=False)
+                               verbose=False, device="auto")
         one_error(capsys, cli.guarded(lambda: cli.evaluate(a)), f"--streams {streams}: must be in [1, 10000]")
     # streams that score nothing (one token each: one-character lines at character level, split by line)
     # are an error, not "ppl=1.0000"
     from rnnlm.spark.corpus import CorpusError, evaluate_rdd
     ones = spark.sparkContext.parallelize([(pid, np.array([3], np.int32), np.array([0])) for pid in range(2)], 2)
     with pytest.raises(CorpusError, match="^the held-out text scores no token: each of its streams is shorter"):
-        evaluate_rdd(spark.sparkContext, ck.config, ck.params, ones)
+        evaluate_rdd(spark.sparkContext, config.replace(ck.config, "train", device="cpu"), ck.params, ones)
 
 
 def test_existing_run_is_not_overwritten_and_bad_resume_is_refused(spark, tmp_path, capsys):

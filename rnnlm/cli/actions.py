@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 
-from py4j.protocol import Py4JJavaError
 
 from ..core import checkpoint
 from .. import config
@@ -11,7 +10,7 @@ from ..spark import corpus
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
 from ..spark.rundir import Init, TrainingError
-from ..spark.session import job_failure, release
+from ..spark.session import job_errors, job_failure, release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
@@ -37,7 +36,7 @@ def guarded(fn) -> int:
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
-        if isinstance(e, Py4JJavaError):    # a job Spark aborted outside a round (which says its own line)
+        if isinstance(e, job_errors()):     # a job Spark aborted outside a round (which says its own line)
             return error(f"a Spark job failed: {job_failure(str(e))}")
         if not isinstance(e, EXPECTED):
             raise
@@ -144,7 +143,7 @@ def evaluate(a) -> int:
     with spark_session("rnnlm-evaluate", a.master, a.verbose) as spark:
         sc = spark.sparkContext
         ck = ck or checkpoint.finite(read_checkpoint(sc, a.checkpoint), a.checkpoint)
-        cfg = ck.config
+        cfg = config.replace(ck.config, "train", device=a.device)      # where this machine scores it
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)
         rdd, loss = corpus.load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None

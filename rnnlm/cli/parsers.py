@@ -67,6 +67,9 @@ def evaluate(ap) -> None:
     ap.add_argument("--streams", "--partitions", dest="streams", type=int, default=None, metavar="N",
                     help="contiguous streams evaluated in parallel (default: the checkpoint's data.eval_streams, "
                          "as in its training log; 1 = the whole text as one stream)")
+    ap.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                    help="where the streams are scored (default auto: a GPU where Spark assigns one and CuPy finds "
+                         "it, else the CPU), whatever device the checkpoint trained on")
     _spark(ap)
 
 

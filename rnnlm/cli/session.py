@@ -43,7 +43,7 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
     """Load a checkpoint directory, or the checkpoint of a run directory, from any Hadoop path; what
     Hadoop's client cannot read (an unknown scheme, an unreachable NameNode, permissions) is one line."""
-    from py4j.protocol import Py4JJavaError
+    from ..spark.session import job_errors
     try:
         fs, path = HadoopFS(sc, path), path.rstrip("/")
         path = checkpoint.in_run(path, fs)
@@ -51,6 +51,7 @@ def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
         if not fs.exists(path):
             raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
         return hfs_checkpoint(fs, path)
-    except Py4JJavaError as e:
-        first = str(e.java_exception).splitlines()[0] if e.java_exception is not None else str(e)
+    except job_errors() as e:
+        java = getattr(e, "java_exception", None)
+        first = next(iter((str(java) if java is not None else str(e)).splitlines()), type(e).__name__)
         raise checkpoint.CheckpointError(f"cannot read {path}: {first}") from None

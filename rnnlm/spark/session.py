@@ -95,6 +95,15 @@ def bind_host(configured: str, master: str, driver_host: str | None) -> str:
     return driver_host or "127.0.0.1"
 
 
+def job_errors() -> tuple:
+    """What a failed Spark job raises on the driver: py4j's error, or what PySpark makes of it where a
+    SparkSession runs (from PySpark 4 a Python task's failure is a ``PythonException``, a JVM's
+    ``IllegalArgumentException`` its namesake: :mod:`pyspark.errors`)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+    return Py4JJavaError, CapturedException
+
+
 def job_failure(text: str) -> str:
     """One line for a failed Spark job, from its error's text (a ``Py4JJavaError``'s): the last
     ``SomethingError: ...`` of the Python traceback it carries (its first line only names the py4j

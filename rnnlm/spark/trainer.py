@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from py4j.protocol import Py4JJavaError
 
 from ..core import checkpoint
 from .. import config
@@ -24,7 +23,7 @@ from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_c
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
-from .session import job_failure
+from .session import job_errors, job_failure
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -168,7 +167,7 @@ class Trainer(Driver):
         job = sync.start(r, lr, pause=evaluated or due(r, cfg.train.checkpoint_every, rounds))
         try:
             agg = sync.wait(job)
-        except Py4JJavaError as e:          # the round's job failed in Spark (its retries spent)
+        except job_errors() as e:           # the round's job failed in Spark (its retries spent)
             self._stop(r, f"the Spark job failed: {job_failure(str(e))}")
         except ChannelError as e:           # train.results = "direct": the driver could not merge a contribution
             self._stop(r, str(e))
