@@ -43,8 +43,11 @@ def test_missing_path(spark, tmp_path, capsys):
 
 
 def test_empty_corpus(spark, tmp_path, capsys):
+    """Named: an empty validation text said "the corpus is empty", which reads as the training text."""
     (tmp_path / "empty.txt").write_text("\n\n  \n")
-    one_error(capsys, train(tmp_path / "o", *demo(f"data.train={tmp_path}/empty.txt")), "corpus is empty")
+    for key in ("train", "valid"):
+        one_error(capsys, train(tmp_path / key, *demo(f"data.{key}={tmp_path}/empty.txt")),
+                  f"{tmp_path}/empty.txt is empty")
 
 
 def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
@@ -62,6 +65,8 @@ def test_undecodable_bytes_replace_or_fail(spark, tmp_path, capsys):
     (tmp_path / "bad.txt").write_bytes(raw + b"caf\xe9 \xff\xfe broken\n\n" + raw)
     one_error(capsys, train(tmp_path / "o1", *demo(f"data.train={tmp_path}/bad.txt", "data.encoding_errors=strict")),
               "undecodable bytes")
+    one_error(capsys, train(tmp_path / "o3", *demo(f"data.valid={tmp_path}/bad.txt", "data.encoding_errors=strict")),
+              f"{tmp_path}/bad.txt: 1 paragraphs hold undecodable bytes")         # held-out text too
     assert train(tmp_path / "o2", *demo(f"data.train={tmp_path}/bad.txt")) == 0   # replaced with U+FFFD
     capsys.readouterr()
 

@@ -255,14 +255,15 @@ def _paragraph_records(record: str) -> list:
     return record.replace("\r\n", "\n").split("\n\n")
 
 
-def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Vocab:
-    """Count tokens with ``reduceByKey`` and keep the top ones (see :meth:`Vocab.from_counts`)."""
+def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1, name: str = "the corpus") -> Vocab:
+    """Count tokens with ``reduceByKey`` and keep the top ones (see :meth:`Vocab.from_counts`);
+    ``name`` names the text in the error that it is empty."""
     counts = paras.flatMap(lambda p: tokenize(p, level)).map(lambda t: (t, 1)).reduceByKey(add)
     counts.cache()
     try:
         total = counts.values().sum()
         if total == 0:
-            raise CorpusError("the corpus is empty")
+            raise CorpusError(f"{name} is empty")
         forced = {UNK_WORD, EOS} if level == "word" else {UNK_CHAR}
         cand = counts.filter(lambda kv: kv[1] >= min_count or kv[0] in forced)
         if max_size:            # the forced tokens' counts too, wherever they rank (a rare <eos> in long lines)
@@ -275,15 +276,16 @@ def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1) -> Voc
     return Vocab.from_counts(dict(top), level, max_size, min_count, total=total)
 
 
-def contiguous_partitions(paras, n: int, shrink: bool = False):
+def contiguous_partitions(paras, n: int, shrink: bool = False, name: str = "the corpus"):
     """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept.
 
-    With ``shrink`` a corpus of fewer than ``n`` paragraphs gets one partition each.
+    With ``shrink`` a corpus of fewer than ``n`` paragraphs gets one partition each; ``name`` names
+    the text in the error that it is empty.
     """
     counts = paras.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
     total = sum(counts)
     if total == 0:
-        raise CorpusError("the corpus is empty")
+        raise CorpusError(f"{name} is empty")
     if total < n and shrink:
         n = total
     elif total < n:
@@ -361,7 +363,17 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
     """
     d = cfg.data
     hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb)
-    return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True), bc_vocab).persist()
+    _check_decodable(hp, path, d.encoding_errors)
+    return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True, name=path), bc_vocab).persist()
+
+
+def _check_decodable(paras, path: str, errors: str) -> None:
+    """Under ``data.encoding_errors = "strict"`` a text holding undecodable bytes is refused (Hadoop
+    decodes them as U+FFFD)."""
+    if errors == "strict":
+        bad = paras.filter(lambda p: "\ufffd" in p).count()
+        if bad:
+            raise CorpusError(f"{path}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict)")
 
 
 def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
@@ -377,16 +389,13 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
             status(f"{text} ...")
     phase(f"reading {d.train}")
     paras = paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb)
-    if d.encoding_errors == "strict":
-        bad = paras.filter(lambda p: "\ufffd" in p).count()
-        if bad:
-            raise CorpusError(f"{d.train}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict)")
+    _check_decodable(paras, d.train, d.encoding_errors)
     if vocab is None:
         phase(f"counting {d.level}s for the vocabulary")
-        vocab = build_vocab(paras, d.level, d.vocab_size, d.min_count)
+        vocab = build_vocab(paras, d.level, d.vocab_size, d.min_count, name=d.train)
     bc_vocab = sc.broadcast(vocab)
     phase(f"encoding and caching {d.partitions} partitions")
-    enc = encode_partitions(contiguous_partitions(paras, d.partitions), bc_vocab)
+    enc = encode_partitions(contiguous_partitions(paras, d.partitions, name=d.train), bc_vocab)
     enc = enc.persist()
     held_out, counts = {}, {}
     try:
