@@ -111,7 +111,10 @@ def _pyspark_home() -> str | None:
     """Where PySpark's launcher looks when ``$SPARK_HOME`` is unset (a pip-installed PySpark: its
     package directory), found without importing it."""
     import importlib.util
-    spec = importlib.util.find_spec("pyspark")
+    try:
+        spec = importlib.util.find_spec("pyspark")
+    except (ImportError, ValueError):       # no PySpark here (rnnlm demo's core alone): no launcher either
+        return None
     return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
 
 
