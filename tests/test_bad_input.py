@@ -150,7 +150,8 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     for streams in (10_001, 2 ** 31):
         a = argparse.Namespace(checkpoint=str(out / "checkpoint"), data=held, streams=streams, master=None,
                                verbose=False, device="auto")
-        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)), f"--streams {streams}: must be in [1, 10000]")
+        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)), f"--streams: data.eval_streams = {streams} is out of "
+                  "range: a run takes data.eval_streams in [1, 10000]")
     # streams that score nothing (one token each: one-character lines at character level, split by line)
     # are an error, not "ppl=1.0000"
     from rnnlm.spark.corpus import CorpusError, evaluate_rdd

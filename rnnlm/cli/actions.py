@@ -132,9 +132,11 @@ def evaluate(a) -> int:
     """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
     run (its data paths, its partitions) is read."""
     from .checks import check_checkpoint, check_input, check_records
-    most = config.RANGES[("data", "eval_streams")][1]
-    if a.streams is not None and not 1 <= a.streams <= most:      # data.eval_streams' range
-        raise config.ConfigError(f"--streams {a.streams}: must be in [1, {most}]")
+    if a.streams is not None:       # data.eval_streams' range, checked where every key's is
+        try:
+            config.load(None, [f"data.eval_streams={a.streams}"])
+        except config.ConfigError as e:
+            raise config.ConfigError(f"--streams: {e}") from None
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
     if ck is not None:
