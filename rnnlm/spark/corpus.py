@@ -216,8 +216,8 @@ def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> t
         return start, None if start else "paragraph" if lines else "line"
     while more := f.read(chunk):
         data = tail + (more.replace(b"\r", b"\n") if mode == "line" else more)
-        if delim is None and (i := data.find(b"\n")) >= 0:
-            delim = b"\r\n\r\n" if data[i - 1:i] == b"\r" else b"\n\n"
+        if delim is None:
+            delim = _blank_line(data)
         if delim is None:
             first, last = -1, len(data)
         elif mode == "line":        # one byte: its first and last occurrences bound the records it ends
