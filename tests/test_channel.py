@@ -91,6 +91,13 @@ ALONE = "partition 0: an error is a string of 1 to 2000 characters, sent alone"
     (_array("params.E.data", np.zeros((3, 2), np.uint8)), "params.E: onebit data must be a uint8[3, 1] array"),
     (_array("params.E.scale", np.full((3, 2), np.nan, np.float32)), "params.E: onebit scale must hold finite values"),
     (_array("opt.m.data", np.zeros((29, 1), np.float64)), "opt.m: f32 data must be a float32[29, 1] array"),
+    (lambda f, a: f["blocks"]["params.b"].update(scale=1e50),          # decoded to zeros, silently
+     "params.b: the fp16 scale must be a power of two in [2^-113, 2^127]"),
+    (lambda f, a: f["blocks"]["params.b"].update(scale=2.0 ** -120),    # decoded to infinities
+     "params.b: the fp16 scale must be a power of two in [2^-113, 2^127]"),
+    (lambda f, a: f["blocks"]["params.b"].update(scale=3.0),
+     "params.b: the fp16 scale must be a power of two in [2^-113, 2^127]"),
+    (lambda f, a: f["blocks"]["opt.m"].update(scale=2.0), "opt.m: the f32 scale must be 1"),
     (_array("words", np.array([3, 9], np.int32)), "partition 0: words must be sorted unique int32 in [0, 8)"),
     (_array("words", np.array([3, 3], np.int32)), "partition 0: words must be sorted unique int32 in [0, 8)"),
     (_array("carry.state", np.zeros((1, 2, 4, 3), np.float32)),
@@ -168,7 +175,7 @@ def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
             acc = param.addInPlace(acc, param.addInPlace(param.zero(None), _values_leaf(pid, values[pid])))
         acc = param.addInPlace(acc, {0: _values_leaf(0, 7.0)})          # a partition computed twice
         assert sorted(acc) == [0, 1, 2]
-        assert np.array_equal(in_order(acc).mean("params.b"), np.full(5, np.float32(1 / 3)))
+        assert np.array_equal(in_order(acc.values()).mean("params.b"), np.full(5, np.float32(1 / 3)))
 
 
 @pytest.fixture

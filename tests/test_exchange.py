@@ -7,14 +7,19 @@ import pytest
 
 from rnnlm import config
 from rnnlm.exchange import plan
-from rnnlm.exchange.aggregate import Aggregate, merge
+from rnnlm.exchange.aggregate import Aggregate, Gathered, gather
 from rnnlm.exchange.blocks import Block, Sum
 from rnnlm.spark.trainer import Trainer
 
 from conftest import ROOT, TINY, metrics
 
 
-@pytest.mark.parametrize("top", [1e-8, 3e-3, 1.0, 7e4, 1e9])
+def merge(a, b):
+    """Fold ``b`` into ``a`` at once, as a tree node does when its value leaves it."""
+    return a.merge(b)
+
+
+@pytest.mark.parametrize("top", [1e-35, 1e-8, 3e-3, 1.0, 7e4, 1e9])   # 1e-35: its scale 2^131 was inf
 def test_fp16_scaling_round_trips_within_its_bound_and_never_overflows(top):
     rng = np.random.default_rng(1)
     v = (rng.standard_normal((50, 7)) * top / 4).astype(np.float32)
@@ -44,6 +49,8 @@ def test_int8_keeps_each_row_within_its_largest_value_over_254():
     assert (np.abs(got - v) > top / 1000).any()          # it does round: not float32 in disguise
     vec = Block(v[:, 0].copy(), (40,), codec="int8")     # a vector is one group: one scale
     assert vec.scale.shape == (1, 1) and vec.decode().shape == (40, 1)
+    tiny = np.float32([[190, -50, 3]]) * np.float32(2.0 ** -149)       # subnormal: top / 127 rounds down
+    assert np.sign(Block(tiny, tiny.shape, codec="int8").decode()).tolist() == [[1, -1, 1]]    # 128 wrapped to -128
 
 
 def test_bf16_truncates_to_the_upper_half():
@@ -90,6 +97,28 @@ def test_row_blocks_merge_as_a_union_in_any_order_and_equal_the_dense_mean():
     assert np.array_equal(flat.mean("w"), dense)                        # no hop between merges: exact
     half = merge(hop(leaves[0][0]), hop(leaves[1][0]))
     assert hop(half).dense["w"].ids.tolist() == [1, 4, 5, 7]
+
+
+def test_a_tree_node_merges_its_inputs_in_partition_order_whatever_order_they_arrive():
+    """From 5 partitions at depth 2 Spark's tree has a reduceByKey level: a node gets 3 or more values,
+    fetched in any order. Folded as they came, float64 sums of three are not associative: 2^53, -2^53 and 1
+    make 1 or 0, and so did a round's mean and its loss. Gathered, they fold in partition order as
+    the node's value leaves it, and at the driver."""
+    values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0, 3: 0.5, 4: 0.25}
+    leaf = lambda pid: Aggregate.contribution(1.0, {"b": np.full(3, values[pid], np.float64)}, {pid: {}},  # noqa: E731
+                                              loss_sum=values[pid])
+    results = set()
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        node = Gathered()
+        for pid in order:                                    # fetched from the leaves' tasks as they finished
+            node = gather(node, hop(gather(Gathered(), leaf(pid))))
+        driver = gather(gather(Gathered(), hop(Gathered([leaf(3), leaf(4)]))), hop(node))    # nodes' values collected
+        agg = driver.settle()
+        assert sorted(agg.local) == [0, 1, 2, 3, 4]
+        results.add((agg.mean("b", np.float64).tobytes(), agg.stats["loss_sum"]))
+    assert len(results) == 1
+    [(mean, loss)] = results
+    assert np.frombuffer(mean, np.float64).tolist() == [1.75 * (1 / 5)] * 3 and loss == 1.75   # 2^53 - 2^53 + 1.75
 
 
 @pytest.mark.parametrize("codec,width", [("f32", 4), ("fp16", 2), ("bf16", 2), ("int8", 2), ("onebit", 2)])
@@ -143,6 +172,17 @@ def test_error_feedback_transmits_the_whole_change_with_a_bounded_residual():
     assert np.abs(sent / 200 - change).max() < 0.15 * np.abs(change).max()     # the whole change arrives
     without, _, none = plan.encode(layout, change, Ex(embed="rows+bf16", random=0.2), np.array([1]), 5, 1, 0, 2)
     assert none is None
+    # a float64 model: its f32 blocks and residual float64 from the first round (float32 there: refused on
+    # the direct channel, and the rounding lost from the residual)
+    f64 = change.astype(np.float64) + 1e-12
+    ex64 = Ex(embed="rows", softmax="rows", hidden="dense", random=0.2, feedback=True)
+    blocks, _, residual = plan.encode(layout, f64, ex64, np.array([1, 2]), 5, 1, 0, 2)
+    assert residual.dtype == np.float64 and all(b.data.dtype == np.float64 for b in blocks.values())
+    sent = np.zeros(layout.size)
+    for slot in layout:
+        b = blocks[f"params.{slot.name}"]
+        sent[slot.offset:slot.end].reshape(slot.shape[0], -1)[slice(None) if b.ids is None else b.ids] = b.decode()
+    assert np.array_equal(sent + residual, f64)                                # exactly
 
 
 def test_a_sum_of_rows_folds_into_a_dense_sum():

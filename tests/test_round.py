@@ -9,7 +9,7 @@ from rnnlm.config import TrainConfig
 from rnnlm.core.checkpoint import Checkpoint
 from rnnlm.core.layout import Layout
 from rnnlm.core.vocab import Vocab
-from rnnlm.exchange.aggregate import Aggregate, merge
+from rnnlm.exchange.aggregate import Aggregate
 from rnnlm.exchange.blocks import Block
 from rnnlm.exchange.round import OPT, Carry, RoundMessage, StateKeys, SyncRound, view
 from rnnlm.spark.allreduce import SyncState
@@ -37,7 +37,7 @@ def _round(outer="average", optim_state="average", momentum=0.5, lr=2.0, partiti
 def _agg(opt=(None, None), **kw):
     a = _leaf(0, [1, 2, 3, 4, 5, 6], 1.0, opt=opt[0], **kw)
     b = _leaf(1, [3, 2, 1, 0, -1, -2], 3.0, opt=opt[1])
-    return merge(merge(Aggregate(), a), b)            # the token-weighted mean: (a + 3 b) / 4
+    return Aggregate().merge(a).merge(b)              # the token-weighted mean: (a + 3 b) / 4
 
 
 MEAN = np.array([2.5, 2.0, 1.5, 1.0, 0.5, 0.0])

@@ -2,7 +2,8 @@
 
 Each partition contributes named blocks (:mod:`rnnlm.exchange.blocks`), a weight (tokens), the
 ids of the words it read, its carry and scalar statistics, or only its error; merged values hold
-float64 weighted sums, so the mean does not depend on Spark's merge order. ``wire_bytes`` is
+float64 weighted sums, merged in partition order whatever order Spark delivers them
+(:class:`Gathered`). ``wire_bytes`` is
 measured each time a value is pickled to cross a process boundary. docs/design.md ("How
 distributed training works") and docs/exchange.md ("Merging in the tree") say more.
 """
@@ -130,15 +131,41 @@ def _rebuild(head, buffers, wire_bytes) -> Aggregate:
     return a
 
 
-def in_order(leaves: dict) -> Aggregate:
-    """Partitions' contributions (pid -> leaf) merged in partition order: a function of their values
-    alone, whichever finished first (float64 sums of three or more are not associative)."""
+def in_order(parts) -> Aggregate:
+    """Values (each a partition's, or a tree node's whole) merged in the order of each one's first
+    partition: a function of their values alone, whichever finished first (float64 sums of three or
+    more are not associative)."""
     agg = Aggregate()
-    for pid in sorted(leaves):
-        agg = agg.merge(leaves[pid])
+    for a in sorted(parts, key=lambda a: min(a.local, default=-1)):
+        agg = agg.merge(a)
     return agg
 
 
-def merge(a: Aggregate, b: Aggregate) -> Aggregate:
-    """``treeAggregate``'s seqOp and combOp alike: fold ``b`` into ``a``."""
-    return a.merge(b)
+class Gathered:
+    """The value ``treeAggregate`` passes: partitions' values gathered, not yet merged.
+
+    A node of Spark's tree (a ``reduceByKey``, from 5 partitions at depth 2) receives its inputs in
+    the order its fetches finish. They are merged only when the node's value leaves it (pickled) or the
+    driver reads the result (:meth:`settle`), then in partition order (:func:`in_order`): the result is
+    a function of the partitions' values, the partition count and the tree depth.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts=()):
+        self.parts = list(parts)
+
+    def settle(self) -> Aggregate:
+        """The parts merged in partition order (once: merging folds them into the first)."""
+        agg = in_order(self.parts)
+        self.parts = [agg]
+        return agg
+
+    def __reduce__(self):
+        return Gathered, ([self.settle()],)
+
+
+def gather(a: Gathered, b) -> Gathered:
+    """``treeAggregate``'s seqOp (``b`` a partition's :class:`Aggregate`) and combOp (``b`` gathered too)."""
+    a.parts.extend(b.parts if isinstance(b, Gathered) else [b])
+    return a

@@ -14,14 +14,16 @@ import numpy as np
 
 CODECS = ("f32", "fp16", "bf16", "int8", "onebit")
 FP16_TOP = 2.0 ** 15        # scaled magnitudes stay below this (float16's largest is 65504)
+FP16_EXPS = (-113, 127)     # the scale, a power of two: 2^-113 for float32's largest block, at most 2^127
 
 
 def fp16_scale(values) -> float:
-    """The power of two F that maps the block's largest magnitude just below 2^15."""
+    """The power of two F that maps the block's largest magnitude just below 2^15, at most 2^127
+    (float32's largest power of two: a block below 2^-112 keeps what float16 holds of it, not NaN)."""
     top = float(np.max(np.abs(values))) if values.size else 0.0
     if top == 0.0 or not math.isfinite(top):
         return 1.0
-    return 2.0 ** math.floor(math.log2(FP16_TOP / top))
+    return 2.0 ** min(math.floor(math.log2(FP16_TOP / top)), FP16_EXPS[1])
 
 
 class Block:
@@ -118,7 +120,8 @@ def _int8(values):
     g = _groups(values)
     top = np.abs(g).max(axis=1, keepdims=True) if g.size else np.zeros((g.shape[0], 1), np.float32)
     scale = np.where(top > 0, top / np.float32(127), np.float32(1)).astype(np.float32)   # (g, 1)
-    return np.rint(g / scale).astype(np.int8), scale
+    # clipped: among subnormals top / 127 rounds down, and 128 would wrap to -128
+    return np.clip(np.rint(g / scale), -127, 127).astype(np.int8), scale
 
 
 def _onebit(values):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .aggregate import Aggregate
-from .blocks import CODECS, Block, wire_shapes
+from .blocks import CODECS, FP16_EXPS, Block, wire_shapes
 from .round import OPT, Carry
 
 # the dtype each codec's payload must arrive in (anything else is refused); f32 blocks of a
@@ -103,8 +103,12 @@ def _scalar_scale(name: str, codec: str, scale, arrays: dict) -> float:
     if f"{name}.scale" in arrays:
         raise Malformed(f"{name}: carries an array {name}.scale the {codec} codec does not have")
     x = real(scale)
-    if x is None or x <= 0:
-        raise Malformed(f"{name}: the {codec} scale must be a finite positive number")
+    if codec == "fp16":
+        lo, hi = FP16_EXPS
+        if x is None or not 2.0 ** lo <= x <= 2.0 ** hi or math.frexp(x)[0] != 0.5:
+            raise Malformed(f"{name}: the fp16 scale must be a power of two in [2^{lo}, 2^{hi}]")
+    elif x != 1.0:
+        raise Malformed(f"{name}: the {codec} scale must be 1")
     return x
 
 

@@ -114,13 +114,13 @@ def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions:
     blocks : dict of str -> Block
     stats : dict of str -> int
         ``rows_sent.<group>``, ``rows_total.<group>`` and ``block_bytes.<group>``.
-    residual : array (P,) float32 or None
+    residual : array (P,) of the change's dtype, or None
         With ``ex.feedback``, what this round did not send (change + residual - sent).
     """
     g = pid % seed_groups(ex.seed_groups, partitions)
     blocks, stats = {}, {}
     if ex.feedback:
-        total = change.astype(np.float32) if residual is None else change + residual      # (P,)
+        total = change.copy() if residual is None else change + residual      # (P,), the model's dtype
         left = total.copy()
     for i, slot in enumerate(layout):
         group = group_of(slot.name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..exchange import plan
-from ..exchange.aggregate import Aggregate, merge
+from ..exchange.aggregate import Aggregate, Gathered, gather
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
@@ -315,7 +315,7 @@ class AllReduce:
             direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
         if self.lineage is None and direct is None:
             job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
-                Aggregate(), merge, merge, depth=self.cfg.train.tree_depth))
+                Gathered(), gather, gather, depth=self.cfg.train.tree_depth).settle())
         elif self.lineage is None:
             sink, take = direct
 

@@ -209,7 +209,7 @@ class Lineage:
             if missing:                # computed inside another job: recomputed here, the same numbers
                 for a in recompute(missing):
                     leaves.setdefault(next(iter(a.local)), a)
-            return in_order(leaves)
+            return in_order(leaves.values())
         return out, run(go)
 
     def finished(self, out, ok: bool) -> None:
