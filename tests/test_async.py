@@ -161,6 +161,24 @@ def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_o
     assert checkpoint.load(str(out / "checkpoint")).position["line"] == again[-1]
 
 
+def test_a_resume_shortened_below_a_partitions_windows_ends_with_its_last_line(spark, tmp_path):
+    """train.rounds lowered on resume, one partition already past the new end and one short of it: the
+    line after its push counted a round past the run's rates, an IndexError traceback at every resume."""
+    out, logs = tmp_path / "run", []
+    cfg = cfg_of("data.partitions=2", "train.mode=async", "train.push_every=2", "train.rounds=3")
+    make_trainer(spark, cfg, str(out), log=lambda *_: None).run()
+    ck = checkpoint.load(str(out / "checkpoint"))
+    ck.position.update(done=[3, 1], version=4, round=2)       # as if partition 1 had stopped after window 1
+    ck.position.pop("line", None)
+    checkpoint.save(str(out / "checkpoint"), ck)
+    (out / "metrics.jsonl").write_text("")
+    shorter = config.replace(cfg, "train", rounds=2)
+    make_trainer(spark, shorter, str(out), log=logs.append).run(resume=True)
+    last = metrics(out)[-1]
+    assert last["syncs"] == 5 and last["windows_lost"] == 0 and last["round"] == 3, logs
+    assert last["lr"] == shorter.optim.lr                     # the last round's rate (the schedule is flat)
+
+
 def test_a_run_that_cannot_serve_stops_with_one_line_and_leaves_nothing_cached(spark, tmp_path):
     """A frame bound below the largest push, a port taken: its corpus (training and held-out text) is
     cached by then, and a notebook's session kept it."""
@@ -265,6 +283,37 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     last = make_trainer(spark, cfg, out, log=logs.append).run(resume=True)
     assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
     assert last == metrics(tmp_path / "run")[-1]
+
+
+def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(spark, tmp_path, monkeypatch):
+    """A checkpoint waits for the pushes being applied: one that failed there (half applied) was written as
+    done, and a resume never redid its window."""
+    import threading
+    import time
+    from rnnlm.server.paramserver import ParameterServer
+    apply, snapshot, calls, waiting = ParameterServer.apply, ParameterServer.snapshot, [], threading.Event()
+
+    def second_fails_during_a_snapshot(self, decoded, scale):
+        calls.append(1)
+        apply(self, decoded, scale)
+        if len(calls) == 2:
+            waiting.wait(30)                  # the driver's checkpoint by time has started, and waits for it
+            time.sleep(0.3)
+            raise MemoryError("after the first slots")
+
+    def snapshot_said(self, drain=False):
+        if len(calls) == 2:                   # a snapshot begun while push 2 is applied waits for it
+            waiting.set()
+        return snapshot(self, drain)
+
+    monkeypatch.setattr(ParameterServer, "apply", second_fails_during_a_snapshot)
+    monkeypatch.setattr(ParameterServer, "snapshot", snapshot_said)
+    cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
+                 "server.checkpoint_pushes=1", "server.checkpoint_s=1")
+    with pytest.raises(TrainingError, match=r"^server: applying partition 0's window 1 failed: after the first slots"):
+        make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None).run()
+    position = checkpoint.load(str(tmp_path / "run" / "checkpoint")).position
+    assert position["done"] == [1] and position["version"] == 1
 
 
 def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, monkeypatch):

@@ -290,7 +290,10 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     ("position", {"version": 2, "done": [1]}, "state.json: position: done must be a list of 2 integers >= 0"),
     ("position", {"version": 2, "done": [0, -1]}, "state.json: position: done must be a list of 2 integers >= 0"),
     ("position", {"version": 2, "done": ["a", 1]}, "state.json: position: done must be a list of 2 integers >= 0"),
-    ("position", {"totals": {"pushes": "many"}}, "state.json: position: totals must be a table of integers >= 0"),
+    ("position", {"totals": {"refused_protocol": "many"}}, "state.json: position: totals must be a table of the "
+                                                           "server's counters"),
+    ("position", {"totals": {"syncs": 9}}, "state.json: position: totals must be a table of the server's counters"),
+    ("position", {"totals": {"refused_\x1b[2J": 1}}, "state.json: position: totals must be a table of the server's"),
     ("position", {"line": {"round": 1}}, "state.json: position: line must be a metrics line with integer round"),
     ("position", {"best": [1]}, "state.json: position: best must be a table or null"),
     ("schedule", {"lr": "0.5", "best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
@@ -311,7 +314,7 @@ def test_a_position_at_its_edges_loads(tmp_path, ck, best):
     position the trainers write, taken as written."""
     position = {"round": 0, "version": 0, "step": 0, "tokens": 0, "bytes_sent": 0, "bytes_broadcast": 0,
                 "wall_s": 0.0, "eval_s": 0.0, "epoch": 0.0, "pending_lr": 0.0, "done": [0, 0],
-                "totals": {"pushes": 0}, "best": best, "line": {"round": 0, "syncs": 0}}
+                "totals": {"refused_protocol": 0}, "best": best, "line": {"round": 0, "syncs": 0}}
     got = ckpt.load(_crafted(tmp_path, ck, **{"state.json": _state(ck, position=position, optim_t=0)}))
     assert got.position == position and got.optim_t == 0
 
@@ -332,6 +335,18 @@ def test_a_checkpoint_to_resume_must_hold_what_its_trainer_reads_back(tmp_path, 
         ckpt.load(path, resume=True)
     ck.position.update(version=4, done=[2, 2], totals={"refused_duplicate": 0})
     assert ckpt.load(_saved(tmp_path, ck), resume=True).position["done"] == [2, 2]
+
+
+@pytest.mark.parametrize("bad", [np.nan, -1.0])
+def test_the_servers_adagrad_sums_must_be_finite_and_not_negative(tmp_path, ck, bad):
+    """A NaN or negative accumulator made the server's parameters NaN, and the run blamed a worker."""
+    ck.optim = {"server.acc": np.ones_like(ck.params)}
+    assert ckpt.load(_saved(tmp_path / "good", ck)).optim["server.acc"].sum() == ck.params.size
+    ck.optim["server.acc"][3] = bad
+    path = _saved(tmp_path / "bad", ck)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value) == f"{path}: the parameter server's AdaGrad sums (server.acc) must be finite and >= 0"
 
 
 def _big(hidden=128, name="adam"):

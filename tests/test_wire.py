@@ -390,6 +390,33 @@ def test_close_does_not_hang_on_live_connections(secret):
     c.close()
 
 
+def test_a_connection_accepted_as_the_server_closes_is_closed_with_it(secret, monkeypatch):
+    """A connection's thread put it among the live ones: accepted just before close(), it was missed,
+    and its peer could still say hello and be served by a closed server."""
+    s = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=2.0, log=lambda *_: None).start()
+    entered, closed, serve, result = threading.Event(), threading.Event(), s._serve, {}
+
+    def late(conn):                                  # its thread starts only after close()
+        entered.set()
+        closed.wait(5)
+        serve(conn)
+
+    def client():
+        try:
+            result["conn"] = wire.connect(*s.address, secret, MAX_FRAME, timeout=2.0)
+        except (OSError, wire.WireError) as e:
+            result["error"] = e
+    monkeypatch.setattr(s, "_serve", late)
+    t = threading.Thread(target=client)
+    t.start()
+    assert entered.wait(3)
+    s.close()
+    closed.set()
+    t.join(10)
+    assert "error" in result, "served after close()"
+    assert s.refused == {}
+
+
 def test_idle_peers_hold_at_most_the_pending_slots_and_the_oldest_make_room(secret):
     """300 idle peers once made 302 threads; now at most max_pending (default max_connections, 64) await
     their hello at a time, and each one beyond closes the oldest, so none keeps a client with the secret out."""

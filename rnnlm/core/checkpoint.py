@@ -401,6 +401,7 @@ class _Files:
                 raise CheckpointError(f"{self.where}: {e}") from None
 
 
+_TOTAL_KEY = re.compile(r"(refused|attempts|windows|workers)_[a-z_]{1,40}")  # a metrics line's other keys stay its own
 _COUNTS = ("round", "version", "step")                                  # integers >= 0
 _AMOUNTS = ("tokens", "bytes_sent", "bytes_broadcast", "wall_s", "eval_s", "epoch", "pending_lr")   # numbers >= 0
 # what a trainer reads back from a checkpoint's position when it resumes, by the train.mode that wrote it
@@ -423,9 +424,9 @@ def _position(pos: dict, partitions: int) -> str | None:
     if "done" in pos and not (isinstance(pos["done"], list) and len(pos["done"]) == partitions
                               and all(type(d) is int and d >= 0 for d in pos["done"])):
         return f"done must be a list of {partitions} integers >= 0 (one per partition)"
-    if "totals" in pos and not (isinstance(pos["totals"], dict)
-                                and all(type(v) is int and v >= 0 for v in pos["totals"].values())):
-        return "totals must be a table of integers >= 0"
+    if "totals" in pos and not (isinstance(pos["totals"], dict) and all(
+            _TOTAL_KEY.fullmatch(k) and type(v) is int and v >= 0 for k, v in pos["totals"].items())):
+        return "totals must be a table of the server's counters (refused_*, attempts_*, ...), integers >= 0"
     if "best" in pos and not (pos["best"] is None or isinstance(pos["best"], dict)):
         return "best must be a table or null"
     line = pos.get("line")
@@ -500,6 +501,9 @@ def _load(source, where: str, expect, resume: bool) -> Checkpoint:
     if len(vocab) != m.vocab_size:
         raise CheckpointError(f"{where}: vocabulary has {len(vocab)} tokens, model.vocab_size is {m.vocab_size}")
     params, optim, hidden = _arrays(files, cfg)
+    acc = optim.get("server.acc")
+    if acc is not None and not (np.isfinite(acc).all() and (acc >= 0).all()):
+        raise CheckpointError(f"{where}: the parameter server's AdaGrad sums (server.acc) must be finite and >= 0")
     ck = Checkpoint(params=params, config=cfg, vocab=vocab, optim=optim, position=position, hidden=hidden,
                     optim_t=optim_t, schedule=schedule, optim_t_local=optim_t_local)
     if resume:

@@ -98,8 +98,9 @@ def blocks_to_wire(blocks: dict) -> tuple:
     return {"blocks": meta}, arrays
 
 
-def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
-    """Check a pushed change against ``layout`` and decode it: ``[(slot, ids or None, values (n, C))]``.
+def blocks_from_wire(layout, fields: dict, arrays: dict, f32=np.float32) -> list:
+    """Check a pushed change against ``layout`` and decode it: ``[(slot, ids or None, values (n, C))]``;
+    ``f32``: the dtype of an ``f32`` block's values (the model's).
 
     Raises :class:`Refused` for anything that does not describe exactly this
     model's slots in a known codec, with row ids sorted, unique and in range, every
@@ -114,7 +115,7 @@ def blocks_from_wire(layout, fields: dict, arrays: dict) -> list:
     if not set(arrays) <= expected:
         raise Refused(f"push carries unknown arrays: {sorted(set(arrays) - expected)[:3]}")
     try:
-        blocks = [(slot, block_from_wire(slot.name, slot.shape, meta[slot.name], arrays)) for slot in layout]
+        blocks = [(slot, block_from_wire(slot.name, slot.shape, meta[slot.name], arrays, f32)) for slot in layout]
     except Malformed as e:
         raise Refused(str(e)) from None
     return [(slot, b.ids, _decoded(slot, b)) for slot, b in blocks]
@@ -284,30 +285,29 @@ class ParameterServer:
         The worker patches its copy with them; rows a push still in flight changes carry a
         stamp above the watermark, so they are sent again by the next pull.
         """
-        with self._book:
-            mark = min(self._claims) - 1 if self._claims else self.version
-            changed = {slot.name: np.flatnonzero(self.stamps[slot.name] > since) for slot in self.layout}
         meta, arrays = {}, {}
-        for slot in self.layout:
-            ids = changed[slot.name]
-            if ids.size == 0:
-                continue
-            view = self.params[slot.offset:slot.end].reshape(slot.shape[0], -1)       # (R, C)
-            if ids.size == slot.shape[0]:
-                meta[slot.name] = "all"
-                with self._params_lock or _NO_LOCK:
+        with self._params_lock or _NO_LOCK:     # locked: whole pushes only; lock-free (Hogwild!): rows as they are
+            with self._book:
+                mark = min(self._claims) - 1 if self._claims else self.version
+                changed = {slot.name: np.flatnonzero(self.stamps[slot.name] > since) for slot in self.layout}
+            for slot in self.layout:
+                ids = changed[slot.name]
+                if ids.size == 0:
+                    continue
+                view = self.params[slot.offset:slot.end].reshape(slot.shape[0], -1)       # (R, C)
+                if ids.size == slot.shape[0]:
+                    meta[slot.name] = "all"
                     arrays[f"{slot.name}.rows"] = view.copy()
-            else:
-                meta[slot.name] = "some"
-                arrays[f"{slot.name}.ids"] = ids.astype(np.int32)
-                with self._params_lock or _NO_LOCK:
+                else:
+                    meta[slot.name] = "some"
+                    arrays[f"{slot.name}.ids"] = ids.astype(np.int32)
                     arrays[f"{slot.name}.rows"] = view[ids]
         return mark, {"pulled": meta}, arrays
 
     def _push(self, pid, lease, fields, arrays):
         w, base = self._push_position(fields)
         stats = PushStats.of(fields)
-        decoded = blocks_from_wire(self.layout, fields, arrays)      # before anything is reserved
+        decoded = blocks_from_wire(self.layout, fields, arrays, self.params.dtype)    # before anything is reserved
         with self._book:
             self._book.wait_for(lambda: not self._frozen)
             if lease != self.lease[pid]:     # a newer attempt said hello while this push was decoded

@@ -75,8 +75,8 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u
 class WireError(ValueError):
     """A refused frame or connection; ``str(e)`` is one line. ``reason``: "mac", "truncated",
     "header", "size", "replay", "garbage", "dtype", "handshake", "memory" (no room among the bytes
-    in flight in time), "busy" (no slot for one more authenticated connection) or "pending" (closed
-    while awaiting its hello, to make room for a newer connection)."""
+    in flight in time), "busy" (no slot for one more authenticated connection), "pending" (closed
+    while awaiting its hello, to make room for a newer connection) or "closing" (the server is)."""
 
     def __init__(self, reason: str, detail: str = ""):
         self.reason = reason
@@ -587,6 +587,8 @@ class FrameServer:
                     del self._pending[oldest]
                     oldest.evicted = True
                 self._pending[conn] = None
+                self.connections += 1
+                self._live.add(conn)                # here, not in its thread: close() may come first
         if oldest is not None:
             oldest.shut()                           # its thread wakes, counts it and closes it
         if not admitted:
@@ -607,6 +609,8 @@ class FrameServer:
         """Move ``conn``, whose hello checked out, from the pending slots to the authenticated ones."""
         with self._lock:
             self._pending.pop(conn, None)
+            if self._stop.is_set():
+                raise WireError("closing", "the server is closing")
             if conn.evicted:
                 raise WireError("pending", "closed while awaiting its hello, for a newer connection")
             if self._authenticated >= self.max_connections:
@@ -616,6 +620,7 @@ class FrameServer:
 
     def _release(self, conn):
         with self._lock:
+            self._live.discard(conn)
             self._active -= 1
             self._pending.pop(conn, None)
             if conn.authenticated:
@@ -624,9 +629,6 @@ class FrameServer:
 
     # ------------------------------------------------------------ serving
     def _serve(self, conn):
-        with self._lock:
-            self.connections += 1
-            self._live.add(conn)
         try:
             conn.handshake(self.secret, self.handshake, lambda: self._welcome(conn))
             while self._request(conn):
@@ -635,9 +637,9 @@ class FrameServer:
             if conn.evicted:
                 self._refuse(conn.peer, "pending", f"pending: closed while awaiting its hello, for a newer "
                                                    f"connection ({self.max_pending} may wait at once)")
-            elif isinstance(e, WireError):
+            elif isinstance(e, WireError) and not self._stop.is_set():
                 self._refuse(conn.peer, e.reason, str(e), once=e.reason == "busy")
-            # else the peer left, or close() shut the socket: nothing refused
+            # else the peer left, or close() shut the socket or came before its hello: nothing refused
         finally:
             conn.close()
             conn.release()

@@ -197,11 +197,11 @@ class _Run:
             n = self.server.wait(P, timeout=min(1.0, sv.heartbeat_s))
             self.server.check_workers()
             done = not job.running
+            if self.server.failures:        # before a line: its checkpoint would hold a push half applied
+                job.cancel()
+                self._stop_on_failure()
             if n >= P and not done:
                 self._line(t0, checkpoint=self._checkpoint_due())
-            if self.server.failures:
-                job.cancel()
-                raise TrainingError(f"{self.server.failures[0]}; stopped, {self.dir.kept()}")
             if job.error:
                 raise TrainingError(f"async training job failed: {job.error}; {self.dir.kept()}")
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
@@ -219,6 +219,11 @@ class _Run:
         lost = self._line(t0, final=True, checkpoint=True)["windows_lost"]
         if lost:
             raise TrainingError(f"the job ended with {lost} windows never applied (see {self.dir.metrics_path})")
+
+    def _stop_on_failure(self) -> None:
+        """TrainingError for the server's first failure (a push that failed to apply, a worker's error)."""
+        if self.server.failures:
+            raise TrainingError(f"{self.server.failures[0]}; stopped, {self.dir.kept()}")
 
     def _checkpoint_due(self) -> bool:
         sv = self.server.sv
@@ -240,6 +245,7 @@ class _Run:
             return final or self.eval_pending or bool(every and rnd // every > self.last_eval)
         checkpoint = checkpoint or (bool(self.held_out) and eval_due(math.ceil(srv.version / P)))
         snap = srv.snapshot(drain=True) if checkpoint else None
+        self._stop_on_failure()         # a push that failed while the snapshot waited for it: not checkpointed
         s = snap["drained"] if snap else srv.drain()
         version = s["syncs"]
         self.tokens += s.get("tokens", 0)
@@ -254,7 +260,7 @@ class _Run:
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
              "wall_s": round(wall, 3),
              "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
-             **_train_loss(s), "lr": self.lrs[max(1, rnd) - 1],        # round r's windows trained at lrs[r - 1]
+             **_train_loss(s), "lr": self.lrs[min(max(1, rnd), self.windows) - 1],   # round r's at lrs[r - 1]
              "device": device_field(sum(d["ran"] != "cpu" for d in self.data.devices.values()), P)}
         m.update(sorted((snap["totals"] if snap else srv.totals).items()))     # the checkpoint's, when it has one
         if self.frames.refused:
