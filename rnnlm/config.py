@@ -389,11 +389,15 @@ def _outer_by_partitions(cfg: Config, given: dict) -> Config:
     ``train.outer_momentum`` the user set kept. A saved configuration holds the resolved step, so a
     resumed run keeps it."""
     t = cfg.train
-    if t.outer != "auto" or not _streams_in_range(t) or cfg.data.partitions <= 0:
+    if t.outer != "auto" or not _streams_in_range(t) or not _partitions_in_range(cfg):
         return cfg                  # another step, or out of range: validate() names it
     outer, lr, momentum = outer_for(t, cfg.data.partitions)
     return replace(cfg, "train", outer=outer, outer_lr=t.outer_lr if "outer_lr" in given else lr,
                    outer_momentum=t.outer_momentum if "outer_momentum" in given else momentum)
+
+
+def _partitions_in_range(cfg: Config) -> bool:
+    return _within(cfg.data.partitions, *RANGES[("data", "partitions")])
 
 
 def _streams_in_range(t: TrainConfig) -> bool:
@@ -406,7 +410,7 @@ def _streams_by_partitions(cfg: Config, given: dict) -> Config:
     ``train.max_streams`` = M, ``train.batch`` each until M in all, then M split. A ``train.batch`` given
     beside ``global_batch`` must be its value (a saved configuration holds both)."""
     t, P = cfg.train, cfg.data.partitions
-    if not (t.global_batch or t.max_streams) or not _streams_in_range(t) or P <= 0:
+    if not (t.global_batch or t.max_streams) or not _streams_in_range(t) or not _partitions_in_range(cfg):
         return cfg                  # off, or out of range: validate() names it
     per = streams_each(t, P)
     if t.global_batch and "batch" in given and given["batch"] != per:
@@ -425,7 +429,7 @@ def _parse_value(section: str, key: str, text: str, typ):
         return text
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):      # RecursionError: arrays nested a thousand deep
         return text  # rejected with a typed message by _coerce
     except ValueError:      # more digits than Python converts (sys.get_int_max_str_digits())
         raise ConfigError(f"{section}.{key}: a number of {len(text)} characters is out of range: a run takes "
@@ -465,6 +469,8 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
             raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} nests arrays or tables too deeply for a configuration") from None
         except UnicodeDecodeError as e:
             raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}): TOML is UTF-8") from None
         except ValueError:      # an integer of more digits than Python converts
@@ -478,7 +484,15 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
 
 
 def from_json(text: str) -> Config:
-    return from_dict(json.loads(text))
+    """A configuration saved as JSON (a checkpoint's): ConfigError for anything but a table of sections,
+    each a table of keys (ValueError for text that is not JSON)."""
+    try:
+        d = json.loads(text)
+    except RecursionError:
+        raise ConfigError("the configuration nests too deeply to be one") from None
+    if not isinstance(d, dict) or not all(isinstance(v, dict) for v in d.values()):
+        raise ConfigError("the configuration is not a table of sections, each a table of keys")
+    return from_dict(d)
 
 
 def replace(cfg: Config, section: str, **changes) -> Config:

@@ -75,10 +75,16 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
                 raise PackagingError(f"{what} failed: {last}")
         tmp = os.path.join(work, "env.tar.gz")
         venv_pack.pack(prefix=env, output=tmp, verbose=False)
+        beside = dest + ".tmp"       # copied beside it, then renamed: a copy cut short never replaces a whole one
         try:
-            shutil.move(tmp, dest)
+            if os.path.isdir(dest):
+                raise IsADirectoryError(21, "a directory")
+            shutil.copyfile(tmp, beside)
+            os.replace(beside, dest)
         except OSError as e:
-            raise PackagingError(f"cannot write {dest}: {e.strerror}") from None
+            if os.path.isfile(beside):
+                os.remove(beside)
+            raise PackagingError(f"cannot write {dest}: {e.strerror or e}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest

@@ -105,9 +105,11 @@ class Progress:
         """The status line, fields dropped from the end until it fits the terminal."""
         r = m["round"]
         frac = min(1.0, r / max(1, total))
-        elapsed = now - self.t0
+        since = now - self.t0          # since the first round reported: the rate's span
         done = r - self.first
-        eta = _clock(elapsed / done * (total - r)) if done > 0 else "?"
+        eta = _clock(since / done * (total - r)) if done > 0 else "?"
+        # the run's own clock (its first round included, a resumed run's earlier time too), where it says
+        elapsed = m["wall_s"] if type(m.get("wall_s")) in (int, float) and m["wall_s"] >= 0 else since
         per_round = m.get("round_bytes_sent", 0) + m.get("round_bytes_broadcast", 0)
         fields = [f"{_clock(elapsed)} < {eta}", "loss -" if self.loss is None else f"loss {self.loss:.3f}"]
         if "tokens_per_s" in m:

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from .core.metrics import json_lines
+from .core.metrics import MAX_JSON, MAX_METRICS, json_lines
 
 
 class RunError(ValueError):
@@ -56,11 +56,6 @@ class Run:
     def flat_config(self) -> dict:
         """``{"section.key": value}``."""
         return {f"{s}.{k}": v for s, keys in self.config.items() for k, v in keys.items()}
-
-
-# what a run's files may weigh before they are read: a metrics line is about 1 kB (256 MiB: some
-# 200,000 rounds); run.json and config.json hold a configuration
-MAX_METRICS, MAX_JSON = 256 << 20, 16 << 20
 
 
 def _too_large(path: str, size: int, limit: int) -> RunError:

@@ -32,11 +32,12 @@ def parse(specs: list, out: str, overwrite: bool = False) -> list:
     for spec in specs:
         kind, _, arg = spec.partition(":")
         if kind == "tensorboard":
-            local = "://" not in out or out.startswith("file://")
+            from .spark.hfs import default_fs, resolve
+            local, path = resolve(out, default_fs())          # as Hadoop reads --out: file:, hdfs:, fs.defaultFS
             if not arg and not local:
                 raise TrackerError(f"--log tensorboard: --out {out} is not a local directory; "
                                    "name one: --log tensorboard:DIR")
-            directory = arg or os.path.join(out.removeprefix("file://"), "tensorboard")
+            directory = arg or os.path.join(path, "tensorboard")
             if os.path.exists(directory) and not os.path.isdir(directory):
                 raise TrackerError(f"--log tensorboard: {directory} is not a directory")
             parsed.append(("tensorboard", (directory, overwrite and not arg)))
@@ -139,12 +140,16 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def event(wall_time: float, step: int, scalars: dict | None = None, file_version: str | None = None) -> bytes:
-    """A serialised ``tensorflow.Event``: wall_time (1), step (2), file_version (3) or a Summary (5)
-    of simple values (Summary.value (1): tag (1), simple_value (2))."""
+def event(wall_time: float, step: int, scalars: dict | None = None, file_version: str | None = None,
+          session_start: bool = False) -> bytes:
+    """A serialised ``tensorflow.Event``: wall_time (1), step (2), file_version (3), a Summary (5)
+    of simple values (Summary.value (1): tag (1), simple_value (2)) or a SessionLog (7) whose
+    status (1) is START (1)."""
     out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
     if file_version is not None:
         out += _field(3, file_version.encode())
+    if session_start:
+        out += _field(7, b"\x08\x01")
     if scalars:
         values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", _float32(v)))
                           for tag, v in scalars.items())
@@ -163,20 +168,20 @@ _F32_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
 
 class TensorBoard(Tracker):
     """An event file in ``directory`` (``tensorboard --logdir`` reads it): a scalar per number of
-    each metrics line, at the round's step."""
+    each metrics line, at the round's step.
+
+    Its first line's step opens a session (``SessionLog.START``): TensorBoard then drops what earlier
+    files hold from that step on, the rounds a resumed run trains again. ``afresh`` (``--overwrite``):
+    the earlier run's event files are deleted then, when this run has started."""
 
     name = "tensorboard"
 
     def __init__(self, directory: str, afresh: bool = False, log=print):
         super().__init__(log)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rnnlm"
-        self.path = os.path.join(directory, name)
+        self.path, self.afresh, self.started = os.path.join(directory, name), afresh, False
         try:
             os.makedirs(directory, exist_ok=True)
-            if afresh:          # a run started again: the earlier run's curves would be drawn with its own
-                for old in os.listdir(directory):
-                    if old.startswith("events.out.tfevents.") and old.endswith(".rnnlm"):
-                        os.remove(os.path.join(directory, old))
             self.f = open(self.path, "ab")
         except OSError as e:
             raise TrackerError(f"--log tensorboard: cannot write {self.path}: {e.strerror or e}") from None
@@ -187,7 +192,16 @@ class TensorBoard(Tracker):
         self.f.flush()
 
     def _line(self, m: dict) -> None:
-        self._write(event(time.time(), int(m["round"]), scalars(m)))
+        step = int(m["round"])
+        if not self.started:
+            self.started = True
+            if self.afresh:     # a run started again: the earlier run's curves would be drawn with its own
+                directory, mine = os.path.split(self.path)
+                for old in os.listdir(directory):
+                    if old.startswith("events.out.tfevents.") and old.endswith(".rnnlm") and old != mine:
+                        os.remove(os.path.join(directory, old))
+            self._write(event(time.time(), step, session_start=True))
+        self._write(event(time.time(), step, scalars(m)))
 
     def _close(self, ok: bool) -> None:
         self.f.close()

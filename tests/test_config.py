@@ -61,6 +61,11 @@ def test_defaults_and_overrides(tmp_path):
     ('train = "ab"\n', ["train.rounds=2"], r"train must be a table of keys \(\[train\]\), not str$"),
     ('data = [["train", "x.txt"]]\n', [], r"data must be a table of keys \(\[data\]\), not an array$"),
     ("[[train]]\nrounds = 5\nbptt = 3\n", [], r"train must be a table of keys \(\[train\]\), not an array$"),
+    # nested a thousand deep (a RecursionError traceback), a partition count past float's range (OverflowError)
+    ("[train]\nrounds = " + "[" * 1000 + "]" * 1000 + "\n", [], "c.toml nests arrays or tables too deeply"),
+    ("", ["train.rounds=" + "[" * 1000 + "]" * 1000], "train.rounds = '.*: expected int, got str$"),
+    ("[train]\nouter = \"auto\"\n", ["data.partitions=1" + "0" * 400],
+     r"data.partitions = a number of about 401 digits is out of range: a run takes data.partitions in \[1, 10000\]"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):
     f = tmp_path / "c.toml"
@@ -68,6 +73,13 @@ def test_bad_config_is_one_clear_error(tmp_path, text, overrides, msg):
     with pytest.raises(ConfigError, match=msg) as e:
         config.load(str(f), overrides)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["[]", "1", "null", '{"train": 5}', "[" * 3000 + "]" * 3000])
+def test_a_saved_configuration_that_is_not_tables_of_keys_is_a_config_error(text):
+    """A checkpoint's config.json of [] or 1 was an AttributeError or TypeError, nested deep a RecursionError."""
+    with pytest.raises(ConfigError, match="^the configuration (is not a table of sections|nests too deeply)"):
+        config.from_json(text)
 
 
 def test_missing_file():

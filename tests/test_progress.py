@@ -54,6 +54,16 @@ def test_a_resumed_run_counts_its_eta_from_where_it_started():
     assert out.getvalue().endswith("round 51/100 [##..]  51% | 0:10 < 8:10 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
 
 
+def test_the_elapsed_time_is_the_runs_own_clock_its_first_round_included():
+    """Counted from the first report, three rounds of 10 minutes read 20:00 elapsed."""
+    out, clock = io.StringIO(), Clock()
+    p = Progress(out, tty=True, width=4, clock=clock, columns=200)
+    for r in (1, 2, 3):
+        p.update(m(r, wall_s=600.0 * r), 4, "")
+        clock.t += 600.0
+    assert out.getvalue().endswith("round 3/4 [###.]  75% | 30:00 < 10:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
+
+
 def test_a_line_without_a_training_loss_keeps_the_latest_one_on_the_bar():
     """An async run's metrics line that counts no push carries no loss (its last line, often)."""
     out, clock = io.StringIO(), Clock()

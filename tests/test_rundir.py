@@ -1,5 +1,8 @@
 """The run directory both drivers write, without Spark (a LocalFS): the Spark tests run it end to end."""
+import json
+import os
 import re
+import types
 
 import pytest
 
@@ -62,8 +65,14 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
                                                                 '{"round": 3, "again": true}\n{"round": 4}\n')
 
     (tmp_path / "run" / "run.json").write_text("{}")
-    again.prepare(resume=False, overwrite=True)
-    assert list((tmp_path / "run").iterdir()) == []
+    fresh = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=logs.append)
+    fresh.prepare(resume=False, overwrite=True)
+    # nothing goes before the new run starts: one stopped while its corpus is read leaves the earlier run
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best", "checkpoint", "metrics.jsonl", "run.json"]
+    sc = types.SimpleNamespace(version="4", master="local[2]", defaultParallelism=2, applicationId="local-1")
+    fresh.write_info(sc, cfg, False, {})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["application_id"] == "local-1"
 
 
 def test_a_new_run_refuses_a_directory_holding_only_the_earlier_runs_backup_or_checkpoint(tmp_path):
@@ -120,6 +129,24 @@ def test_saved_metrics_lines_are_metrics_lines_or_one_line_error(tmp_path, lines
     assert str(e.value) == (f"{tmp_path}/metrics.jsonl: line {taken} is not a metrics line (a JSON table with "
                             f"integers {' and '.join(keys)} >= 0): mend or remove it, or start again with "
                             "--overwrite"), str(e.value)
+
+
+def test_a_metrics_file_too_large_or_not_a_file_is_refused_before_it_is_read(tmp_path):
+    """A resume read metrics.jsonl whole: a 20 GB one (or /dev/zero linked there) was a MemoryError
+    traceback, an OOM kill or a hang before Spark started."""
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "metrics.jsonl", "wb") as f:
+        f.truncate((256 << 20) + 1)                                  # sparse: nothing written
+    with pytest.raises(TrainingError) as e:
+        RunDir(str(big), fs=LocalFS()).saved_lines()
+    assert str(e.value) == (f"{big}/metrics.jsonl: 268,435,457 bytes, more than the 256 MiB it is read up to: "
+                            "not a run's metrics to resume")
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    os.symlink("/dev/zero", zero / "metrics.jsonl")
+    with pytest.raises(TrainingError, match=r"metrics.jsonl is not a regular file: not a run's metrics to resume$"):
+        RunDir(str(zero), fs=LocalFS()).saved_lines()
 
 
 def test_resume_keys_add_what_changes_the_numbers_in_each_mode():

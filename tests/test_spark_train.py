@@ -469,8 +469,15 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert logs == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)"]
     assert last == metrics(out)[-1]
     assert {p: (out / p).read_bytes() for p in before} == before
-    Trainer(spark, cfg, str(out)).dir.prepare(resume=False, overwrite=True)     # --overwrite: all of it goes
-    assert sorted(p.name for p in out.iterdir()) == []
+    # --overwrite: a run stopped before it starts (its corpus is not there) leaves the earlier run as it was
+    from rnnlm.spark.corpus import CorpusError
+    elsewhere = config.replace(cfg, "data", train=str(tmp_path / "nothing.txt"))
+    with pytest.raises(CorpusError, match="nothing.txt"):
+        Trainer(spark, elsewhere, str(out), log=lambda *_: None).run(overwrite=True)
+    assert {p: (out / p).read_bytes() for p in before} == before and (out / "best").exists()
+    Trainer(spark, config.replace(cfg, "train", rounds=1), str(out), log=lambda *_: None).run(overwrite=True)
+    assert [m["round"] for m in metrics(out)] == [1]
+    assert [checkpoint.load(str(out / d)).position["round"] for d in ("checkpoint", "best")] == [1, 1]
 
 
 @pytest.mark.parametrize("eager", [False, True])

@@ -31,7 +31,8 @@ def test_an_event_file_starts_with_its_version_at_step_0_and_a_second_writer_sha
     second.close(True)
     events = [Event.FromString(r) for r in RawEventFileLoader(first.path).Load()]   # TensorBoard's reader
     assert (events[0].step, events[0].file_version) == (0, "brain.Event:2")
-    assert events[1].step == 3 and [(v.tag, v.simple_value) for v in events[1].summary.value] == [("train_loss", 2.5)]
+    assert (events[1].step, events[1].session_log.status) == (3, events[1].session_log.START)
+    assert events[2].step == 3 and [(v.tag, v.simple_value) for v in events[2].summary.value] == [("train_loss", 2.5)]
     assert os.path.exists(second.path)
 
 
@@ -46,7 +47,7 @@ def test_a_value_past_float32s_range_is_written_as_infinite_and_the_tracker_goes
     tb.line({"round": 2, "valid_loss": 5.0})
     tb.close(True)
     events = [Event.FromString(r) for r in RawEventFileLoader(tb.path).Load()]
-    assert [[(v.tag, v.simple_value) for v in e.summary.value] for e in events[1:]] == [
+    assert [[(v.tag, v.simple_value) for v in e.summary.value] for e in events[2:]] == [
         [("valid_loss", 90.0), ("valid_ppl", float("inf")), ("lr", float("-inf"))], [("valid_loss", 5.0)]]
     assert not tb.broken and said == []
 
@@ -71,6 +72,9 @@ def test_a_run_started_again_drops_its_earlier_event_files_and_nothing_else(tmp_
     for name in ["events.out.tfevents.1.h.1.rnnlm", *kept]:
         (out / "tensorboard" / name).write_text("earlier")
     [again] = trackers.start(trackers.parse(["tensorboard"], str(out), overwrite=True), None, str(out))
+    # not before the run has started (a corpus error, Ctrl-C while it is read): then the earlier run stays
+    assert len(os.listdir(out / "tensorboard")) == 4
+    again.line({"round": 1, "train_loss": 1.0})
     again.close(True)
     assert sorted(os.listdir(out / "tensorboard")) == sorted([os.path.basename(again.path), *kept])
     named = tmp_path / "mine"
@@ -79,6 +83,44 @@ def test_a_run_started_again_drops_its_earlier_event_files_and_nothing_else(tmp_
     [tb] = trackers.start(trackers.parse([f"tensorboard:{named}"], str(out), overwrite=True), None, str(out))
     tb.close(True)
     assert len(os.listdir(named)) == 2
+
+
+def test_a_resumed_run_replaces_the_rounds_it_trains_again_in_tensorboard(tmp_path):
+    """A resume trains the rounds after its checkpoint again: the earlier file's rounds past it stayed,
+    and TensorBoard drew both runs' values at those steps."""
+    import time
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    d = str(tmp_path / "tb")
+    first = trackers.TensorBoard(d)
+    for r in (1, 2, 3):
+        first.line({"round": r, "train_loss": float(r)})
+    first.close(True)
+    time.sleep(1.1)                                   # the next file's name (its time in seconds) sorts after
+    again = trackers.TensorBoard(d)                   # resumed from the checkpoint of round 1
+    for r in (2, 3):
+        again.line({"round": r, "train_loss": 10.0 * r})
+    again.close(True)
+    acc = EventAccumulator(d)
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train_loss")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+@pytest.mark.parametrize("out, where", [("file:{tmp}/run", "{tmp}/run/tensorboard"),
+                                        ("file://localhost{tmp}/run", "{tmp}/run/tensorboard")])
+def test_tensorboard_goes_where_hadoop_puts_a_local_out(tmp_path, out, where):
+    """``file:/x`` and ``file://localhost/x`` are /x to Hadoop: the event files went to ./file:/x/tensorboard
+    and ./localhost/x/tensorboard."""
+    [(kind, (directory, _))] = trackers.parse(["tensorboard"], out.format(tmp=tmp_path))
+    assert directory == where.format(tmp=tmp_path)
+
+
+def test_tensorboard_refuses_an_out_that_hadoop_puts_on_hdfs(tmp_path, monkeypatch):
+    (tmp_path / "core-site.xml").write_text("<configuration><property><name>fs.defaultFS</name>"
+                                            "<value>hdfs://nn:8020</value></property></configuration>")
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    for out in ("hdfs:/user/me/run", "runs/x"):
+        with pytest.raises(trackers.TrackerError, match=f"^--log tensorboard: --out {out} is not a local directory"):
+            trackers.parse(["tensorboard"], out)
 
 
 def _mlflow_run(store: str, name: str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 
 BACKUP = ".old"
 TEMPORARY = ".tmp"
@@ -40,8 +41,8 @@ def _local_write(p: str, data: bytes, mode: str) -> None:
 class ReplaceSafely:
     """Crash-safe replacement and recovery, written once over a few primitives.
 
-    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove`` and
-    ``_read`` (bytes, or None when the file is missing).
+    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove``, ``_read`` (bytes,
+    or None when the file is missing) and ``size`` (bytes before any is read, None when missing).
     """
 
     def restore(self, p: str) -> bool:
@@ -68,6 +69,16 @@ class ReplaceSafely:
         if data is None and self.restore(p):
             data = self._read(p)
         return data
+
+    def read_at_most(self, p: str, limit: int) -> bytes | None:
+        """:meth:`read`, refused (ValueError, one line) before a byte is read when ``p`` holds more than
+        ``limit`` bytes or is not a regular file (a FIFO, /dev/zero: read forever)."""
+        if not self.restore(p):
+            return None
+        n = self.size(p)
+        if n is not None and n > limit:
+            raise ValueError(f"{p}: {n:,} bytes, more than the {limit >> 20} MiB it is read up to")
+        return self._read(p)
 
     def delete(self, p: str) -> None:
         """Delete file or directory ``p``, its backup (or :meth:`read` would bring it back) and
@@ -110,6 +121,16 @@ class LocalFS(ReplaceSafely):
 
     def exists(self, p: str) -> bool:
         return os.path.exists(p)
+
+    def size(self, p: str) -> int | None:
+        """Bytes in the regular file ``p``, None when it does not exist; ValueError for anything else."""
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{p} is not a regular file")
+        return st.st_size
 
     def mkdirs(self, p: str) -> None:
         os.makedirs(p, exist_ok=True)

@@ -5,6 +5,9 @@ import json
 import math
 
 EVAL_BPTT = 100   # chunk length when held-out text is scored as one stream
+# what a run's files may weigh before they are read: a metrics line is about 1 kB (256 MiB: some
+# 200,000 rounds); run.json and config.json hold a configuration
+MAX_METRICS, MAX_JSON = 256 << 20, 16 << 20
 
 
 def number(v) -> float | None:

@@ -190,7 +190,7 @@ class HadoopFS(ReplaceSafely):
         """Bytes in the file ``p`` as Hadoop's file status says (before a byte is read), None when missing."""
         q = self.local_path(p)
         if q is not None:
-            return os.path.getsize(q) if os.path.exists(q) else None
+            return self._local.size(q)
         fs, path = self._fs(p), self._path(p)
         return int(fs.getFileStatus(path).getLen()) if fs.exists(path) else None
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .. import config
 from ..core import checkpoint
-from ..core.metrics import json_table
+from ..core.metrics import MAX_METRICS, json_table
 from . import runinfo
 from .hfs import HadoopFS, read_checkpoint
 
@@ -192,15 +192,16 @@ class RunDir:
         self.best_path = f"{self.out}/{BEST}"
         self.metrics: list = []           # the lines of this run, those kept from before a resume first
         self._rewrite = False             # the file holds lines past the resumed checkpoint until the next line
+        self._earlier = False             # --overwrite: an earlier run's files, deleted as this run starts
 
     # ----------------------------------------------------------- starting
     def prepare(self, resume: bool, overwrite: bool = False) -> None:
-        """Check ``--out`` against ``--resume`` before anything is read; ``overwrite`` deletes an
-        earlier run's metrics, ``run.json``, ``checkpoint/`` and ``best/`` so that the run starts
-        again there."""
+        """Check ``--out`` against ``--resume`` before anything is read; with ``overwrite`` the run
+        starts again there: the earlier run's metrics, ``checkpoint/`` and ``best/`` are deleted when
+        this one writes its ``run.json`` (:meth:`write_info`), so a run stopped before it (a corpus
+        error, Ctrl-C while the corpus is read) leaves the earlier one as it was."""
         if overwrite:
-            for p in (self.metrics_path, f"{self.out}/{runinfo.NAME}", self.ck_path, self.best_path):
-                self.fs.delete(p)
+            self._earlier = True
             return
         for p in (self.ck_path, self.best_path, self.metrics_path):
             self.fs.restore(p)            # a write cut between its two renames
@@ -223,14 +224,22 @@ class RunDir:
 
     def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None) -> None:
         """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
-        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights."""
+        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights;
+        under ``--overwrite`` the earlier run's files go first."""
+        if self._earlier:
+            for p in (self.metrics_path, self.ck_path, self.best_path):
+                self.fs.delete(p)
+            self._earlier = False
         runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
 
     def saved_lines(self, keys: tuple = ("round",)) -> list | None:
         """The metrics file's lines, or None when it is missing or empty; a last line cut short by a
         crash is dropped. TrainingError for any other line that is not a JSON table with integers
         ``keys`` >= 0 (what a resume filters the lines on)."""
-        raw = self.fs.read(self.metrics_path)
+        try:
+            raw = self.fs.read_at_most(self.metrics_path, MAX_METRICS)
+        except ValueError as e:
+            raise TrainingError(f"{e}: not a run's metrics to resume") from None
         if not raw:
             return None
         text, out = raw.decode("utf-8", errors="replace").splitlines(), []

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 
 from .. import __version__
+from ..core.metrics import MAX_JSON
 
 _PACKAGES = ("numpy", "pyspark", "cupy-cuda12x", "cupy-cuda11x", "cupy")
 NAME = "run.json"
@@ -54,10 +55,10 @@ def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init
     path = f"{out}/{NAME}"
     old = None
     if resume:
-        raw = fs.read(path)
         try:
+            raw = fs.read_at_most(path, MAX_JSON)
             old = json.loads(raw) if raw else {}
         except (ValueError, RecursionError):
-            old = {}            # a damaged record is replaced, never fatal to training
+            old = {}            # a damaged record (or one too large, or no file) is replaced, never fatal to training
         old = old if isinstance(old, dict) else {}
     fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())

@@ -1,0 +1,48 @@
+"""``jobs/package.py --env``'s last step without building an environment (test_yarn builds one for real):
+the packed archive replaces ``dest`` whole or not at all."""
+import errno
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+
+from rnnlm import packaging
+
+
+@pytest.fixture
+def packed(monkeypatch):
+    """venv, pip and venv-pack stood in for: the archive venv-pack writes is 1 MB of b"new"."""
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(returncode=0, stderr=""))
+    monkeypatch.setitem(sys.modules, "venv_pack", types.SimpleNamespace(
+        pack=lambda prefix, output, verbose: open(output, "wb").write(b"new" * 350_000)))
+
+
+def test_a_copy_cut_short_leaves_the_earlier_archive_whole(tmp_path, packed, monkeypatch):
+    """The archive was moved onto ``dest`` across filesystems (/tmp is often another): a full disk or
+    Ctrl-C midway left a truncated archive where a good one had been."""
+    dest = tmp_path / "rnnlm-env.tar.gz"
+    dest.write_bytes(b"the earlier, good archive")
+
+    def disk_full(src, dst):
+        with open(dst, "wb") as f:
+            f.write(b"new" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    with pytest.raises(packaging.PackagingError) as e:
+        packaging.build_env(str(dest), ["numpy"])
+    assert str(e.value) == f"cannot write {dest}: No space left on device"
+    assert dest.read_bytes() == b"the earlier, good archive"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rnnlm-env.tar.gz"]
+
+
+def test_the_archive_replaces_dest_and_a_directory_is_refused(tmp_path, packed):
+    dest = tmp_path / "env.tar.gz"
+    dest.write_bytes(b"old")
+    assert packaging.build_env(str(dest), ["numpy"]) == str(dest)
+    assert dest.read_bytes() == b"new" * 350_000
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
+        packaging.build_env(str(tmp_path / "dir"), ["numpy"])
+    assert list((tmp_path / "dir").iterdir()) == []
