@@ -51,6 +51,9 @@ def test_int8_keeps_each_row_within_its_largest_value_over_254():
     assert vec.scale.shape == (1, 1) and vec.decode().shape == (40, 1)
     tiny = np.float32([[190, -50, 3]]) * np.float32(2.0 ** -149)       # subnormal: top / 127 rounds down
     assert np.sign(Block(tiny, tiny.shape, codec="int8").decode()).tolist() == [[1, -1, 1]]    # 128 wrapped to -128
+    tinier = np.float32([[5, -3, 0]]) * np.float32(2.0 ** -149)      # top / 127 is 0 in float32: inf, NaN
+    with np.errstate(divide="raise", invalid="raise", over="raise"):
+        assert Block(tinier, tinier.shape, codec="int8").decode().tolist() == tinier.tolist()
 
 
 def test_bf16_truncates_to_the_upper_half():

@@ -7,12 +7,17 @@ import numpy as np
 import pytest
 
 from rnnlm import download
-from rnnlm.exchange.aggregate import Aggregate, merge as comb_op
+from rnnlm.exchange.aggregate import Aggregate
 from rnnlm.exchange.round import SyncRound
 from rnnlm.core.strategies import Source, TooShort
 
 TOK = np.arange(100, dtype=np.int32)
 STARTS = np.array([0, 30, 45, 80])          # paragraphs of 30, 15, 35, 20 tokens
+
+
+def comb_op(a, b):
+    """Fold ``b`` into ``a`` at once, as a tree node does when its value leaves it."""
+    return a.merge(b)
 
 
 def scored_windows(batches):

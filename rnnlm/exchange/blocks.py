@@ -119,8 +119,10 @@ def _int8(values):
     """(int8 values (g, m), scales (g, 1) float32) of ``values`` (n, C)."""
     g = _groups(values)
     top = np.abs(g).max(axis=1, keepdims=True) if g.size else np.zeros((g.shape[0], 1), np.float32)
-    scale = np.where(top > 0, top / np.float32(127), np.float32(1)).astype(np.float32)   # (g, 1)
-    # clipped: among subnormals top / 127 rounds down, and 128 would wrap to -128
+    # at least the smallest subnormal (top / 127 is 0 below 64 of them); clipped: among subnormals top / 127
+    # rounds down, and 128 would wrap to -128
+    step = np.maximum(top / np.float32(127), np.float32(2.0 ** -149))
+    scale = np.where(top > 0, step, np.float32(1)).astype(np.float32)                    # (g, 1)
     return np.clip(np.rint(g / scale), -127, 127).astype(np.int8), scale
 
 
