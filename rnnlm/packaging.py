@@ -2,6 +2,7 @@
 ``--py-files``, and a packed Python environment with NumPy for ``--archives``."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -82,9 +83,11 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
             shutil.copyfile(tmp, beside)
             os.replace(beside, dest)
         except OSError as e:
-            if os.path.isfile(beside):
-                os.remove(beside)
             raise PackagingError(f"cannot write {dest}: {e.strerror or e}") from None
+        finally:                     # failed, or interrupted (Ctrl-C): no part of a copy stays
+            if os.path.isfile(beside):
+                with contextlib.suppress(OSError):
+                    os.remove(beside)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest

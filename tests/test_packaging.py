@@ -36,6 +36,15 @@ def test_a_copy_cut_short_leaves_the_earlier_archive_whole(tmp_path, packed, mon
     assert dest.read_bytes() == b"the earlier, good archive"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rnnlm-env.tar.gz"]
 
+    def interrupted(src, dst):
+        with open(dst, "wb") as f:
+            f.write(b"new" * 1000)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(shutil, "copyfile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        packaging.build_env(str(dest), ["numpy"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rnnlm-env.tar.gz"]
+
 
 def test_the_archive_replaces_dest_and_a_directory_is_refused(tmp_path, packed):
     dest = tmp_path / "env.tar.gz"

@@ -66,6 +66,8 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
 
     (tmp_path / "run" / "run.json").write_text("{}")
     fresh = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=logs.append)
+    with pytest.raises(TrainingError, match="^--overwrite starts the run in --out again; --resume continues it"):
+        fresh.prepare(resume=True, overwrite=True)          # the deletion would follow the resume
     fresh.prepare(resume=False, overwrite=True)
     # nothing goes before the new run starts: one stopped while its corpus is read leaves the earlier run
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best", "checkpoint", "metrics.jsonl", "run.json"]

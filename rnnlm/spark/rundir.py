@@ -201,6 +201,8 @@ class RunDir:
         this one writes its ``run.json`` (:meth:`write_info`), so a run stopped before it (a corpus
         error, Ctrl-C while the corpus is read) leaves the earlier one as it was."""
         if overwrite:
+            if resume:
+                raise TrainingError("--overwrite starts the run in --out again; --resume continues it: not both")
             self._earlier = True
             return
         for p in (self.ck_path, self.best_path, self.metrics_path):
