@@ -3,12 +3,12 @@ run's own test (test_jobs) checks it against a real run's bytes, the shaped-link
 the rates against tc."""
 import pytest
 
-from rnnlm.spark.linkcost import LinkError, broadcast_copies, parse_latency, parse_rate, predict
+from rnnlm.spark.linkcost import LinkError, broadcast_copies, parse_latency, parse_rate, predict, tree_levels
 
 
 @pytest.mark.parametrize("text,bits", [
-    ("100mbit", 1e8), ("1gbit", 1e9), ("10Gbit/s", 1e10), ("2.5gbps", 2.5e9), (" 64kbit ", 64e3),
-    ("1tbit", 1e12), ("800", 800.0), (".5mbit", 5e5), ("3MB", 3e6), ("0.5", 0.5),
+    ("100mbit", 1e8), ("1gbit", 1e9), ("10Gbit/s", 1e10), ("2.5gbps", 2e10), (" 64kbit ", 64e3),
+    ("1tbit", 1e12), ("800", 800.0), (".5mbit", 5e5), ("3mbps", 2.4e7), ("0.5", 0.5), ("125kbps/s", 1e6),
 ])
 def test_rates_in_decimal_units_as_tc_reads_them(text, bits):
     assert parse_rate(text) == pytest.approx(bits, rel=1e-12)
@@ -17,6 +17,7 @@ def test_rates_in_decimal_units_as_tc_reads_them(text, bits):
 @pytest.mark.parametrize("text,msg", [
     ("fast", "expected a number and a unit"), ("1xbit", "expected a number"), ("-1mbit", "expected a number"),
     ("0gbit", "must be > 0"), ("0.0", "must be > 0"), ("", "expected a number"),
+    ("3MB", "expected a number"), ("1gb", "expected a number"),          # bits or bytes? tc reads neither
 ])
 def test_a_rate_that_cannot_be_read_is_one_line(text, msg):
     with pytest.raises(LinkError, match=f"^bandwidth {text!r}: {msg}"):
@@ -55,3 +56,10 @@ def test_on_a_fast_link_the_overhead_is_what_a_round_pays():
 def test_without_a_measured_overhead_a_round_pays_the_wire():
     out = predict(1.2e6, 0.0, 2, 1e8)                          # 0.1 s of results, nothing broadcast
     assert out["sync_s"] == pytest.approx(0.1, rel=1e-12) and out["overhead_s"] == 0.0
+
+
+def test_tree_levels_are_pysparks():
+    """treeAggregate's loop (scale = ceil(P^(1/depth)), at least 2; a level while n > scale + n / scale): up to
+    4 partitions at depth 2 every result reaches the driver; from 5 executors merge first."""
+    assert [tree_levels(p, 2) for p in (1, 2, 3, 4, 5, 6, 9, 16, 100)] == [0, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert [tree_levels(p, 1) for p in (2, 64)] == [0, 0] and tree_levels(64, 3) == 2 and tree_levels(8, 3) == 1

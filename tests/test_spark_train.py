@@ -480,6 +480,28 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert [checkpoint.load(str(out / d)).position["round"] for d in ("checkpoint", "best")] == [1, 1]
 
 
+def test_a_dry_run_stopped_by_a_signal_says_so_and_names_no_checkpoint(spark, tiny_cfg, monkeypatch):
+    """The probe's rounds run in a scratch directory, deleted: a Ctrl-C there ended with "its checkpoint is in
+    file:///tmp/rnnlm-dry-run-.../checkpoint (--resume continues)", a directory already gone."""
+    import dataclasses
+    import signal
+    from rnnlm.spark.dryrun import probe
+    from rnnlm.spark.stop import Interrupted
+
+    def stopped(self, **kwargs):
+        raise Interrupted(f"interrupted after round 1; its checkpoint is in {self.dir.ck_path} (--resume continues)",
+                          signal.SIGTERM)
+
+    @dataclasses.dataclass
+    class Data:
+        valid: object = 1
+        test: object = 1
+    monkeypatch.setattr(Trainer, "run", stopped)
+    with pytest.raises(Interrupted) as e:
+        probe(spark, tiny_cfg, Data())
+    assert str(e.value) == "dry run stopped after 0 of its 4 rounds; nothing was written" and e.value.exit_code == 143
+
+
 @pytest.mark.parametrize("eager", [False, True])
 def test_overlap_three_rounds_equal_an_independent_computation(spark, tiny_cfg, tmp_path, eager):
     """``train.overlap = 1``: round r trains from P_{r-2} (P_{-1} = P_0) and its mean change is applied to

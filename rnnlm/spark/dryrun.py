@@ -20,7 +20,8 @@ from .. import config
 from ..core.models import build as build_model
 from ..exchange import plan
 from .executor import make_source
-from .linkcost import parse_latency, parse_rate, predict
+from .linkcost import parse_latency, parse_rate, predict, tree_levels
+from .stop import Interrupted
 from .corpus import load_corpus, total_rounds, unpersist_corpus
 from .trainer import Trainer, steps_label
 
@@ -65,7 +66,11 @@ def probe(spark, cfg: config.Config, data, rounds: int = 4) -> list:
     cfg = config.replace(cfg, "train", rounds=rounds, eval_every=0, checkpoint_every=0)
     with tempfile.TemporaryDirectory(prefix="rnnlm-dry-run-") as scratch:
         tr = Trainer(spark, cfg, f"file://{scratch}", log=lambda s: None)
-        tr.run(data=dataclasses.replace(data, valid=None, test=None))
+        try:
+            tr.run(data=dataclasses.replace(data, valid=None, test=None))
+        except Interrupted as e:        # its checkpoint is in the scratch directory, deleted now
+            raise Interrupted(f"dry run stopped after {len(tr.metrics)} of its {rounds} rounds; nothing was "
+                              "written", e.exit_code - 128) from None
     return tr.metrics
 
 
@@ -126,6 +131,11 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
         pr = predict(est["sent"], est["broadcast"], P, *link, overhead_s=est["overhead_s"],
                      compute_s=est["compute_s"])
         est["predicted"] = pr
+        levels = tree_levels(P, t.tree_depth)
+        if levels:
+            log(f"note: at {P} partitions treeAggregate (train.tree_depth = {t.tree_depth}) merges on executors "
+                f"first ({levels} level{'s' if levels > 1 else ''}): the bytes above count every hop, and the "
+                "driver's link carries only the last, so the time below is an upper bound")
         log(f"at {bandwidth} (latency {latency}) per host link: sync {pr['sync_s']:.2f} s per round, the larger "
             f"of the overhead measured here ({pr['overhead_s']:.2f} s) and half of it plus the wire "
             f"({pr['overhead_s'] / 2:.2f} + {pr['wire_s']:.2f} s: results into the driver {pr['down_s']:.2f} s, "

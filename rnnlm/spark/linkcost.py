@@ -3,10 +3,11 @@
 """
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps|b)?(/s)?\s*$", re.I)
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(?:([kmgt]?)(bit|bps)(/s)?)?\s*$", re.I)
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)\s*$", re.I)
 
 
@@ -15,11 +16,13 @@ class LinkError(ValueError):
 
 
 def parse_rate(text: str) -> float:
-    """Bits per second of ``"100mbit"``, ``"1gbit"``, ``"10Gbit/s"``, ``"2.5gbps"`` (decimal units, as tc's)."""
+    """Bits per second of ``"100mbit"``, ``"1gbit"``, ``"10Gbit/s"``, ``"2.5gbps"``, read as tc reads them:
+    decimal units, ``bit`` bits and ``bps`` bytes per second (``2.5gbps`` is 20 Gbit/s), a bare number bits."""
     m = _RATE.match(str(text))
     if not m:
-        raise LinkError(f"bandwidth {text!r}: expected a number and a unit, e.g. 100mbit, 1gbit, 10gbit")
-    bits = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        raise LinkError(f"bandwidth {text!r}: expected a number and a unit, e.g. 100mbit, 1gbit, 10gbit "
+                        "(bit: bits, bps: bytes per second, as tc reads them)")
+    bits = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()] * (8 if (m.group(3) or "").lower() == "bps" else 1)
     if not bits > 0:
         raise LinkError(f"bandwidth {text!r}: must be > 0")
     return bits
@@ -47,6 +50,16 @@ def broadcast_copies(partitions: int) -> float:
     through the driver's link (``benchmarks/links.py``): 1.6-1.9 at 2 executors, 2.5 at 4; taken
     as (P + 1) / 2."""
     return (partitions + 1) / 2
+
+
+def tree_levels(partitions: int, depth: int) -> int:
+    """The levels ``treeAggregate`` merges on executors before the driver (PySpark's own loop): 0 up to
+    4 partitions at depth 2, where every partition's result reaches the driver directly."""
+    n, scale, levels = partitions, max(math.ceil(partitions ** (1.0 / depth)), 2), 0
+    while n > scale + n / scale:
+        n /= scale
+        levels += 1
+    return levels
 
 
 def predict(sent: float, broadcast: float, partitions: int, bits_per_s: float, latency_s: float = 0.0,
