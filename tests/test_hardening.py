@@ -120,6 +120,30 @@ def test_a_foreign_file_under_a_residual_name_is_not_used(local_dirs, other):
     assert filestore.load(ref, 3) is None                 # rebuilt from its lineage by the caller instead
 
 
+def test_an_empty_or_cut_residual_file_is_rebuilt_and_a_failed_write_leaves_no_temporary(local_dirs, monkeypatch):
+    """An empty file under the name: np.load's EOFError was not caught and failed the task; a save that
+    failed (disk full) left its temporary file."""
+    from rnnlm.spark import filestore
+    ref = filestore.save("run4", 1, 0, {"feedback": np.full(4, 5, np.float32)})
+    path = os.path.join(filestore.root("run4"), "0.1.feedback.npy")
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.truncate(0)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.setattr(filestore, "_identity", lambda st, a: ref.files[0])     # as if the same file
+    assert filestore.load(ref, 0) is None
+    monkeypatch.undo()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(local_dirs))
+
+    def full(f, a, allow_pickle):
+        f.write(b"\x93NUMPY")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "save", full)
+    with pytest.raises(OSError):
+        filestore.save("run4", 2, 0, {"feedback": np.zeros(4, np.float32)})
+    assert sorted(os.listdir(filestore.root("run4"))) == ["0.1.feedback.npy"]
+
+
 _FIRED = []
 
 

@@ -53,11 +53,15 @@ def save(run: str, seq: int, pid: int, arrays: dict) -> Stored:
         path = _path(run, seq, pid, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, a, allow_pickle=False)
-            f.flush()
-            files.append(_identity(os.fstat(f.fileno()), a))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                np.save(f, a, allow_pickle=False)
+                f.flush()
+                files.append(_identity(os.fstat(f.fileno()), a))
+            os.replace(tmp, path)
+        finally:                            # a full disk, an object array: no temporary file stays
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     _prune(root(run), pid, seq - KEEP)
     return Stored(run, seq, tuple(arrays), tuple(files))
 
@@ -75,8 +79,10 @@ def load(ref: Stored, pid: int) -> dict | None:
         try:
             with open(_path(ref.run, ref.seq, pid, name), "rb") as f:
                 st = os.fstat(f.fileno())
+                if _identity(st, ())[:4] != written[:4]:        # another file: not read at all
+                    return None
                 a = np.load(f, allow_pickle=False)
-        except (OSError, ValueError):       # absent, pruned, or unreadable: rebuilt by the caller
+        except (OSError, ValueError, EOFError):     # absent, pruned, empty or unreadable: rebuilt by the caller
             return None
         if _identity(st, a) != written:
             return None
