@@ -64,6 +64,7 @@ _GOOD = {"level": "char", "tokens": ["a", "b", UNK_CHAR], "counts": [3, 1, 0]}
     ({"counts": {"a": 3}}, "counts must be a list of integers in [0, 2**63)"),
     ({"level": ["char"] * 1000}, "unknown vocabulary level ['char', 'char'"),
     ({"extra": 1}, "must be a table of level, tokens and counts"),
+    ({"level": "word", "tokens": ["<unk>", "the", "x"]}, "a word vocabulary lacks its line end '<eos>'"),
 ])
 def test_a_vocabulary_file_is_checked_field_by_field(change, needle):
     """What a checkpoint's vocab.json may hold: each field typed and in range, or one short line (a
@@ -84,8 +85,10 @@ def test_a_vocabulary_file_at_its_edges_loads():
 def test_an_open_end_leaves_a_last_line_without_its_break_open():
     assert tokenize("a b\nc d", "word") == ["a", "b", EOS, "c", "d", EOS]
     assert tokenize("a b\nc d", "word", open_end=True) == ["a", "b", EOS, "c", "d"]
-    for closed in ("a b\n", "a b\r"):                    # a line that ended is ended, open or not
-        assert tokenize(closed, "word", open_end=True) == ["a", "b", EOS]
+    # a line that ended is ended, open or not: whitespace after its break, or a break splitlines knows
+    for closed in ("a b\n", "a b\r", "a b\n ", "a b\r\n\t", "a b\u2028", "a b\x0c"):
+        assert tokenize(closed, "word", open_end=True) == ["a", "b", EOS], repr(closed)
+    assert tokenize("a b\n c d ", "word", open_end=True) == ["a", "b", EOS, "c", "d"]
     v = Vocab.build("a b\n", "word")
     assert v.encode("a b", open_end=True).tolist() == [v.index["a"], v.index["b"]]
     assert tokenize("ab\n", "char", open_end=True) == ["a", "b", "\n"]

@@ -28,13 +28,14 @@ def tokenize(text: str, level: str, open_end: bool = False) -> list:
     """
     if level == "char":
         return list(text)
-    out = []
-    for line in text.splitlines():
+    out, lines = [], text.splitlines(keepends=True)
+    for line in lines:
         words = line.split()
         if words:
             out.extend(words)
             out.append(EOS)
-    if open_end and out and not text.endswith(("\n", "\r")):
+    # open: the words end the text with no line break after them (any splitlines knows: \u2028, \x0c too)
+    if open_end and lines and lines[-1].split() and lines[-1].splitlines()[0] == lines[-1]:
         out.pop()
     return out
 
@@ -62,6 +63,8 @@ class Vocab:
         unk = UNK_WORD if level == "word" else UNK_CHAR
         if unk not in self.index:
             raise VocabError(f"vocabulary lacks its unknown token {unk!r}")
+        if level == "word" and EOS not in self.index:    # every line ends in it: without, line ends read as <unk>
+            raise VocabError(f"a word vocabulary lacks its line end {EOS!r}")
         self.unk_id = self.index[unk]
 
     def __len__(self) -> int:
