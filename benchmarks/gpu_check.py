@@ -18,12 +18,19 @@ limit, each writing ``OUT/<phase>.log``:
    Zaremba et al.) and with PyTorch on the same device, training wall time and valid perplexity
    (and rnnlm's evaluation of PTB valid timed from CUDA graphs and eagerly, the sums compared).
 
-On the device (the corpus copied into a git-ignored folder first, as ``../shared`` stays here)::
+On the device (the corpus, test set included, and nvmath-python's wheel for the device's Python 3.12
+copied into git-ignored folders first, as ``../shared`` stays here and the device has no network)::
 
-    mkdir -p .device/data && cp ../shared/data/ptb.train.txt ../shared/data/ptb.valid.txt .device/data/
-    grep -qx /.device/ .git/info/exclude || echo /.device/ >> .git/info/exclude
-    run: PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --data .device/data --out $OUT
-         (carry .device, timeout_s 590)
+    mkdir -p .device/data && cp ../shared/data/ptb.{train,valid,test}.txt .device/data/
+    pip download nvmath-python==1.0.0 --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 -d .whl
+    grep -qx /.device/ .git/info/exclude || echo /.device/ >> .git/info/exclude   # and /.whl/ likewise
+    run: pip install -q --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 \
+         python3 benchmarks/gpu_check.py --data .device/data --out $OUT
+         (carry .device and .whl, timeout_s 480: --limit-s 420 and a minute for the rest)
+
+Without nvmath-python no step is captured as a CUDA graph (the figures are the eager path's): on a GPU
+the check stops before its first phase unless ``--eager`` says that is meant.
 
 One PTB run alone (``docs/results.md``'s 39-epoch medium figure; its last line is a JSON object):
 ``gpu_check.py --phase ptb --device gpu --data DIR --out DIR --model medium --epochs 39 [--seed N]
@@ -143,19 +150,23 @@ def ptb_epoch(device: str, data: str, epochs: float, model: str = "small", seed:
 
 # ------------------------------------------------------------------ the driver
 def phase(out: str, name: str, cmd: list, timeout: float) -> tuple:
-    """Run ``cmd``; return (its output, seconds, None or why it failed); the output goes to OUT/name.log."""
+    """Run ``cmd`` (with this checkout first on its ``PYTHONPATH``: ``rnnlm`` is not installed on the device);
+    return (its standard output, seconds, None or why it failed). Both streams go to OUT/name.log; only
+    the standard output is parsed (a warning on standard error must not hide a phase's last line)."""
     t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        text, err = r.stdout + r.stderr, None if r.returncode == 0 else f"exit {r.returncode}"
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+        stdout, stderr, err = r.stdout, r.stderr, None if r.returncode == 0 else f"exit {r.returncode}"
     except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+        stdout, stderr = ((b or b"").decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                          for b in (e.stdout, e.stderr))
         err = f"over {timeout:.0f} s"
     with open(os.path.join(out, f"{name}.log"), "w") as f:
-        f.write(text)
+        f.write(stdout + stderr)
     s = time.perf_counter() - t0
     print(f"# {name}: {s:.0f} s{'' if err is None else ', ' + err}", flush=True)
-    return text, s, err
+    return stdout, s, err
 
 
 def last_json(text: str) -> dict:
@@ -178,8 +189,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--limit-s", type=float, default=540.0,
+    ap.add_argument("--limit-s", type=float, default=420.0,
                     help="the whole check's time: each phase gets at most what is left; under 20 s left, it is skipped")
+    ap.add_argument("--eager", action="store_true", help="on a GPU, go on without CUDA graphs (no nvmath-python)")
     ap.add_argument("--phase", choices=("determinism", "ptb"), help=argparse.SUPPRESS)   # the subprocesses
     ap.add_argument("--epochs", type=float, default=1.0, help=argparse.SUPPRESS)
     ap.add_argument("--model", choices=("small", "medium"), default="small", help=argparse.SUPPRESS)
@@ -197,6 +209,14 @@ def main(argv=None):
             print(f"gpu_check: {os.path.join(a.data, f)} is missing (copy PTB there and carry the folder)",
                   file=sys.stderr)
             return 2
+    graphs = "off"
+    if a.device == "gpu":
+        from rnnlm.core import backend
+        graphs = "on" if backend.graphs_available(backend.get_xp("gpu")) else "off"
+        if graphs == "off" and not a.eager:
+            print("gpu_check: no CUDA graphs here (nvmath-python is not importable: see this script's docstring "
+                  "for its wheel); --eager runs the eager path's figures instead", file=sys.stderr)
+            return 2
     os.makedirs(a.out, exist_ok=True)
     py, me = sys.executable, os.path.abspath(__file__)
     q = a.quick
@@ -206,31 +226,33 @@ def main(argv=None):
     kernels = [py, "benchmarks/kernels.py", *dev, *secs]
     kernels_eager = [*kernels, "--no-graphs", "--shapes", "ptb-small,char-lstm"]
     select = "cupy or test_gpu_step" if a.device == "gpu" else "numpy"
+    # each phase's limit: about twice what it took on an H200 (docs/results.md), the tests' more as they grow
     runs = {
-        "tests": ([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select, *CORE_TESTS], 150),
-        "determinism": ([py, me, "--phase", "determinism", *dev, "--data", a.data, "--out", a.out], 240),
-        "kernels": (kernels, 240),
-        "kernels128": ([*kernels, "--batch", "128"], 240),
-        "kernels_eager": (kernels_eager if a.device == "gpu" else [py, "-c", "pass"], 120),
-        "sampled": ([py, "benchmarks/kernels.py", *dev, *secs, "--sampled", "0.05"], 180),
-        "ptb": ([py, me, "--phase", "ptb", *dev, "--data", a.data, "--out", a.out, "--epochs", epochs], 600),
+        "tests": ([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select, *CORE_TESTS], 210),
+        "determinism": ([py, me, "--phase", "determinism", *dev, "--data", a.data, "--out", a.out], 60),
+        "kernels": (kernels, 90),
+        "kernels128": ([*kernels, "--batch", "128"], 90),
+        "kernels_eager": (kernels_eager if a.device == "gpu" else [py, "-c", "pass"], 60),
+        "sampled": ([py, "benchmarks/kernels.py", *dev, *secs, "--sampled", "0.05"], 60),
+        "ptb": ([py, me, "--phase", "ptb", *dev, "--data", a.data, "--out", a.out, "--epochs", epochs], 60),
         "torch_ptb": ([py, "benchmarks/torch_ptb.py", "--device", "cuda" if a.device == "gpu" else "cpu",
-                       "--epochs", epochs, "--evals-per-epoch", "1", "--data", a.data], 300),
+                       "--epochs", epochs, "--evals-per-epoch", "1", "--data", a.data], 60),
     }
-    got, failed, start = {}, [], time.perf_counter()
+    if a.device == "cpu":               # the same phases on NumPy take longer: a check of the script, untimed
+        runs = {name: (cmd, 10 * limit) for name, (cmd, limit) in runs.items()}
+    got, failed, full, start = {name: "" for name in runs}, [], {}, time.perf_counter()
     for name, (cmd, limit) in runs.items():
         left = a.limit_s - (time.perf_counter() - start)
         if left < 20:
-            got[name] = ""
             failed.append(f"{name} (skipped: --limit-s)")
             continue
         text, _, err = phase(a.out, name, cmd, min(limit, left))
         got[name] = text
         if err:
             failed.append(f"{name} ({err})")
-    det, ptb = last_json(got["determinism"]), last_json(got["ptb"])
+        write_summary(a, graphs, epochs, got, full, failed)      # what is known so far, should the call be cut
+    ptb = last_json(got["ptb"])
     # Zaremba's 13 epochs with the test set, where one epoch's time says they fit in what is left
-    full = {}
     left = a.limit_s - (time.perf_counter() - start)
     if isinstance(ptb.get("train_wall_s"), float) and ptb.get("total_s") and not q:
         need = 13 * ptb["train_wall_s"] + 2 * (ptb["total_s"] - ptb["train_wall_s"]) + 15
@@ -242,6 +264,13 @@ def main(argv=None):
                 failed.append(f"ptb13 ({err})")
         else:
             print(f"# ptb13: skipped, needs ~{need:.0f} s, {left:.0f} s left", flush=True)
+    print(write_summary(a, graphs, epochs, got, full, failed))
+    return 1 if failed else 0
+
+
+def write_summary(a, graphs: str, epochs: str, got: dict, full: dict, failed: list) -> str:
+    """The one summary line of what the phases printed so far, written to OUT/summary.txt."""
+    det, ptb = last_json(got["determinism"]), last_json(got["ptb"])
     tests = last(r"(\d+ passed[^\n]*?) in ", got["tests"])
     ratio, ratio128 = (last(r"min_ratio_vs_torch=([\d.]+)", got[k]) for k in ("kernels", "kernels128"))
     speedup = last(r"min_sampled_speedup=([\d.]+)", got["sampled"])
@@ -249,7 +278,8 @@ def main(argv=None):
     same = sum(v == "ok" for v in det.values())
     ppl = ptb.get("valid_ppl")
     ppl = f"{ppl:.1f}" if isinstance(ppl, float) else "?"
-    summary = (f"gpu_check device={a.device} | tests {tests} | determinism {same}/{len(det) or '?'} bit-identical"
+    summary = (f"gpu_check device={a.device} graphs={graphs} | tests {tests} | determinism {same}/{len(det) or '?'} "
+               "bit-identical"
                f"{'' if same == len(det) else ' ' + json.dumps(det)} | kernels min ratio {ratio} (own B), "
                f"{ratio128} (B=128) | sampled speed-up {speedup} | PTB-small {epochs} epoch: rnnlm "
                f"{ptb.get('train_wall_s', '?')} s valid {ppl}, torch {torch_s} s valid {torch_ppl}"
@@ -257,8 +287,7 @@ def main(argv=None):
                f"{' | failed: ' + ', '.join(failed) if failed else ''}")
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(summary + "\n")
-    print(summary)
-    return 1 if failed else 0
+    return summary
 
 
 if __name__ == "__main__":
