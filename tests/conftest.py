@@ -109,11 +109,20 @@ def spark():
     s.stop()
 
 
+def pytest_configure(config):
+    """Under ``--dist loadgroup`` the groups go out in collection order (:func:`pytest_collection_modifyitems`'s),
+    not xdist's default of the most tests first: that sent the Hadoop group, of few but long tests, out
+    last, and one worker ran it alone for minutes at the end."""
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)      # before xdist's hook of this name, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests that need the Hadoop cluster run together: last in one process, so its JVM is up only while
-    they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, while the other
-    worker takes the other modules whole (a module's tests share its fixtures and their assumptions)."""
+    they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, then the modules
+    marked slow, while the other worker takes the other modules whole (a module's tests share its
+    fixtures and their assumptions)."""
     # a worker's own options say dist "no" and loadgroup True (xdist rewrites them); the controller's say dist
     parallel = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
 
@@ -122,7 +131,10 @@ def pytest_collection_modifyitems(config, items):
     if parallel:
         for item in items:
             item.add_marker(pytest.mark.xdist_group("hadoop" if hadoop(item) else item.module.__name__))
-    items.sort(key=lambda item: hadoop(item) != parallel)
+        slow = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
+        items.sort(key=lambda item: 0 if hadoop(item) else 1 if item.module.__name__ in slow else 2)
+    else:
+        items.sort(key=hadoop)
 
 
 def pytest_runtest_setup(item):

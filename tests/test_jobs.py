@@ -17,6 +17,8 @@ from rnnlm.core.model import RNNLM
 
 from conftest import HARBOUR, ROOT, TINY, core_nll, held_out_tokens, metrics, set_options, tensorboard_scalars
 
+pytestmark = pytest.mark.slow          # each test runs jobs/*.py, a Spark session of its own
+
 
 def run(*args):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
