@@ -1,5 +1,6 @@
 """What the tests share: fixtures, and helpers a test module imports (``from conftest import ROOT``:
 pytest puts this folder on ``sys.path``, as it does for ``from test_hdfs import ...``)."""
+import collections
 import os
 import sys
 
@@ -120,9 +121,9 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)      # before xdist's hook of this name, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests that need the Hadoop cluster run together: last in one process, so its JVM is up only while
-    they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, then the modules
-    marked slow, while the other worker takes the other modules whole (a module's tests share its
-    fixtures and their assumptions)."""
+    they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, while the other
+    worker takes the other modules whole (a module's tests share its fixtures and their assumptions),
+    those marked slow last."""
     # a worker's own options say dist "no" and loadgroup True (xdist rewrites them); the controller's say dist
     parallel = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
 
@@ -132,7 +133,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             item.add_marker(pytest.mark.xdist_group("hadoop" if hadoop(item) else item.module.__name__))
         slow = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
-        items.sort(key=lambda item: 0 if hadoop(item) else 1 if item.module.__name__ in slow else 2)
+        count = collections.Counter(item.module.__name__ for item in items)
+        # the Hadoop group (its JVMs) beside the light modules, most tests first; the other slow ones (Spark
+        # subprocesses, local clusters) last, when the Hadoop JVMs are gone: two at once compete for the cores
+        items.sort(key=lambda item: (0, 0) if hadoop(item) else (1 + (item.module.__name__ in slow),
+                                                                 -count[item.module.__name__]))
     else:
         items.sort(key=hadoop)
 
