@@ -124,7 +124,7 @@ def _report(tr, last: dict, samples: int) -> int:
     model = build_model(tr.cfg.model)
     for s in range(samples):
         print(f"--- sample {s + 1} ---")
-        print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=s))
+        print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=tr.cfg.train.seed + s))
     return 0
 
 

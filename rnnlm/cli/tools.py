@@ -70,7 +70,7 @@ def demo(a) -> int:
         m = train(cfg, out=a.out)
     except (config.ConfigError, OSError, ValueError) as e:
         return error(str(e))
-    for seed, temp in ((1, 0.7), (2, 1.0)):
+    for seed, temp in ((cfg.train.seed, 0.7), (cfg.train.seed + 1, 1.0)):      # one seed fixes every sampler
         text = sample(m["model"], m["params"], m["vocab"], prime=a.prime, length=200, temperature=temp, seed=seed)
         print(f"\n--- sample (temperature {temp}, seed {seed}) ---\n{m['vocab'].join(a.prime, text)}")
     return 0
