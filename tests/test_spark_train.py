@@ -480,6 +480,29 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert [checkpoint.load(str(out / d)).position["round"] for d in ("checkpoint", "best")] == [1, 1]
 
 
+def test_a_stop_request_said_while_the_main_thread_writes_is_still_said(capfd):
+    """The handler logs through print: a signal arriving while the main thread is inside a write raised
+    "RuntimeError: reentrant call" out of the handler, in the middle of the run."""
+    import os
+    import signal
+    import time
+    from rnnlm.spark.stop import StopRequest
+
+    def busy(line):
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stdout>'>")
+    stop = StopRequest(busy)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)             # handled in this (the main) thread, at once
+        for _ in range(100):
+            if stop.requested:
+                break
+            time.sleep(0.01)
+    finally:
+        stop.release()
+    assert stop.requested and capfd.readouterr().err == ("SIGTERM: stopping after this round with a checkpoint "
+                                                         "(SIGTERM again to stop now)\n")
+
+
 def test_a_dry_run_stopped_by_a_signal_says_so_and_names_no_checkpoint(spark, tiny_cfg, monkeypatch):
     """The probe's rounds run in a scratch directory, deleted: a Ctrl-C there ended with "its checkpoint is in
     file:///tmp/rnnlm-dry-run-.../checkpoint (--resume continues)", a directory already gone."""

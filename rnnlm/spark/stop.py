@@ -1,6 +1,7 @@
 """Stopping a run by signal: Ctrl-C or SIGTERM asks it to stop after the current round."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -45,7 +46,11 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
         name = self.NAMES[signum]
-        self._log(f"{name}: stopping after this round with a checkpoint ({name} again to stop now)")
+        line = f"{name}: stopping after this round with a checkpoint ({name} again to stop now)"
+        try:
+            self._log(line)
+        except RuntimeError:        # the signal came while the main thread was writing: "reentrant call"
+            os.write(2, (line + "\n").encode())
 
     def release(self):
         for sig, previous in self._previous.items():
