@@ -2,10 +2,9 @@
 
 Each partition contributes named blocks (:mod:`rnnlm.exchange.blocks`), a weight (tokens), the
 ids of the words it read, its carry and scalar statistics, or only its error; merged values hold
-float64 weighted sums, merged in partition order whatever order Spark delivers them
-(:class:`Gathered`). ``wire_bytes`` is
-measured each time a value is pickled to cross a process boundary. docs/design.md ("How
-distributed training works") and docs/exchange.md ("Merging in the tree") say more.
+float64 weighted sums, merged in partition order whatever order Spark delivers them (:class:`Gathered`).
+``wire_bytes`` is measured each time a value is pickled to cross a process boundary. docs/design.md
+("How distributed training works") and docs/exchange.md ("Merging in the tree") say more.
 """
 from __future__ import annotations
 
