@@ -90,9 +90,19 @@ def sweep_stale() -> list[str]:
         name = line.split()[0] if line.split() else ""
         m = _NAME.match(name)
         if m and not _alive(int(m.group(1))):
+            _kill_inside(name)              # its Spark JVMs run on in their own sessions, the namespace deleted
             _run(["ip", "netns", "del", name], check=False)
             gone.append(name)
     return gone
+
+
+def _kill_inside(namespace: str) -> None:
+    """SIGKILL every process still running in ``namespace``."""
+    for pid in _run(["ip", "netns", "pids", namespace], check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def burst_bytes(bits_per_s: float) -> int:
@@ -158,12 +168,11 @@ class NetCluster:
 
     def close(self):
         """Kill every process started here (their process groups), then delete the namespaces."""
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        for p in self.procs:                # the group, whether or not its leader has exited
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + 15
         for p in self.procs:
             try:
@@ -176,6 +185,7 @@ class NetCluster:
                 p.wait(timeout=10)
         self.procs.clear()
         for ns in reversed(self._made):
+            _kill_inside(ns)                # what a group's leader left behind when it exited first
             _run(["ip", "netns", "del", ns], check=False)
         self._made.clear()
         if self.workdir:
@@ -188,11 +198,11 @@ class NetCluster:
 
     def shape(self, rate: str | None):
         """Set every link to ``rate`` in both directions (``None``: remove the shaping)."""
+        bits = None if rate is None else parse_rate(rate)      # a rate that cannot be read leaves the links as they are
         for i, ns in enumerate(self.names):
             for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
                 _run(["ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
-                if rate is not None:
-                    bits = parse_rate(rate)
+                if bits is not None:
                     _run(["ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                           "rate", f"{int(bits)}bit", "burst", str(burst_bytes(bits)), "latency", "200ms"])
         self.rate = rate

@@ -3,6 +3,7 @@ everything is torn down, and a training run crosses the links between its own ho
 import os
 import subprocess
 import sys
+import time
 
 import pyspark
 import pytest
@@ -76,3 +77,24 @@ def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
     assert received >= sum(m["round_bytes_sent"] for m in hosts)
     for w in (1, 2):                                      # each worker's executor sent its share
         assert after[w][0] - before[w][0] >= hosts[-1]["round_bytes_sent"] / 2 * 0.5
+
+
+def test_a_dead_clusters_namespaces_go_with_what_still_runs_in_them(netns_ok):
+    """A cluster whose owner was killed left its namespaces; the sweep deleted them and the processes in them
+    (its Spark JVMs, started in sessions of their own) ran on, unreachable."""
+    from rnnlm.netcluster import sweep_stale
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                           # a pid that is no process's now
+    name = f"rnnlm{gone.pid}-1-h0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    inside = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "60"], start_new_session=True)
+    try:
+        for _ in range(100):                              # until sleep runs in it
+            if subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.strip():
+                break
+            time.sleep(0.05)
+        assert name in sweep_stale()
+        assert inside.wait(timeout=10) != 0 and name not in namespaces()
+    finally:
+        inside.kill()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
