@@ -153,7 +153,9 @@ def test_spark_submit_with_the_properties_file_and_gpu_scheduling_logs_no_error_
     gpu = [a for k in (*GPU_SCHEDULING, f"spark.worker.resource.gpu.discoveryScript={script}") for a in ("--conf", k)]
     submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
     args = set_options(*CLUSTER_RUN, "train.rounds=2", "train.local_steps=2", "train.device=auto")
-    r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", *gpu, "jobs/train.py",
+    # --name: what spark-submit sets, kept (the driver's SparkConf read as empty and set its own over it)
+    r = subprocess.run([submit, "--properties-file", "conf/spark/local-cluster.properties", *gpu, "--name", "mine",
+                        "jobs/train.py",
                         "--config", "conf/demo.toml", "--out", str(tmp_path / "out"), "--samples", "0", *args],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -171,6 +173,7 @@ def test_spark_submit_with_the_properties_file_and_gpu_scheduling_logs_no_error_
     assert len(re.findall(r"^Spark UI http://\S+:\d+$", out, re.M)) == 1, r.stdout[-3000:]
     # both Workers ran the script (two addresses handed out); every task had one of them
     assert sorted(p.name for p in claims.iterdir()) == ["gpu0", "gpu1"]
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["app_name"] == "mine"
     devices = json.loads((tmp_path / "out" / "run.json").read_text())["devices"]
     assert sorted(devices) == ["0", "1"]
     assert all(d["ran"] == "cpu" and d["assigned"] in (["0"], ["1"]) for d in devices.values()), devices

@@ -71,7 +71,8 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     fresh.prepare(resume=False, overwrite=True)
     # nothing goes before the new run starts: one stopped while its corpus is read leaves the earlier run
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best", "checkpoint", "metrics.jsonl", "run.json"]
-    sc = types.SimpleNamespace(version="4", master="local[2]", defaultParallelism=2, applicationId="local-1")
+    sc = types.SimpleNamespace(version="4", master="local[2]", defaultParallelism=2, applicationId="local-1",
+                               appName="rnnlm")
     fresh.write_info(sc, cfg, False, {})
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]
     assert json.loads((tmp_path / "run" / "run.json").read_text())["application_id"] == "local-1"

@@ -35,6 +35,7 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
     """
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     info = {"config": cfg.to_dict(), "versions": _versions(), "spark": sc.version, "master": sc.master,
+            "app_name": sc.appName,
             "partitions": cfg.data.partitions, "default_parallelism": sc.defaultParallelism,
             "application_id": sc.applicationId, "started": now, "resumed": [],
             "devices": {str(pid): d for pid, d in sorted((devices or {}).items())}}

@@ -33,10 +33,14 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    c = SparkConf()
-    # spark-submit started the JVM and holds the master and properties, but SparkConf() cannot see them
-    # before a SparkContext exists (it is a plain dict until then): its gateway's port is the sign
+    # spark-submit started the JVM and holds the master and properties (its gateway's port is the sign):
+    # connected to it first, SparkConf() reads them, and the keys below are set only where the user set none
+    # (a plain dict, it read as empty: spark.task.cpus as 1, the user's executorEnv and --name overwritten)
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if submitted:
+        from pyspark import SparkContext
+        SparkContext._ensure_initialized()          # private, as _spark_default_logging's: nothing public yet
+    c = SparkConf()
     if master is not None or not submitted:
         c.setMaster(master or "local[2]")
     if not submitted:
