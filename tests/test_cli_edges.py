@@ -144,6 +144,30 @@ def test_demo_trains_the_embedded_default_and_prints_two_samples(capsys, tmp_pat
     assert all(out.split(h)[1].lstrip("\n").startswith("The sea") for h in heads)
 
 
+@pytest.mark.parametrize("sets, message", [
+    (["train.device=gpu"], "error: "),                                           # no CUDA here: a RuntimeError
+    (["optim.name=sgd", "optim.lr=1e38", "optim.clip_norm=0"], "error: loss became"),   # FloatingPointError
+    (["data.train=/dev/zero"], "error: /dev/zero is not a regular file"),       # read forever
+])
+def test_the_demo_says_what_stopped_it_in_one_line(capsys, sets, message, monkeypatch):
+    """A traceback each: train.device = gpu without a GPU, a run that diverged, a corpus that never ends."""
+    assert main(["demo", "--set", "train.rounds=2", "--set", "model.hidden=8", "--set", "train.local_steps=2",
+                 *[a for x in sets for a in ("--set", x)]]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_text_larger_than_the_single_trainer_reads_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import os
+    from rnnlm.core.single import read_text
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)                                       # sparse: nothing written
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 20}[name])  # 4 GiB
+    with pytest.raises(ValueError, match=r"big.txt: 1,073,741,824 bytes, more than the 256 MiB \(a sixteenth"):
+        read_text(str(big))
+
+
 def test_a_sample_without_a_seed_prints_the_one_it_drew_unless_argmax(tmp_path, capsys):
     cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid=", "data.level=char", "model.hidden=8",
                              "train.rounds=1", "train.bptt=8", "train.batch=2", "train.eval_every=0"])

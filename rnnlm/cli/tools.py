@@ -68,8 +68,8 @@ def demo(a) -> int:
     try:
         cfg = locate_data(config.load(path, a.set), path, strict=False)
         m = train(cfg, out=a.out)
-    except (config.ConfigError, OSError, ValueError) as e:
-        return error(str(e))
+    except (config.ConfigError, OSError, ValueError, RuntimeError, FloatingPointError) as e:
+        return error(str(e))        # RuntimeError: no CUDA device for train.device = gpu; FloatingPointError: diverged
     for seed, temp in ((cfg.train.seed, 0.7), (cfg.train.seed + 1, 1.0)):      # one seed fixes every sampler
         text = sample(m["model"], m["params"], m["vocab"], prime=a.prime, length=200, temperature=temp, seed=seed)
         print(f"\n--- sample (temperature {temp}, seed {seed}) ---\n{m['vocab'].join(a.prime, text)}")

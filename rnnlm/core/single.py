@@ -5,6 +5,8 @@ The quality reference for the distributed trainer and the engine of the demo.
 from __future__ import annotations
 
 import math
+import os
+import stat
 import time
 
 from . import backend, checkpoint
@@ -19,8 +21,18 @@ from .vocab import Vocab
 
 
 def read_text(path: str, errors: str = "replace") -> str:
-    """Read a UTF-8 text file; undecodable bytes become U+FFFD (or fail with ``errors='strict'``)."""
+    """Read a UTF-8 text file; undecodable bytes become U+FFFD (or fail with ``errors='strict'``).
+    ValueError, before a byte is read, for what is not a regular file (``/dev/zero`` is read forever) or
+    holds more than a sixteenth of this machine's memory (its words, ids and vocabulary as Python objects
+    take ~12 times the text: the trainer of one process is for texts that fit; Spark's reads any)."""
     with open(path, encoding="utf-8", errors=errors) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
+        if st.st_size > most:
+            raise ValueError(f"{path}: {st.st_size:,} bytes, more than the {most >> 20:,} MiB (a sixteenth of this "
+                             "machine's memory) the single-process trainer reads: train it with Spark")
         return f.read()
 
 
