@@ -112,3 +112,17 @@ def test_command_without_java_or_maven_says_what_is_missing(tmp_path):
         "error: the Hadoop minicluster needs Java 17 (java, javac) and Maven (mvn); not on the PATH: "
         "java, javac, mvn"]
     assert not (tmp_path / "mc").exists()
+
+
+def test_a_dir_the_ready_line_cannot_carry_and_a_cache_that_cannot_be_written_are_one_line(tmp_path, monkeypatch):
+    """A quote in --dir made the launcher's ready line invalid JSON (a backslash, silently another path), and an
+    unwritable cache an OSError: tracebacks, after the JVM's start for the first."""
+    from rnnlm.hadoop import minicluster
+    from rnnlm.hadoop.minicluster import MiniCluster, MiniClusterError
+    monkeypatch.setattr(minicluster, "missing_tools", lambda: None)
+    for name in ('a"b', "a\\b", "a\nb"):
+        with pytest.raises(MiniClusterError, match="a quote, a backslash or a control character"):
+            MiniCluster(str(tmp_path / name)).start()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(MiniClusterError, match=r"^cannot build in .*/file/cache: Not a directory$"):
+        minicluster.build(str(tmp_path / "file" / "cache"))

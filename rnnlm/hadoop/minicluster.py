@@ -18,6 +18,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -84,7 +85,14 @@ def build(cache: str | None = None, timeout: float = 900) -> str:
     if problem:
         raise MiniClusterError(problem)
     cache = cache or cache_dir()
-    os.makedirs(cache, exist_ok=True)
+    try:
+        os.makedirs(cache, exist_ok=True)
+        return _build_in(cache, timeout)
+    except OSError as e:             # the cache not writable: one line, as every other failure here
+        raise MiniClusterError(f"cannot build in {cache}: {e.strerror or e}") from None
+
+
+def _build_in(cache: str, timeout: float) -> str:
     jars = os.path.join(cache, f"jars-{_digest(_POM)}")
     if not os.path.isdir(jars):
         tmp = tempfile.mkdtemp(prefix="jars.", dir=cache)
@@ -187,11 +195,17 @@ class MiniCluster:
         return dict(os.environ if base is None else base, HADOOP_CONF_DIR=self.endpoints.conf_dir)
 
     def start(self, timeout: float = 180) -> "MiniCluster":
+        if re.search(r'["\\\x00-\x1f\x7f]', self.dir):
+            # the launcher writes its ready line's JSON without escaping: such a name would not read back whole
+            raise MiniClusterError(f"--dir {self.dir!r}: a quote, a backslash or a control character in the path")
         classpath = build()
-        os.makedirs(self.dir, exist_ok=True)
         log4j = os.path.join(self.dir, "log4j.properties")
-        with open(log4j, "w") as f:
-            f.write(_LOG4J)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            with open(log4j, "w") as f:
+                f.write(_LOG4J)
+        except OSError as e:
+            raise MiniClusterError(f"--dir {self.dir}: {e.strerror or e}") from None
         env = dict(os.environ, JAVA_HOME=java_home())
         env.pop("HADOOP_CONF_DIR", None)   # the cluster must not read a client configuration
         with open(self.log_path, "ab") as log:
@@ -205,7 +219,12 @@ class MiniCluster:
             kind, rest = self._answer(timeout)
             if kind != "ready":
                 raise MiniClusterError(f"the cluster did not start: {rest} (log: {self.log_path})")
-            self.endpoints = Endpoints(**{k: v for k, v in json.loads(rest).items() if k in Endpoints.__annotations__})
+            try:
+                ready = json.loads(rest)
+            except ValueError:
+                raise MiniClusterError(f"the cluster's ready line is not JSON: {rest[:200]!r} "
+                                       f"(log: {self.log_path})") from None
+            self.endpoints = Endpoints(**{k: v for k, v in ready.items() if k in Endpoints.__annotations__})
         except BaseException:
             self.stop()
             raise
