@@ -209,3 +209,24 @@ def test_a_line_break_in_a_name_cannot_forge_a_second_error_line(tmp_path, capsy
     forged.mkdir()
     assert main(["plot", "--runs", str(forged), "--out", str(tmp_path / "f.png")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path}/x\\nerror: forged: not a run (no metrics.jsonl)\n"
+
+
+def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch):
+    """Between the JVM's start and the try that stops it (installing the handlers, the log level, the UI line)
+    a Ctrl-C left the session to Spark's shutdown hooks, which log ERROR lines in local-cluster mode."""
+    import types
+    from pyspark.sql import SparkSession
+    from rnnlm.cli import session as cli_session, signals
+    stopped = []
+    fake = types.SimpleNamespace(sparkContext=types.SimpleNamespace(setLogLevel=lambda level: None, uiWebUrl=None),
+                                 stop=lambda: stopped.append(True))
+    monkeypatch.setattr("rnnlm.spark.session.get_spark", lambda *a, **k: fake)
+    monkeypatch.setattr(SparkSession, "getActiveSession", staticmethod(lambda: None))
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(signals, "install", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        with cli_session.spark_session("test", "local[1]"):
+            pass
+    assert stopped == [True]

@@ -26,14 +26,14 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
         progress.message(f"starting Spark ({master or 'local[2]'}) ...")
     with signals.starting_jvm():
         spark = get_spark(app, master, quiet=not verbose)
-    signals.install()          # in place of PySpark's SIGINT handler (see .signals)
-    spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
-    if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
-        if progress is not None:
-            progress.message(f"Spark UI {spark.sparkContext.uiWebUrl}")
-        else:
-            print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
-    try:
+    try:                       # from here on a signal, or anything, still stops the session it started
+        signals.install()      # in place of PySpark's SIGINT handler (see .signals)
+        spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
+        if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
+            if progress is not None:
+                progress.message(f"Spark UI {spark.sparkContext.uiWebUrl}")
+            else:
+                print(f"Spark UI {spark.sparkContext.uiWebUrl}", file=sys.stderr, flush=True)
         yield spark
     finally:
         if owned:
