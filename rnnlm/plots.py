@@ -104,9 +104,14 @@ def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=
         ax.xaxis.set_major_formatter(bytes_formatter())
     ax.grid(alpha=0.3)
     if runs:
-        ax.legend(fontsize="small", title=shared_exchange(runs) if labels is None else None,
-                  title_fontsize="small")
+        ax.legend(fontsize="small", title=_caption(runs, labels), title_fontsize="small")
     return ax
+
+
+def _caption(runs, labels) -> str | None:
+    """The legend's title: what every run sends alike, where the labels are the automatic ones (given as
+    ``run_labels(runs)`` too, as the notebook does), which leave it out."""
+    return shared_exchange(runs) if labels is None or list(labels) == run_labels(runs) else None
 
 
 def shared_exchange(runs) -> str | None:
@@ -181,8 +186,7 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
     front = sorted((r["bytes_per_token"], r["value"]) for r in rows if r["pareto"])
     if front:
         ax.plot(*zip(*front), "k--", lw=1, label="Pareto front", zorder=2)
-        ax.legend(fontsize="small", title=shared_exchange(runs) if labels is None else None,
-                  title_fontsize="small")
+        ax.legend(fontsize="small", title=_caption(runs, labels), title_fontsize="small")
     costs = [r["bytes_per_token"] for r in rows]
     if any(c <= 0 for c in costs):        # a run that sent nothing (one machine) stays on the axis, at 0
         ax.set_xscale("symlog", linthresh=min([c for c in costs if c > 0] or [1.0]))

@@ -374,6 +374,22 @@ def test_what_every_run_sends_alike_is_said_once():
     assert plots.shared_exchange([]) is None
 
 
+def test_the_caption_stays_with_automatic_labels_given_explicitly():
+    """The notebook passes labels=runs.labels(rs): the legend then dropped what every run sends alike, and two
+    runs of rows+fp16 softmax read as if their traffic were plain float32."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rs = [runs.Run(f"/r/{k}", LINES, {"exchange": {"softmax": "rows+fp16"}, "train": {"local_steps": k}}, {})
+          for k in (2, 5)]
+    for labels, title in ((None, "all runs: softmax rows+fp16"), (runs.labels(rs), "all runs: softmax rows+fp16"),
+                          (["mine", "yours"], "")):
+        fig, ax = plt.subplots()
+        plots.plot_metric(rs, "tokens", "train_loss", ax=ax, labels=labels)
+        assert ax.get_legend().get_title().get_text() == title, labels
+        plt.close(fig)
+
+
 def test_bytes_per_token_and_the_pick_come_from_the_whole_run():
     lines = [line(1, 100, 100, 50, 1.0, 5.0, valid_ppl=60.0), line(2, 200, 150, 150, 2.0, 4.0, valid_ppl=45.0),
              line(3, 400, 300, 500, 3.0, 3.9, valid_ppl=50.0)]
