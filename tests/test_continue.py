@@ -255,6 +255,12 @@ def test_gpu_without_cupy_or_a_device_is_one_line_before_spark_for_a_local_maste
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")                         # under spark-submit: its master
     checks.check_device(gpu, None)
     checks.check_device(cfg_of("train.device=auto"), "local[2]")            # auto falls back to the CPU
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    # evaluate --device gpu: every task failed 4 times on "CuPy is not installed", after Spark started
+    from rnnlm.cli.main import main
+    one_error(capsys, main(["evaluate", "--checkpoint", str(tmp_path / "none"), "--data", "x.txt", "--device", "gpu"]),
+              "--device gpu but this machine has no CuPy or no CUDA device, and the master local[2] runs every "
+              "executor here")
 
 
 def test_init_from_is_checked_before_spark(tmp_path, capsys, no_jvm):

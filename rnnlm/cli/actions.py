@@ -131,12 +131,14 @@ def _report(tr, last: dict, samples: int) -> int:
 def evaluate(a) -> int:
     """Score ``a.data`` under the checkpoint ``a.checkpoint``: nothing else of the training
     run (its data paths, its partitions) is read."""
-    from .checks import check_checkpoint, check_input, check_records
+    from .checks import check_checkpoint, check_device, check_input, check_records
     if a.streams is not None:       # data.eval_streams' range, checked where every key's is
         try:
             config.load(None, [f"data.eval_streams={a.streams}"])
         except config.ConfigError as e:
             raise config.ConfigError(f"--streams: {e}") from None
+    # a GPU asked for where every executor runs here and there is none: said now, not after 4 tries per task
+    check_device(config.replace(config.load(None, []), "train", device=a.device), a.master, "--device")
     check_input(a.data, "--data")
     ck = check_checkpoint(a.checkpoint)          # a local one, read and verified before Spark starts
     if ck is not None:

@@ -135,7 +135,7 @@ def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool) ->
     return None
 
 
-def check_device(cfg: config.Config, master: str | None) -> None:
+def check_device(cfg: config.Config, master: str | None, what: str = "train.device") -> None:
     """``train.device = "gpu"`` where this machine has no CuPy or no CUDA device fails here when every
     executor runs on it in this Python: a local master (``local``, ``local[N]``, ``local-cluster[...]``)
     outside ``spark-submit``, with ``$PYSPARK_PYTHON`` unset or this interpreter. A cluster's
@@ -150,9 +150,12 @@ def check_device(cfg: config.Config, master: str | None) -> None:
         return
     from ..core import backend
     if not backend.gpu_available():
-        raise config.ConfigError(f"train.device = 'gpu' but this machine has no CuPy or no CUDA device, and the "
+        flag = what.startswith("--")             # the command line's option, or the configuration's key
+        said, instead = ((f"{what} gpu", f"{what} cpu or auto") if flag else
+                         (f"{what} = 'gpu'", f"{what} = 'cpu' or 'auto'"))
+        raise config.ConfigError(f"{said} but this machine has no CuPy or no CUDA device, and the "
                                  f"master {master} runs every executor here: {GPU_EXTRA} on a machine with an "
-                                 "NVIDIA GPU, or train.device = 'cpu' or 'auto'")
+                                 f"NVIDIA GPU, or {instead}")
 
 
 def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init | None:
