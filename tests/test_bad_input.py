@@ -143,8 +143,9 @@ def test_evaluate_overflowing_perplexity_is_not_a_traceback(spark, tmp_path, cap
     assert re.fullmatch(rf"{re.escape(held)}: loss {number} \| ppl inf \| bpc {number}", result), result
     if not backend.gpu_available():
         a.device = "gpu"
-        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)),
-                  "a Spark job failed: RuntimeError: device='gpu' but CuPy or a CUDA device is not available")
+        one_error(capsys, cli.guarded(lambda: cli.evaluate(a)),       # said before any task tries it
+                  "--device gpu but this machine has no CuPy or no CUDA device, and the master local[2] runs every "
+                  "executor here")
         a.device = "auto"
     # --streams has data.eval_streams' range (beyond it Hadoop cut the file into 1-byte splits, or py4j raised)
     for streams in (10_001, 2 ** 31):
