@@ -159,8 +159,7 @@ def phase(out: str, name: str, cmd: list, timeout: float) -> tuple:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
         stdout, stderr, err = r.stdout, r.stderr, None if r.returncode == 0 else f"exit {r.returncode}"
     except subprocess.TimeoutExpired as e:
-        stdout, stderr = ((b or b"").decode(errors="replace") if isinstance(b, bytes) else (b or "")
-                          for b in (e.stdout, e.stderr))
+        stdout, stderr = (b.decode(errors="replace") if isinstance(b, bytes) else b or "" for b in (e.stdout, e.stderr))
         err = f"over {timeout:.0f} s"
     with open(os.path.join(out, f"{name}.log"), "w") as f:
         f.write(stdout + stderr)

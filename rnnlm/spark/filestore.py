@@ -66,9 +66,14 @@ def save(run: str, seq: int, pid: int, arrays: dict) -> Stored:
     return Stored(run, seq, tuple(arrays), tuple(files))
 
 
+def _file(st: os.stat_result) -> tuple:
+    """The file itself: its device, inode, size and modification time."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _identity(st: os.stat_result, a) -> tuple:
-    """What names one file written: its device, inode, size and modification time, its array's shape and dtype."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, tuple(np.shape(a)), np.asarray(a).dtype.str
+    """What names one file written: the file (:func:`_file`), its array's shape and dtype."""
+    return (*_file(st), tuple(np.shape(a)), np.asarray(a).dtype.str)
 
 
 def load(ref: Stored, pid: int) -> dict | None:
@@ -79,7 +84,7 @@ def load(ref: Stored, pid: int) -> dict | None:
         try:
             with open(_path(ref.run, ref.seq, pid, name), "rb") as f:
                 st = os.fstat(f.fileno())
-                if _identity(st, ())[:4] != written[:4]:        # another file: not read at all
+                if _file(st) != written[:4]:                    # another file: not read at all
                     return None
                 a = np.load(f, allow_pickle=False)
         except (OSError, ValueError, EOFError):     # absent, pruned, empty or unreadable: rebuilt by the caller
