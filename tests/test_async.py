@@ -285,6 +285,23 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     assert last == metrics(tmp_path / "run")[-1]
 
 
+def second_push_after_the_first_checkpoint(monkeypatch, out):
+    """Hold push 2 until the driver has checkpointed push 1: otherwise that checkpoint can start while push 2
+    is applied, and waits for push 2 instead (a race). A push is decoded before it is reserved."""
+    import time
+    from rnnlm.server import paramserver
+    decode, pushes, first = paramserver.blocks_from_wire, [], out / "checkpoint" / "state.json"
+
+    def gate(*args):
+        pushes.append(1)
+        deadline = time.monotonic() + 60
+        while len(pushes) == 2 and not first.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return decode(*args)
+
+    monkeypatch.setattr(paramserver, "blocks_from_wire", gate)
+
+
 def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(spark, tmp_path, monkeypatch):
     """A checkpoint waits for the pushes being applied: one that failed there (half applied) was written as
     done, and a resume never redid its window."""
@@ -308,6 +325,7 @@ def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(s
 
     monkeypatch.setattr(ParameterServer, "apply", second_fails_during_a_snapshot)
     monkeypatch.setattr(ParameterServer, "snapshot", snapshot_said)
+    second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
     cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
                  "server.checkpoint_pushes=1", "server.checkpoint_s=1")
     with pytest.raises(TrainingError, match=r"^server: applying partition 0's window 1 failed: after the first slots"):
@@ -321,10 +339,8 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
     stops with one line and the last checkpoint (it once waited forever, and every later push with it)."""
     import threading
     import time
-    from rnnlm.server import paramserver
     from rnnlm.server.paramserver import ParameterServer
     release, original, calls = threading.Event(), ParameterServer.apply, []
-    decode, pushes, first = paramserver.blocks_from_wire, [], tmp_path / "run" / "checkpoint" / "state.json"
 
     def second_hangs(self, decoded, scale):
         calls.append(1)
@@ -332,17 +348,8 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
             release.wait(120)
         original(self, decoded, scale)
 
-    def second_after_the_first_checkpoint(*args):
-        # the driver checkpoints push 1 before push 2 is reserved (else it waits for push 2 instead: a race);
-        # a push is decoded before it is reserved
-        pushes.append(1)
-        deadline = time.monotonic() + 60
-        while len(pushes) == 2 and not first.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return decode(*args)
-
     monkeypatch.setattr(ParameterServer, "apply", second_hangs)
-    monkeypatch.setattr(paramserver, "blocks_from_wire", second_after_the_first_checkpoint)
+    second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
     cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
                  "server.timeout_s=1", "server.checkpoint_pushes=1")
     tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
