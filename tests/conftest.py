@@ -3,6 +3,7 @@ pytest puts this folder on ``sys.path``, as it does for ``from test_hdfs import 
 import collections
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -48,6 +49,15 @@ def train_cmd(out, *sets, master: str | None = None, resume: bool = False) -> li
     return [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--config", os.path.join(ROOT, "conf", "demo.toml"),
             "--out", str(out), "--samples", "0", *(["--master", master] if master else []),
             *(["--resume"] if resume else []), *set_options(*sets)]
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` until it holds; fail the test after ``timeout`` seconds (a loaded machine's
+    threads can lag by a second: the default leaves room for it, a test that times something sets less)."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
 
 
 def metrics(run) -> list:

@@ -285,21 +285,32 @@ def test_adagrad_state_is_checkpointed_and_modes_do_not_mix_on_resume(spark, tmp
     assert last == metrics(tmp_path / "run")[-1]
 
 
-def second_push_after_the_first_checkpoint(monkeypatch, out):
+def second_push_after_the_first_checkpoint(monkeypatch, out) -> list:
     """Hold push 2 until the driver has checkpointed push 1: otherwise that checkpoint can start while push 2
-    is applied, and waits for push 2 instead (a race). A push is decoded before it is reserved."""
+    is applied, and waits for push 2 instead (a race). A push is decoded before it is reserved. A checkpoint
+    by time may hold version 0 (written before push 1 landed): the gate waits for version 1. The list returned
+    says whether it opened so (False: it gave up after 60 s)."""
     import time
     from rnnlm.server import paramserver
-    decode, pushes, first = paramserver.blocks_from_wire, [], out / "checkpoint" / "state.json"
+    decode, pushes, opened, state = paramserver.blocks_from_wire, [], [], out / "checkpoint" / "state.json"
+
+    def holds_push_1():
+        try:
+            return json.loads(state.read_text())["position"]["version"] >= 1
+        except (OSError, ValueError, KeyError, TypeError):      # not yet written, or being replaced
+            return False
 
     def gate(*args):
         pushes.append(1)
-        deadline = time.monotonic() + 60
-        while len(pushes) == 2 and not first.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if len(pushes) == 2:
+            deadline = time.monotonic() + 60
+            while not holds_push_1() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            opened.append(holds_push_1())
         return decode(*args)
 
     monkeypatch.setattr(paramserver, "blocks_from_wire", gate)
+    return opened
 
 
 def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(spark, tmp_path, monkeypatch):
@@ -308,13 +319,13 @@ def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(s
     import threading
     import time
     from rnnlm.server.paramserver import ParameterServer
-    apply, snapshot, calls, waiting = ParameterServer.apply, ParameterServer.snapshot, [], threading.Event()
+    apply, snapshot, calls, waiting, seen = ParameterServer.apply, ParameterServer.snapshot, [], threading.Event(), []
 
     def second_fails_during_a_snapshot(self, decoded, scale):
         calls.append(1)
         apply(self, decoded, scale)
         if len(calls) == 2:
-            waiting.wait(30)                  # the driver's checkpoint by time has started, and waits for it
+            seen.append(waiting.wait(30))     # the driver's checkpoint by time has started, and waits for it
             time.sleep(0.3)
             raise MemoryError("after the first slots")
 
@@ -325,11 +336,12 @@ def test_a_push_that_fails_while_a_checkpoint_waits_for_it_is_not_checkpointed(s
 
     monkeypatch.setattr(ParameterServer, "apply", second_fails_during_a_snapshot)
     monkeypatch.setattr(ParameterServer, "snapshot", snapshot_said)
-    second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
+    opened = second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
     cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
                  "server.checkpoint_pushes=1", "server.checkpoint_s=1")
     with pytest.raises(TrainingError, match=r"^server: applying partition 0's window 1 failed: after the first slots"):
         make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None).run()
+    assert opened == [True] and seen == [True]
     position = checkpoint.load(str(tmp_path / "run" / "checkpoint")).position
     assert position["done"] == [1] and position["version"] == 1
 
@@ -349,7 +361,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
         original(self, decoded, scale)
 
     monkeypatch.setattr(ParameterServer, "apply", second_hangs)
-    second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
+    opened = second_push_after_the_first_checkpoint(monkeypatch, tmp_path / "run")
     cfg = cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", "train.rounds=4",
                  "server.timeout_s=1", "server.checkpoint_pushes=1")
     tr = make_trainer(spark, cfg, str(tmp_path / "run"), log=lambda *_: None)
@@ -361,6 +373,7 @@ def test_a_push_that_never_lands_stops_the_run_with_one_line(spark, tmp_path, mo
         assert time.monotonic() - t0 < 60
     finally:
         release.set()
+    assert opened == [True]
     assert checkpoint.load(str(tmp_path / "run" / "checkpoint")).position["version"] == 1
     assert [m["syncs"] for m in metrics(tmp_path / "run")] == [1]
 

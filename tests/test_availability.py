@@ -23,7 +23,7 @@ from rnnlm.exchange.round import Carry
 from rnnlm.server import wire
 from rnnlm.server.paramserver import ParameterServer, WorkerClient, server_in_flight
 from rnnlm.spark.channel import Channel
-from conftest import metrics
+from conftest import metrics, wait_for
 
 GARBAGE = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 MiB = 1 << 20
@@ -31,13 +31,6 @@ MiB = 1 << 20
 
 def echo(peer, kind, fields, arrays):
     return kind, fields, arrays
-
-
-def wait_for(predicate, timeout=5.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.005)
 
 
 class Flood:
@@ -96,7 +89,7 @@ def test_idle_and_garbage_peers_cannot_keep_a_client_with_the_secret_out():
     flood = Flood(server.address, idle=12).start()
     try:
         for i in range(12):                          # a fresh connection each time, while the flood goes on
-            c = wire.Client(*server.address, secret, 1 << 16, timeout=2.0, retry_s=2.0)
+            c = wire.Client(*server.address, secret, 1 << 16, timeout=2.0, retry_s=10.0)
             kind, fields, arrays = c.call("echo", {"i": i}, {"x": np.arange(i)})
             assert (kind, fields) == ("echo", {"i": i}) and np.array_equal(arrays["x"], np.arange(i))
             c.close()
@@ -170,7 +163,7 @@ def test_an_async_run_completes_every_window_under_a_flood_of_idle_and_garbage_p
     cfg = config.load(None, [
         "data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
-        "train.eval_every=0", "server.heartbeat_s=0.2", "server.timeout_s=5", "data.partitions=2",
+        "train.eval_every=0", "server.heartbeat_s=0.2", "server.timeout_s=15", "data.partitions=2",
         "train.mode=async", "train.push_every=2", "train.rounds=4"])
     lines, floods = [], []
 

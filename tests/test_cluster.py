@@ -216,6 +216,8 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
                 break
             except OSError:
                 time.sleep(0.5)
+        else:
+            pytest.fail(f"the standalone master did not listen on port {port} within 60 s: see {tmp_path}/cluster.log")
         procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url,
                                        "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
                                        "--webui-port", str(ui2), "--work-dir", str(tmp_path / "work")],

@@ -43,7 +43,7 @@ def before_the_jvm(argv, expected):
     took = time.perf_counter() - t0
     assert r.returncode == 2, (argv, r.stderr[-2000:])
     assert r.stderr.startswith(expected) and r.stderr.count("\n") == 1, (argv, r.stderr[-2000:])
-    assert took < 3.0, (argv, took)
+    assert took < 8.0, (argv, took)          # room for a loaded machine, still well short of a JVM
 
 
 @pytest.mark.parametrize("sets, expected", [

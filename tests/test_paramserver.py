@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import wait_for
 from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
@@ -284,7 +285,7 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
         client.fail("x" * 5000)                             # cut to what the server takes, not refused
         assert ps.failures[1] == "partition 1: " + "x" * 300
-        time.sleep(0.35)                                    # heartbeats on the second connection
+        wait_for(lambda: frames.connections == 2)           # heartbeats on the second connection
     finally:
         client.close()
         frames.close()
@@ -466,7 +467,7 @@ def test_a_snapshot_waits_for_a_push_that_never_lands_at_most_timeout_s():
         e = within(3.0, ps.snapshot)
         assert type(e).__name__ == "Stalled", e             # (imported by name: it did not exist)
         assert str(e) == "parameter server: 1 push still being applied after 0.5 s (server.timeout_s)"
-        assert 0.5 <= time.monotonic() - t0 < 1.5
+        assert 0.5 <= time.monotonic() - t0 < 3.0
         kind, r, _ = within(2.0, push, ps, 1, 1, 0, 0, np.ones(LAYOUT.size, np.float32))   # not frozen any more
         assert kind == "pushed" and r["applied"]
     finally:
@@ -624,7 +625,8 @@ def test_a_worker_whose_window_outlasts_the_servers_idle_limit_still_pushes():
     """The server closes a connection idle for server_idle_s; a worker replaces one idle for timeout_s itself
     before pushing, so a long window never loses its push to the idle limit."""
     from rnnlm.server.paramserver import server_idle_s
-    sv = config.load(None, ["server.heartbeat_s=0.2", "server.timeout_s=0.3"]).server
+    # a heartbeat may wake up to 0.8 s late before its own connection counts as idle (a loaded machine)
+    sv = config.load(None, ["server.heartbeat_s=0.2", "server.timeout_s=1"]).server
     ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), sv, 3, 2, log=lambda *_: None)
     secret = wire.new_secret()
     frames = wire.FrameServer(ps.handle, secret, timeout=sv.timeout_s, idle=server_idle_s(sv),

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import wait_for
 from rnnlm.server import wire
 
 MAX_FRAME = 1 << 20
@@ -20,13 +21,6 @@ def handle(peer, kind, fields, arrays):
     if kind == "sum":
         return "sum", {"total": float(arrays["x"].sum())}, {}
     return kind, fields, arrays                                  # echo
-
-
-def wait_for(predicate, timeout=3.0):
-    end = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -208,7 +202,9 @@ def test_refused_before_the_handshake(server, secret, data, reason):
 
 def test_silent_peers_time_out(secret):
     logs = []
-    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.2, log=logs.append).start()
+    # a hello's deadline of 0.5 s: what the silent peers run out of, room for the real ones on a loaded machine
+    server = wire.FrameServer(handle, secret, max_frame=MAX_FRAME, timeout=0.2, handshake=0.5,
+                              log=logs.append).start()
     c = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
     c.sock.sendall(wire.MAGIC + b"\0")                       # and nothing more
     wait_for(lambda: server.refused.get("truncated") == 1)
@@ -505,7 +501,7 @@ def test_a_frame_trickled_after_the_handshake_times_out(secret):
             hung_up = time.monotonic() - t0
             break
         time.sleep(0.05)
-    assert hung_up is not None and hung_up < 1.0, hung_up
+    assert hung_up is not None and hung_up < 2.0, hung_up
     wait_for(lambda: server.refused == {"truncated": 1})
     assert len(logs) == 1 and "truncated" in logs[0]
     assert serves(server, secret)
@@ -522,7 +518,7 @@ def test_an_authenticated_connection_idle_between_frames_is_closed(secret):
     assert conn.recv()[1] == {"n": 1}
     with pytest.raises(ConnectionError):                    # the server hung up: idle 2 x timeout by default
         conn.recv()
-    assert 0.6 <= time.monotonic() - t0 < 1.5
+    assert 0.6 <= time.monotonic() - t0 < 3.0
     wait_for(lambda: server.closed_idle == 1)
     assert server.refused == {} and logs == []              # an idle client is not at fault
     conn.close()
@@ -530,10 +526,10 @@ def test_an_authenticated_connection_idle_between_frames_is_closed(secret):
 
 
 def test_a_client_replaces_a_connection_idle_longer_than_max_idle(server, secret):
-    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0, max_idle=0.2)
+    c = wire.Client(*server.address, secret, MAX_FRAME, timeout=2.0, max_idle=1.0)
     assert c.call("sum", {}, {"x": np.arange(3)})[1] == {"total": 3.0}
     assert c.call("sum", {}, {"x": np.arange(4)})[1] == {"total": 6.0}
-    time.sleep(0.3)
+    time.sleep(1.2)
     assert c.call("sum", {}, {"x": np.arange(5)})[1] == {"total": 10.0}
     assert server.connections == 2 and server.refused == {}
     c.close()
@@ -704,7 +700,7 @@ def test_a_frame_that_stops_midway_is_truncated_not_a_timeout(secret):
     """A reply that began and then stalled is a refused frame ("truncated"), not the silence between
     frames (TimeoutError), which a caller may wait through: wherever in the frame it stalls."""
     for partial in (wire.MAGIC[:2], wire.MAGIC + b"\0\0", wire.MAGIC + struct.pack(">IQ", 10, 0) + b"{"):
-        client, server = pair(secret, timeout=0.2)
+        client, server = pair(secret, timeout=0.5)          # the handshake's deadline too
         server.sock.sendall(partial)
         with pytest.raises(wire.WireError) as e:
             client.recv()
