@@ -449,6 +449,14 @@ def test_log_inclusion_values():
                           [1.0, 0.5, 0.5, 0.5, 0.25, 0.5, 0.25])
 
 
+def test_a_chunk_without_scored_targets_includes_words_by_the_random_rows_alone():
+    """No stream scores a target (a chunk of lane padding): a word present in every window (a space at
+    character level) had 0 x log(1 - 1) = NaN, and the whole step's loss and gradient with it."""
+    freq = np.array([1.0, 0.2, 0.1, 0.1, 0.05, 0.05])
+    got = log_inclusion(np.array([0, 1, 4]), freq, 0, 0, 2, 3, 6)
+    assert np.allclose(np.exp(got), 1 - (4 / 6) * (3 / 6), rtol=1e-14, atol=0)     # the beta rows and dummies
+
+
 def test_log_inclusion_is_the_frequency_a_word_is_drawn_into_v_f():
     """Monte Carlo: 2 streams of 4 targets drawn from the unigram (a stream holds word i with
     probability 1 - (1 - f_i)^4), random rows and dummy words as a partition draws them."""

@@ -67,6 +67,8 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
         parameters then hold every step's update and are not to be used (no caller sends them).
     """
     xp = model.xp
+    if not getattr(model, "dropout", 0.0):
+        dropout_rng = None          # nothing to draw (a graph of such a model has no mask buffers to draw into)
     grads = xp.empty_like(params) if grads is None else grads
     graphed = cuda_graphs and graphs.usable(model, optimizer, grad_norm=grad_norm)
     steps = 0

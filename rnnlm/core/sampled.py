@@ -101,8 +101,9 @@ def log_inclusion(ids, presence, streams: int, top: int, n_beta: int, n_gamma: i
     ids = np.asarray(backend.to_numpy(ids), dtype=np.int64)
     f = np.asarray(presence, dtype=np.float64)[ids]
     with np.errstate(divide="ignore"):                              # log(0) = -inf: surely in the set
-        log_out = (streams * np.log1p(-np.minimum(f, 1.0)) + np.log1p(-min(1.0, n_beta / V))
-                   + np.log1p(-min(1.0, n_gamma / V)))             # log P(i not in the set)
+        # no stream scores a target (a chunk of lane padding): no term, not 0 x log(0) = NaN for a word in every window
+        as_target = streams * np.log1p(-np.minimum(f, 1.0)) if streams else np.zeros_like(f)
+        log_out = as_target + np.log1p(-min(1.0, n_beta / V)) + np.log1p(-min(1.0, n_gamma / V))  # log P(not in it)
         out = np.log1p(-np.exp(log_out))
     out[ids < top] = 0.0
     return out
