@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import json
 import math
 import os
+import stat
 import sys
 import tomllib
 import typing
@@ -243,10 +245,16 @@ RANGES = {
 }
 
 
+def _name(name: str) -> str:
+    """A section or key name from a file, as a message shows it: as written when it prints as itself,
+    else quoted with its control characters escaped (a name cannot forge a line or recolour a terminal)."""
+    return name if name.isprintable() and len(name) <= 60 else f"{name!r:.62}"
+
+
 def _section_class(name: str):
     hints = typing.get_type_hints(Config)
     if name not in hints:
-        raise ConfigError(f"unknown config section [{name}]{_did_you_mean(name, list(hints))}; "
+        raise ConfigError(f"unknown config section [{_name(name)}]{_did_you_mean(name, list(hints))}; "
                           f"known: {', '.join(hints)}")
     return hints[name]
 
@@ -268,7 +276,7 @@ def _unknown_key(section: str, key: str) -> ConfigError:
         every = [f"{s}.{k}" for s, cls in typing.get_type_hints(Config).items() for k in typing.get_type_hints(cls)]
         elsewhere = [sk for sk in every if sk.split(".", 1)[1] == key]
         hint = f" (did you mean {elsewhere[0]}?)" if elsewhere else _did_you_mean(f"{section}.{key}", every)
-    return ConfigError(f"unknown config key {section}.{key}{hint}; known in [{section}]: {', '.join(hints)}")
+    return ConfigError(f"unknown config key {section}.{_name(key)}{hint}; known in [{section}]: {', '.join(hints)}")
 
 
 def _coerce(section: str, key: str, value, typ):
@@ -456,13 +464,33 @@ def apply_overrides(d: dict, overrides: list[str]) -> dict:
     return out
 
 
+MAX_CONFIG_FILE = 1 << 20           # a configuration is a few KiB; a checkpoint's config.json has the same cap
+
+
+def _read_config_file(path: str) -> bytes:
+    """The bytes of the regular file ``path``, at most :data:`MAX_CONFIG_FILE` of them: checked before a
+    byte is read (``--config /dev/zero`` grew until memory ran out; a FIFO blocked forever)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config file {path} is not a regular file")
+        data = f.read(MAX_CONFIG_FILE + 1)
+    if len(data) > MAX_CONFIG_FILE:
+        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE >> 20} MiB: not a configuration")
+    return data
+
+
 def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Load a TOML file (or the defaults when ``path`` is None) and apply overrides."""
     d: dict = {}
     if path is not None:
         try:
-            with open(path, "rb") as f:
-                d = tomllib.load(f)
+            d = tomllib.loads(_read_config_file(path).decode("utf-8"))
+        except ConfigError:
+            raise
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except OSError as e:    # a directory, no permission

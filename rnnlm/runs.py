@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -66,10 +67,14 @@ def _too_large(path: str, size: int, limit: int) -> RunError:
 class _Local:
     def read(self, path: str, limit: int) -> bytes | None:
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > limit:
-                    raise _too_large(path, size, limit)
+            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:    # a FIFO would block the open
+                st = os.fstat(f.fileno())
+                if stat.S_ISDIR(st.st_mode):
+                    return None
+                if not stat.S_ISREG(st.st_mode):
+                    raise RunError(f"{path}: not a regular file")
+                if st.st_size > limit:
+                    raise _too_large(path, st.st_size, limit)
                 return f.read(limit)        # a run still writing: a line cut short is dropped
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None

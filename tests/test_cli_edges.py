@@ -211,6 +211,83 @@ def test_a_line_break_in_a_name_cannot_forge_a_second_error_line(tmp_path, capsy
     assert capsys.readouterr().err == f"error: {tmp_path}/x\\nerror: forged: not a run (no metrics.jsonl)\n"
 
 
+def test_an_escape_or_a_bidi_override_in_a_name_is_shown_escaped(tmp_path, capsys):
+    """ESC recoloured the terminal (or cleared it), U+202E printed the rest of the line reversed."""
+    odd = tmp_path / "a\x1b[2Jb\u202ec"
+    odd.mkdir()
+    assert main(["plot", "--runs", str(odd), "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}/a\\x1b[2Jb\\u202ec: not a run (no metrics.jsonl)\n"
+
+
+def test_plot_refuses_a_metrics_file_that_is_not_a_regular_file(tmp_path, capsys):
+    """A FIFO named metrics.jsonl blocked ``plot`` until killed."""
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "metrics.jsonl")
+    assert main(["plot", "--runs", str(tmp_path / "run"), "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'run' / 'metrics.jsonl'}: not a regular file\n"
+
+
+@pytest.mark.parametrize("out", ["", " ", "/", "file:///", "hdfs://nn:8020/"])
+def test_an_out_of_nothing_or_a_root_is_refused_before_spark(out):
+    """An unset variable (``--out "$OUT"``) put run.json, metrics.jsonl and checkpoint/ in the root, and
+    ``--overwrite`` deleted from there."""
+    from rnnlm.cli.checks import check_train
+    from rnnlm.spark.rundir import RunDir, TrainingError
+    cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid="])
+    for overwrite, dry_run in ((False, False), (True, False), (False, True)):
+        with pytest.raises(TrainingError, match="^--out (is empty|.*: a filesystem's root cannot be a run's dir)"):
+            check_train(cfg, None, out, False, overwrite, dry_run)
+    with pytest.raises(TrainingError):
+        RunDir(out, fs=object())
+
+
+def test_demo_out_replaces_a_checkpoint_and_refuses_anything_else(tmp_path, capsys, monkeypatch):
+    """``demo --out`` replaced whatever was there: a run's directory, a folder of notes, ``.``."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--set", "train.rounds=1", "--set", "model.hidden=8", "--set", "train.local_steps=1"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    (tmp_path / "file").write_text("x")
+    os.symlink(tmp_path / "ck", tmp_path / "link")
+    for out in (mine, tmp_path / "file", tmp_path / "link", "."):
+        assert main(["demo", "--out", str(out), *tiny]) == 2
+        assert capsys.readouterr().err == (f"error: --out {out}: exists and is not a checkpoint; the demo replaces "
+                                           "only a checkpoint (name a new directory)\n")
+    assert (mine / "notes.txt").read_text() == "precious" and (tmp_path / "file").read_text() == "x"
+    assert main(["demo", "--out", "", *tiny]) == 2
+    assert capsys.readouterr().err == "error: --out is empty: name the checkpoint directory to write\n"
+    assert main(["demo", "--out", str(tmp_path / "ck"), *tiny]) == 0              # a new path
+    first = (tmp_path / "ck" / "params.npy").read_bytes()
+    assert main(["demo", "--out", str(tmp_path / "ck"), *tiny, "--set", "train.seed=2"]) == 0   # a checkpoint: replaced
+    assert (tmp_path / "ck" / "params.npy").read_bytes() != first
+
+
+@pytest.fixture
+def checkpoint_dir(tmp_path):
+    cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid=", "data.level=char", "model.hidden=8",
+                             "train.rounds=1", "train.bptt=8", "train.batch=2", "train.eval_every=0"])
+    train(cfg, out=str(tmp_path / "ck"), log=lambda s: None)
+    return str(tmp_path / "ck")
+
+
+def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_traceback(checkpoint_dir):
+    """``generate ... | head -c 10`` ended in BrokenPipeError's traceback, ``> /dev/full`` in OSError's."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    cmd = [sys.executable, os.path.join(ROOT, "jobs", "generate.py"), "--checkpoint", checkpoint_dir,
+           "--length", "200000", "--seed", "1"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(p.stdout.read(10)) == 10
+    p.stdout.close()                                                   # as head does
+    err = p.stderr.read().decode()
+    assert p.wait(120) == 141 and err == "", err                      # 128 + SIGPIPE, as a shell reports it
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert (r.returncode, r.stderr) == (2, "error: cannot write to standard output: No space left on device\n")
+
+
 def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch):
     """Between the JVM's start and the try that stops it (installing the handlers, the log level, the UI line)
     a Ctrl-C left the session to Spark's shutdown hooks, which log ERROR lines in local-cluster mode."""

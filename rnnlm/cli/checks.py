@@ -17,7 +17,8 @@ from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.rundir import Init, RunDir, TrainingError, best_record, check_init, check_longer, check_resume, resume_keys
+from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_longer, check_out, check_resume,
+                            resume_keys)
 from ..spark.session import is_local_master
 
 DATA_KEYS = ("train", "valid", "test")
@@ -83,6 +84,7 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
     configuration and, unless ``dry_run``, of a local ``--out`` against ``--resume``/``--overwrite``:
     a resumed checkpoint must be readable and of the same experiment."""
     config.check_trainable(cfg)
+    check_out(out)
     cfg = locate_data(cfg, config_path, log)
     for key in DATA_KEYS:
         check_records(getattr(cfg.data, key), cfg.data, f"data.{key}")
@@ -114,6 +116,18 @@ def _check_writable(out: str, local_out: str) -> None:
         raise TrainingError(f"--out {out}: {path} is a file, not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise TrainingError(f"--out {out}: {path} is not writable")
+
+
+def check_demo_out(out: str) -> None:
+    """``demo --out``: a new path, or a checkpoint (which the demo replaces); anything else there (a run's
+    directory, a folder of the user's, a file, a link) is refused, not deleted, before training."""
+    if not out.strip():
+        raise TrainingError("--out is empty: name the checkpoint directory to write")
+    path = os.path.abspath(out)
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(os.path.join(path, checkpoint.MANIFEST))):
+        raise TrainingError(f"--out {out}: exists and is not a checkpoint; the demo replaces only a checkpoint "
+                            "(name a new directory)")
+    _check_writable(out, path)
 
 
 def _run_dir(out: str, local_out: str) -> RunDir:

@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from .. import __version__
-from . import parsers, signals
+from . import parsers, signals, stdout
 
 # name: (what it does, where its code is, its job file)
 COMMANDS = {
@@ -30,6 +30,12 @@ def _sentence(what: str) -> str:
 
 
 def _run(command: str, a) -> int:
+    with stdout.guarded() as out:                  # a closed pipe or a full disk on stdout: no traceback
+        code = _call(command, a)
+    return stdout.exit_code(out, code)
+
+
+def _call(command: str, a) -> int:
     try:
         module = importlib.import_module(f".{COMMANDS[command][1]}", __package__)
         fn = getattr(module, command)

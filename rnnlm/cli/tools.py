@@ -14,9 +14,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def say(kind: str, message) -> None:
-    """``kind: message`` as one line on stderr: a line break a path or a file put in it is escaped, so
-    it cannot read as a second message."""
-    one = str(message).replace("\n", "\\n").replace("\r", "\\r")
+    """``kind: message`` as one line on stderr: what a path or a file put in it that does not print as
+    itself (a line break, ESC, a bidirectional override) is escaped (``\\n``, ``\\x1b``, ``\\u202e``), so
+    it cannot read as a second message, recolour the terminal or reorder the line."""
+    one = "".join(c if c.isprintable() or c == "\t" else ascii(c)[1:-1] for c in str(message))
     print(f"{kind}: {one}", file=sys.stderr)
 
 
@@ -63,9 +64,11 @@ def demo(a) -> int:
     from .. import config
     from ..core.generate import generate as sample
     from ..core.single import train
-    from .checks import locate_data
+    from .checks import check_demo_out, locate_data
     path = a.config or os.path.join(ROOT, "conf", "demo.toml")
     try:
+        if a.out is not None:
+            check_demo_out(a.out)
         cfg = locate_data(config.load(path, a.set), path, strict=False)
         m = train(cfg, out=a.out)
     except (config.ConfigError, OSError, ValueError, RuntimeError, FloatingPointError) as e:

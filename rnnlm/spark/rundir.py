@@ -5,6 +5,7 @@ metrics file and the checkpoints, each written so that a crash leaves the old or
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from .. import config
@@ -164,6 +165,15 @@ def devices_line(devices: dict, wanted: str) -> str:
     return line + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def check_out(out: str) -> None:
+    """An ``--out`` that names a directory below a filesystem's root: an empty one (an unset variable), ``/``
+    or ``hdfs://nn:8020/`` put the run's files, and ``--overwrite``'s deletions, in the root itself."""
+    if not out.strip():
+        raise TrainingError("--out is empty: name the run's directory")
+    if not re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:(//[^/]*)?", "", out).strip("/"):
+        raise TrainingError(f"--out {out}: a filesystem's root cannot be a run's directory; name one below it")
+
+
 class RunDir:
     """The output directory of one run, and where its lines are reported.
 
@@ -186,6 +196,7 @@ class RunDir:
     """
 
     def __init__(self, out: str, sc=None, fs=None, log=print, progress=None, trackers=()):
+        check_out(out)
         self.out, self.log, self.progress, self.trackers = out.rstrip("/"), log, progress, tuple(trackers)
         self.fs = fs or HadoopFS(sc, self.out)
         self.ck_path, self.metrics_path = f"{self.out}/checkpoint", f"{self.out}/metrics.jsonl"
