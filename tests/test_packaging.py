@@ -55,3 +55,15 @@ def test_the_archive_replaces_dest_and_a_directory_is_refused(tmp_path, packed):
     with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
         packaging.build_env(str(tmp_path / "dir"), ["numpy"])
     assert list((tmp_path / "dir").iterdir()) == []
+
+
+def test_a_directory_is_refused_before_the_environment_is_built(tmp_path, monkeypatch):
+    """It was found after venv and pip had run (minutes, a network's worth of wheels)."""
+    ran = []
+    done = types.SimpleNamespace(returncode=0, stderr="")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: ran.append(cmd) or done)
+    monkeypatch.setitem(sys.modules, "venv_pack", types.SimpleNamespace(pack=lambda **k: ran.append("pack")))
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
+        packaging.build_env(str(tmp_path / "dir"), ["numpy"])
+    assert ran == []
