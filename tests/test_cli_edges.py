@@ -290,6 +290,22 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
     assert (r.returncode, r.stderr) == (2, "error: cannot write to standard output: No space left on device\n")
 
 
+@pytest.mark.parametrize("command, option, value, said", [
+    ("generate", "--length", "-1", "-1 is out of range [0, 1000000]"),
+    ("generate", "--length", "1" + "0" * 13, "1e+13 is out of range [0, 1000000]"),     # built in memory
+    ("generate", "--length", "9" * 5000, "expected an integer, got '" + "9" * 39),
+    ("generate", "--seed", "-1", "-1 is out of range [0, inf]"),                  # NumPy's words, no option named
+    ("train", "--samples", "-1", "-1 is out of range [0, 1000]"),                 # taken as none
+    ("minicluster", "--nm-memory-mb", "99999999999", "99999999999 is out of range [1024, 1048576]"),   # Java int
+])
+def test_a_count_out_of_its_range_is_refused_naming_the_option(capsys, command, option, value, said):
+    with pytest.raises(SystemExit) as e:
+        parser(command, prog=command).parse_args(["--checkpoint", "ck", option, value] if command == "generate"
+                                                 else [option, value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"{command}: error: argument {option}: {said}")
+
+
 def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch):
     """Between the JVM's start and the try that stops it (installing the handlers, the log level, the UI line)
     a Ctrl-C left the session to Spark's shutdown hooks, which log ERROR lines in local-cluster mode."""

@@ -22,6 +22,27 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def _int_in(lo: int, hi: int | None = None):
+    """An argparse type: an integer in [lo, hi] (hi None: no bound), else argparse's one-line error
+    naming the option (a negative --seed was NumPy's "expected non-negative integer", a --length of
+    10^12 ran out of memory)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r:.40}") from None
+        if value < lo or (hi is not None and value > hi):
+            shown = f"{value:.3g}" if abs(value) > 10 ** 12 else str(value)
+            raise argparse.ArgumentTypeError(f"{shown} is out of range [{lo}, {'inf' if hi is None else hi}]")
+        return value
+    parse.__name__ = "integer"          # what argparse names in its errors
+    return parse
+
+
+MAX_LENGTH = 1_000_000          # tokens generate samples: 10x a novel, well within memory
+MAX_SAMPLES = 1000
+
+
 def _spark(ap) -> None:
     ap.add_argument("--master", default=None,
                     help="Spark master when not run by spark-submit (default: local[2]; under spark-submit, "
@@ -45,7 +66,8 @@ def train(ap) -> None:
                          "(default: fresh weights)")
     ap.add_argument("--keep-optimizer", action="store_true",
                     help="with --init-from: its optimizer state too (default: fresh)")
-    ap.add_argument("--samples", type=int, default=1, metavar="N", help="text samples to print at the end")
+    ap.add_argument("--samples", type=_int_in(0, MAX_SAMPLES), default=1, metavar="N",
+                    help="text samples to print at the end")
     ap.add_argument("--log", action="append", default=[], metavar="TRACKER",
                     help="every metrics line also to tensorboard[:DIR] (default DIR: OUT/tensorboard) or mlflow "
                          "(MLFLOW_TRACKING_URI; needs mlflow-skinny); repeatable")
@@ -77,11 +99,11 @@ def generate(ap) -> None:
     ap.add_argument("--checkpoint", required=True, metavar="PATH",
                     help="a checkpoint, or a run directory (train's --out)")
     ap.add_argument("--prime", default="", help="text the sample continues (default: none)")
-    ap.add_argument("--length", type=int, default=300, metavar="N", help="tokens to sample")
+    ap.add_argument("--length", type=_int_in(0, MAX_LENGTH), default=300, metavar="N", help="tokens to sample")
     ap.add_argument("--temperature", type=float, default=1.0, metavar="T",
                     help="below 1 sharper, above 1 flatter than the model")
     ap.add_argument("--argmax", action="store_true", help="always the likeliest token (no sampling)")
-    ap.add_argument("--seed", type=int, default=None, metavar="S",
+    ap.add_argument("--seed", type=_int_in(0), default=None, metavar="S",
                     help="the sampler's seed (default: a new one each call, printed to repeat it)")
 
 
@@ -133,4 +155,5 @@ def minicluster(ap) -> None:
                     help="HDFS DataNodes")
     ap.add_argument("--nodemanagers", type=int, default=2, choices=range(1, 5), metavar="{1..4}",
                     help="YARN NodeManagers")
-    ap.add_argument("--nm-memory-mb", type=int, default=3072, metavar="MB", help="memory each NodeManager offers YARN")
+    ap.add_argument("--nm-memory-mb", type=_int_in(1024, 1 << 20), default=3072, metavar="MB",
+                    help="memory each NodeManager offers YARN (at least 1024: a Spark container needs ~900 MB)")

@@ -172,8 +172,6 @@ def minicluster(a) -> int:
         return 0
     if not a.dir:
         return error("--dir is required (or --build)")
-    if a.nm_memory_mb < 1024:
-        return error("--nm-memory-mb must be at least 1024 (a Spark container needs ~900 MB)")
     try:
         os.makedirs(a.dir, exist_ok=True)
     except OSError as e:
