@@ -140,7 +140,7 @@ def child(spec: dict) -> list:
             cfg = config.replace(base, "train", rounds=spec["rounds"], eval_every=0)
         else:   # async: a fixed number of push windows per worker (3 x --rounds), no evaluation
             cfg = config.replace(base, "train", epochs=3 * spec["rounds"] * P * base.train.push_every
-                                 * base.train.batch * base.train.bptt / data.tokens, eval_every=0)
+                                 * base.train.batch * base.train.bptt / data.scored.epoch, eval_every=0)
         with tempfile.TemporaryDirectory() as out:
             meter = Meter()
             make_trainer(spark, cfg, f"file://{out}", log=lambda s: None, progress=meter).run(data=quiet)

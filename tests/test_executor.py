@@ -172,13 +172,13 @@ def test_a_task_on_the_gpu_uses_the_first_address_spark_assigned_it(monkeypatch)
 def test_a_partition_that_cannot_run_expects_no_tokens_and_says_why():
     cfg = cfg_for(20, "train.device=gpu")
     part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))
-    (pid, n, expect, error, device), = executor.probe_task(cfg)(iter([part]))
-    assert (pid, n, expect) == (3, 50, 0.0) and device["ran"] is None
+    (pid, n, expect, per_pass, error, device), = executor.probe_task(cfg)(iter([part]))
+    assert (pid, n, expect, per_pass) == (3, 50, 0.0, 0) and device["ran"] is None
     assert "CuPy" in error or "CUDA" in error, error
     short = cfg_for(20)
     part = (1, np.arange(4, dtype=np.int32), np.array([0]))                 # too short for a batch
-    (pid, n, expect, error, device), = executor.probe_task(short)(iter([part]))
-    assert (pid, n, expect, device["ran"]) == (1, 4, 0.0, "cpu") and error
+    (pid, n, expect, per_pass, error, device), = executor.probe_task(short)(iter([part]))
+    assert (pid, n, expect, per_pass, device["ran"]) == (1, 4, 0.0, 0, "cpu") and error
 
 
 def test_a_python_worker_keeps_its_memo_across_rounds(spark, tiny_cfg, tmp_path):

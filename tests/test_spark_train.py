@@ -138,6 +138,22 @@ def test_outer_momentum_applies_the_mean_change_with_velocity(spark, tiny_cfg, t
     assert np.abs(tr.params - res.params).max() > 1e-3     # not the last mean, which plain averaging applies
 
 
+@pytest.mark.parametrize("strategy", ["streams", "paragraphs"])
+def test_epochs_are_passes_as_the_single_process_trainer_counts_them(spark, tiny_cfg, tmp_path, strategy):
+    """A pass scores fewer tokens than the partitions hold (each lane's last tokens, each paragraph's last
+    token): counted in the corpus' tokens, ``train.epochs = 3`` of one-pass rounds trained 4 passes, and the
+    rate decayed a pass late. Zaremba's decay from the second epoch on: passes start at epochs 0, 1, 2."""
+    cfg = config.replace(tiny_cfg, "train", rounds=0, epochs=3, local_steps=0)
+    cfg = config.replace(config.replace(cfg, "data", strategy=strategy), "optim", name="sgd", lr=1.0,
+                         schedule="epoch_decay", decay_after=1, decay=0.5)
+    run(spark, cfg, tmp_path / "run")
+    m = metrics(tmp_path / "run")
+    assert [x["lr"] for x in m] == [1.0, 0.5, 0.25]
+    assert [x["epoch"] for x in m] == [1.0, 2.0, 3.0]
+    parts = partitions(spark, cfg)
+    assert m[-1]["tokens"] < 3 * sum(len(p[1]) for p in parts)          # a pass is not the partitions' length
+
+
 def test_two_partitions_average_is_the_token_weighted_mean(spark, tiny_cfg, tmp_path):
     # long chunks: paragraphs end inside them, so the partitions score different token counts
     cfg = config.replace(tiny_cfg, "train", rounds=1, local_steps=2, bptt=300)

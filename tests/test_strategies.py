@@ -126,6 +126,18 @@ def test_round_tokens_counts_what_a_round_trains_on(strategy, local_steps):
         assert scored < sum(b.x.size for b in batches)
 
 
+@pytest.mark.parametrize("strategy", ["streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs"])
+def test_a_pass_scores_each_target_once_which_is_not_the_partitions_length(strategy):
+    """An epoch is a pass (``train.epochs``, the ``epoch`` metric): a fixed strategy's one-pass round; a
+    sampled one's round that draws every window or paragraph (sample_fraction = 1). Streams and paragraphs
+    score fewer tokens than the partition holds, overlapping windows more."""
+    src = Source(strategy, TOK, STARTS, B=2, T=9, fraction=1.0, seed=1)
+    scored = sum(int((b.y >= 0).sum()) for b in src.round_batches(1, 0))
+    assert src.pass_tokens() == scored != len(TOK)
+    if not strategy.startswith("sampled"):
+        assert src.round_tokens(0) == src.pass_tokens()
+
+
 def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_score():
     """Two of the four paragraphs a round (half, rounded up), each scoring all but its last token:
     2 x (100 - 4) / 4 = 48 expected (the fraction of all tokens, 50, counted the last tokens)."""

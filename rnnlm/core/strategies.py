@@ -236,11 +236,22 @@ class Source:
         return [src.batch(k) for k in range(first, first + local_steps)]
 
     def round_tokens(self, local_steps: int) -> float:
-        """Expected tokens a round scores (what ``train.epochs`` is counted in, as the ``epoch``
-        metric counts them: padding is not trained on)."""
+        """Expected tokens a round scores (what ``train.epochs`` and the ``epoch`` metric are counted
+        in, against :meth:`pass_tokens`: padding is not trained on)."""
         if self.strategy == "sampled_windows":
             return self._pool(len(self._offsets)) * self.T
         if self.strategy == "sampled_paragraphs":   # the pool's paragraphs, each scoring all but its last token
             return self._pool(len(self.starts)) / len(self.starts) * (len(self.tokens) - len(self.starts))
-        per_pass = self._fixed.scored_per_pass
+        per_pass = self.pass_tokens()
         return per_pass * local_steps / self.steps_per_pass if local_steps else per_pass
+
+    def pass_tokens(self) -> int:
+        """The tokens a pass over the partition scores, an epoch's: each stream's targets, window or
+        paragraph once (a sampled strategy's: every window or paragraph it draws from). Not the
+        partition's length: a pass of streams leaves each lane's last tokens out, so an epoch of
+        tokens was more than a pass, and ``train.epochs = 13`` of one-pass rounds trained 14."""
+        if self.strategy == "sampled_windows":
+            return len(self._offsets) * self.T
+        if self.strategy == "sampled_paragraphs":
+            return len(self.tokens) - len(self.starts)
+        return self._fixed.scored_per_pass

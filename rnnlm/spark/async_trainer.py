@@ -25,7 +25,7 @@ from .async_task import worker_task
 from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
 from .session import bind_host, job_failure
 from .stop import Interrupted, StopRequest
-from .corpus import load_corpus, round_tokens, total_rounds, unpersist_corpus
+from .corpus import load_corpus, scored, total_rounds, unpersist_corpus
 from .executor import device_field
 
 
@@ -51,8 +51,8 @@ class AsyncTrainer(Driver):
             cfg = self.cfg = config.resolve(self.cfg_in, len(data.vocab))
             model = build_model(cfg.model)
             self.layout, P = model.layout, cfg.data.partitions
-            per_window = round_tokens(probe_cfg, data)
-            windows = total_rounds(probe_cfg, data, per_window)
+            per = scored(probe_cfg, data)          # a window's tokens and an epoch's
+            windows = total_rounds(probe_cfg, data, per)
             if ck is not None and _finished(ck.position, windows):
                 self.params, self.vocab = ck.params, data.vocab
                 return self.dir.nothing_to_do(ck.position["round"], windows)
@@ -72,8 +72,9 @@ class AsyncTrainer(Driver):
                     None if ck is None else f"resumed from round {ck.position['round']} (version "
                     f"{ck.position['version']})", init)
                 # the loop: the job's windows, metrics lines, evaluations and checkpoints
-                lrs = _lrs(cfg, per_window / data.tokens, windows)
-                run = _Run(self.dir, cfg, data, server, frames, model, held_out, lrs, ck.position if ck else {})
+                lrs = _lrs(cfg, per.round / per.epoch, windows)
+                run = _Run(self.dir, cfg, data, per.epoch, server, frames, model, held_out, lrs,
+                           ck.position if ck else {})
                 task = worker_task(cfg, frames.address, secret, lrs)
                 stop = StopRequest(self.log)
                 job, ended = _Job(self.sc, data.train, task), False
@@ -177,8 +178,10 @@ class _Job:
 class _Run:
     """The driver's loop over one async run: metrics lines, evaluations, checkpoints."""
 
-    def __init__(self, rundir: RunDir, cfg, data, server, frames, model, held_out, lrs: list, position):
+    def __init__(self, rundir: RunDir, cfg, data, per_epoch: int, server, frames, model, held_out, lrs: list,
+                 position):
         self.dir, self.cfg, self.data, self.server, self.frames = rundir, cfg, data, server, frames
+        self.per_epoch = per_epoch      # the tokens of a pass over every partition
         self.model, self.held_out, self.lrs, self.windows = model, held_out, lrs, len(lrs)
         self.tokens = position.get("tokens", 0)
         self.eval_s = position.get("eval_s", 0.0)      # the driver's time scoring held-out text (inside wall_s)
@@ -254,7 +257,7 @@ class _Run:
         first = {"wall_s": self.wall, "bytes_sent": self.sent0, "bytes_broadcast": self.bcast0}
         prev = self.dir.metrics[-1] if self.dir.metrics else first
         sent, bcast = self.sent0 + self.frames.bytes_received, self.bcast0 + self.frames.bytes_sent
-        m = {"round": rnd, "epoch": round(self.tokens / self.data.tokens, 5), "tokens": self.tokens,
+        m = {"round": rnd, "epoch": round(self.tokens / self.per_epoch, 5), "tokens": self.tokens,
              "syncs": version, "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0),
              "staleness": s["staleness"], "bytes_sent": sent, "bytes_broadcast": bcast,
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],

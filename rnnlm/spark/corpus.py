@@ -14,6 +14,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from operator import add
+from typing import NamedTuple
 
 import numpy as np
 
@@ -335,6 +336,13 @@ def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partit
     return np.array([n for n, _ in grid], np.int64), np.array([s / d for _, (s, d) in grid])
 
 
+class Scored(NamedTuple):
+    """Tokens scored, all partitions (expected): by a round, and by a pass over every partition (an epoch:
+    ``train.epochs`` and the ``epoch`` metric count in passes, as the single-process trainer does)."""
+    round: float
+    epoch: int
+
+
 @dataclass
 class Corpus:
     vocab: object
@@ -342,15 +350,16 @@ class Corpus:
     valid: object | None
     test: object | None
     tokens: int              # training tokens, all partitions
-    round_tokens: float      # tokens a round trains on (expected), all partitions, under `counted_for`
+    scored: Scored           # tokens a round and an epoch train on, under `counted_for`
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
     devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (probe_task)
-    counted_for: tuple = ()  # round_keys() of the configuration round_tokens was counted under
+    counted_for: tuple = ()  # round_keys() of the configuration `scored` was counted under
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
 
 
 def round_keys(cfg: config.Config) -> tuple:
-    """The settings a round's expected tokens depend on (each round cuts its batches by its own run's)."""
+    """The settings a round's and a pass's expected tokens depend on (each round cuts its batches by its
+    own run's)."""
     d, t = cfg.data, cfg.train
     return d.strategy, d.window_stride, d.sample_fraction, t.batch, t.bptt, t.local_steps
 
@@ -414,36 +423,41 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         raise
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
-                  sum(p[2] for p in probe), counts, {p[0]: p[4] for p in probe}, round_keys(cfg), (bc_vocab,))
+                  _scored(probe), counts, {p[0]: p[5] for p in probe}, round_keys(cfg), (bc_vocab,))
 
 
-def round_tokens(cfg: config.Config, data: Corpus) -> float:
-    """The tokens a round of ``cfg`` trains on (expected, all partitions): the corpus' count when it was
-    loaded under the same :func:`round_keys`, else counted again on its cached partitions (a corpus shared
-    by runs of other settings, as the benchmarks' sweeps share one)."""
+def _scored(probe: list) -> Scored:
+    return Scored(sum(p[2] for p in probe), sum(p[3] for p in probe))
+
+
+def scored(cfg: config.Config, data: Corpus) -> Scored:
+    """The tokens a round and a pass of ``cfg`` train on (expected, all partitions): the corpus' counts
+    when it was loaded under the same :func:`round_keys`, else counted again on its cached partitions (a
+    corpus shared by runs of other settings, as the benchmarks' sweeps share one)."""
     if data.counted_for == round_keys(cfg):
-        return data.round_tokens
-    return sum(p[2] for p in _probe(cfg, data.train))
+        return data.scored
+    return _scored(_probe(cfg, data.train))
 
 
 def _probe(cfg: config.Config, rdd) -> list:
     """:func:`rnnlm.spark.executor.probe_task`'s rows of every partition; a partition too short for
     ``cfg``'s batches (or without its device) is a :class:`CorpusError`."""
     probe = rdd.mapPartitions(probe_task(cfg)).collect()
-    errors = [f"partition {pid}: {err}" for pid, _, _, err, _ in probe if err]
+    errors = [f"partition {pid}: {err}" for pid, _, _, _, err, _ in probe if err]
     if errors:
         raise CorpusError(f"{cfg.data.train}: {errors[0]} (strategy {cfg.data.strategy}, bptt {cfg.train.bptt}, "
                           f"batch {cfg.train.batch})")
     return probe
 
 
-def total_rounds(cfg: config.Config, data: Corpus, per_round: float | None = None) -> int:
-    """``train.rounds``, or the rounds that train on ``train.epochs`` times the corpus' tokens
-    (``per_round``: :func:`round_tokens`, when the caller has it)."""
+def total_rounds(cfg: config.Config, data: Corpus, counts: Scored | None = None) -> int:
+    """``train.rounds``, or the rounds that train on ``train.epochs`` passes (``counts``: :func:`scored`,
+    when the caller has it). A whole number of rounds' worth, as 13 passes of one-pass rounds, is not
+    rounded up by the quotient's last bit."""
     if cfg.train.rounds:
         return cfg.train.rounds
-    per_round = round_tokens(cfg, data) if per_round is None else per_round
-    return max(1, math.ceil(cfg.train.epochs * data.tokens / per_round))
+    counts = scored(cfg, data) if counts is None else counts
+    return max(1, math.ceil(cfg.train.epochs * counts.epoch / counts.round * (1 - 1e-12)))
 
 
 def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:

@@ -68,8 +68,9 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
 
 
 def probe_task(cfg: config.Config):
-    """Per partition: (pid, tokens, expected tokens per round, error message or None, device), the
-    device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU addresses)."""
+    """Per partition: (pid, tokens, expected tokens per round, tokens per pass, error message or None,
+    device), the device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU
+    addresses)."""
     def run(it):
         device = {"ran": None, "assigned": assigned_gpus()}
         try:
@@ -79,13 +80,13 @@ def probe_task(cfg: config.Config):
             device_error = str(e)
         for pid, tokens, starts in it:
             if device_error:
-                yield pid, len(tokens), 0.0, device_error, device
+                yield pid, len(tokens), 0.0, 0, device_error, device
                 continue
             try:
-                yield (pid, len(tokens), make_source(cfg, pid, tokens, starts).round_tokens(cfg.train.local_steps),
-                       None, device)
+                src = make_source(cfg, pid, tokens, starts)
+                yield pid, len(tokens), src.round_tokens(cfg.train.local_steps), src.pass_tokens(), None, device
             except TooShort as e:
-                yield pid, len(tokens), 0.0, str(e), device
+                yield pid, len(tokens), 0.0, 0, str(e), device
     return run
 
 

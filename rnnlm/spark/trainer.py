@@ -19,7 +19,7 @@ from .. import config
 from . import executor
 from .allreduce import AllReduce, SyncState, steps_label
 from .channel import ChannelError
-from .corpus import Corpus, evaluate_rdd, load_corpus, total_rounds, unpersist_corpus
+from .corpus import Corpus, evaluate_rdd, load_corpus, scored, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
 from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
@@ -100,7 +100,8 @@ class Trainer(Driver):
         # idle executors answer a release at once: only a run stopped in a round releases without waiting
         sync, ended = None, True
         try:
-            rounds = total_rounds(self.cfg_in, data)
+            per = scored(self.cfg_in, data)        # a round's tokens and an epoch's
+            rounds = total_rounds(self.cfg_in, data, per)
             if at is not None and at.round >= rounds:
                 return self.nothing_to_do(at.round, rounds, state.params, data.vocab)
             if at is not None:
@@ -120,7 +121,7 @@ class Trainer(Driver):
                 sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
                 # the loop: a round, its evaluation when due, a checkpoint when due
                 while at.round < rounds:
-                    save, best = self._round(cfg, model.layout, data, sync, at, rounds, stop)
+                    save, best = self._round(cfg, model.layout, data, per.epoch, sync, at, rounds, stop)
                     if save or stop.requested:
                         self._checkpoint(cfg, data.vocab, sync, at, best)
                     if stop.requested and at.round < rounds:
@@ -157,11 +158,11 @@ class Trainer(Driver):
         return (due(r, t.checkpoint_every, rounds) or evaluated or stop.requested
                 or bool(t.checkpoint_s and time.monotonic() - self.ck_time >= t.checkpoint_s))
 
-    def _round(self, cfg, layout, data, sync: AllReduce, at: RunState, rounds: int, stop) -> tuple:
+    def _round(self, cfg, layout, data, per_epoch: int, sync: AllReduce, at: RunState, rounds: int, stop) -> tuple:
         """Train round ``at.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
         r, t0 = at.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, at.schedule)
-        lr = sched.lr(at.tokens / data.tokens)
+        lr = sched.lr(at.tokens / per_epoch)
         evaluated = due(r, cfg.train.eval_every, rounds) and (data.valid is not None or data.test is not None)
         # under overlap the next round's job waits for this one before an evaluation or a checkpoint by count
         job = sync.start(r, lr, pause=evaluated or due(r, cfg.train.checkpoint_every, rounds))
@@ -187,7 +188,7 @@ class Trainer(Driver):
         at.bytes_sent += agg.wire_bytes
         at.bytes_broadcast += job.bc_bytes
         at.wall_s += time.perf_counter() - t0
-        m = round_metrics(cfg, layout, at, data.tokens, agg, job.bc_bytes, job.rebased, job.lr,
+        m = round_metrics(cfg, layout, at, per_epoch, agg, job.bc_bytes, job.rebased, job.lr,
                           time.perf_counter() - t0)
         # where the round's time went (benchmarks/spark_sync.py --profile): the driver's phases and the slowest
         # task's; under overlap a job may wait for the one before it, so its launch counts from that one's end
@@ -278,10 +279,10 @@ def round_phases(stats: dict, prepare: float, submitted: float, arrived: float, 
     return {f"phase.{k}": round(v, 4) for k, v in out.items()}
 
 
-def round_metrics(cfg, layout, st: RunState, corpus_tokens: int, agg: Aggregate, bc_bytes: int, rebased: bool,
+def round_metrics(cfg, layout, st: RunState, per_epoch: int, agg: Aggregate, bc_bytes: int, rebased: bool,
                   lr: float, round_s: float) -> dict:
     """The metrics line of round ``st.round`` (``st`` already moved on by it), before evaluation."""
-    m = {"round": st.round, "epoch": round(st.tokens / corpus_tokens, 5), "tokens": st.tokens, "syncs": st.round,
+    m = {"round": st.round, "epoch": round(st.tokens / per_epoch, 5), "tokens": st.tokens, "syncs": st.round,
          "bytes_sent": st.bytes_sent, "bytes_broadcast": st.bytes_broadcast,
          "round_bytes_sent": agg.wire_bytes, "round_bytes_broadcast": bc_bytes, "rebased": rebased,
          "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
