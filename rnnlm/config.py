@@ -81,7 +81,7 @@ class TrainConfig:
     seed: int = 1234
     bptt: int = 20                 # T
     batch: int = 20                # B streams per partition
-    global_batch: int = 0          # > 0: streams of all partitions together; sets batch = max(1, this // partitions)
+    global_batch: int = 0          # > 0: streams of all partitions together (>= partitions); batch = this // partitions
     max_streams: int = 0           # > 0: streams of all partitions together at most (then batch = this // partitions)
     grad_norm: str = "batch"       # batch: sum over T, mean over B (Zaremba) | token: mean over T*B
     local_steps: int = 0           # optimizer steps per partition between all-reduces; 0 = one pass
@@ -423,7 +423,8 @@ def _streams_by_partitions(cfg: Config, given: dict) -> Config:
     per = streams_each(t, P)
     if t.global_batch and "batch" in given and given["batch"] != per:
         raise ConfigError(f"train.batch = {given['batch']} contradicts train.global_batch = {t.global_batch} "
-                          f"on {P} partitions ({per} streams each): set train.global_batch = 0 to use train.batch")
+                          f"on {P} partitions ({per} streams each): set train.global_batch = 0 to use train.batch, "
+                          "or leave train.batch out of the config file to use train.global_batch")
     return replace(cfg, "train", batch=per)
 
 
@@ -561,6 +562,10 @@ def validate(cfg: Config) -> None:
         (o.min_lr <= o.lr, "optim.min_lr must be in [0, optim.lr]"),
         (not (t.global_batch and t.max_streams), "train.global_batch and train.max_streams: set one (the first fixes "
          "the streams of all partitions together, the second caps them)"),
+        (not t.global_batch or t.global_batch >= d.partitions,
+         f"train.global_batch = {t.global_batch} is fewer streams than data.partitions = {d.partitions} (each trains "
+         "one at least: a larger global batch than asked); raise it or use fewer partitions (train.max_streams "
+         "caps the streams instead, one each at least)"),
         (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),
         (not t.eager or (t.overlap == 1 and t.outer == "average"),
          "train.eager = true needs train.overlap = 1 and train.outer = 'average' (it stands in for a late mean "
