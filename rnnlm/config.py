@@ -424,7 +424,7 @@ def _streams_by_partitions(cfg: Config, given: dict) -> Config:
     if t.global_batch and "batch" in given and given["batch"] != per:
         raise ConfigError(f"train.batch = {given['batch']} contradicts train.global_batch = {t.global_batch} "
                           f"on {P} partitions ({per} streams each): set train.global_batch = 0 to use train.batch, "
-                          "or leave train.batch out of the config file to use train.global_batch")
+                          "or leave train.batch out (of the config file and --set) to use train.global_batch")
     return replace(cfg, "train", batch=per)
 
 
@@ -472,12 +472,17 @@ def _read_config_file(path: str) -> bytes:
     """The bytes of the regular file ``path``, at most :data:`MAX_CONFIG_FILE` of them: checked before a
     byte is read (``--config /dev/zero`` grew until memory ran out; a FIFO blocked forever)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "Is a directory")
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"config file {path} is not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         data = f.read(MAX_CONFIG_FILE + 1)
     if len(data) > MAX_CONFIG_FILE:
         raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE >> 20} MiB: not a configuration")
@@ -562,10 +567,6 @@ def validate(cfg: Config) -> None:
         (o.min_lr <= o.lr, "optim.min_lr must be in [0, optim.lr]"),
         (not (t.global_batch and t.max_streams), "train.global_batch and train.max_streams: set one (the first fixes "
          "the streams of all partitions together, the second caps them)"),
-        (not t.global_batch or t.global_batch >= d.partitions,
-         f"train.global_batch = {t.global_batch} is fewer streams than data.partitions = {d.partitions} (each trains "
-         "one at least: a larger global batch than asked); raise it or use fewer partitions (train.max_streams "
-         "caps the streams instead, one each at least)"),
         (t.rounds > 0 or t.epochs > 0, "set train.rounds or train.epochs (both are 0)"),
         (not t.eager or (t.overlap == 1 and t.outer == "average"),
          "train.eager = true needs train.overlap = 1 and train.outer = 'average' (it stands in for a late mean "
@@ -634,6 +635,11 @@ def check_trainable(cfg: Config) -> None:
     the command line's checks before Spark's JVM starts call it): the model must fit in memory to train
     (a checkpoint of it is loaded to sample or score anywhere)."""
     check_memory(cfg)
+    t, P = cfg.train, cfg.data.partitions
+    if t.global_batch and t.global_batch < P:       # a checkpoint saved so still loads (to sample, score, resume)
+        raise ConfigError(f"train.global_batch = {t.global_batch} is fewer streams than data.partitions = {P} (each "
+                          "trains one at least: a larger global batch than asked); raise it or use fewer partitions "
+                          "(train.max_streams caps the streams instead, one each at least)")
     if cfg.optim.schedule == "plateau" and not cfg.data.valid:
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
                           "improving: set data.valid")

@@ -67,15 +67,19 @@ def _too_large(path: str, size: int, limit: int) -> RunError:
 class _Local:
     def read(self, path: str, limit: int) -> bytes | None:
         try:
-            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:    # a FIFO would block the open
-                st = os.fstat(f.fileno())
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)          # a FIFO would block a plain open
+            try:
+                st = os.fstat(fd)
                 if stat.S_ISDIR(st.st_mode):
                     return None
                 if not stat.S_ISREG(st.st_mode):
                     raise RunError(f"{path}: not a regular file")
                 if st.st_size > limit:
                     raise _too_large(path, st.st_size, limit)
-                return f.read(limit)        # a run still writing: a line cut short is dropped
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    return f.read(limit)        # a run still writing: a line cut short is dropped
+            finally:
+                os.close(fd)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
         except OSError as e:                # no permission, an I/O error

@@ -227,7 +227,7 @@ def test_plot_refuses_a_metrics_file_that_is_not_a_regular_file(tmp_path, capsys
     assert capsys.readouterr().err == f"error: {tmp_path / 'run' / 'metrics.jsonl'}: not a regular file\n"
 
 
-@pytest.mark.parametrize("out", ["", " ", "/", "file:///", "hdfs://nn:8020/"])
+@pytest.mark.parametrize("out", ["", " ", "/", "file:///", "hdfs://nn:8020/", "/.", "/tmp/..", "hdfs://nn:8020/."])
 def test_an_out_of_nothing_or_a_root_is_refused_before_spark(out):
     """An unset variable (``--out "$OUT"``) put run.json, metrics.jsonl and checkpoint/ in the root, and
     ``--overwrite`` deleted from there."""
@@ -282,9 +282,14 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
     os.close(read)                                                     # the reader has gone, as head's does
     try:
         r = subprocess.run(cmd, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert (r.returncode, r.stderr) == (141, "")                   # 128 + SIGPIPE, as a shell reports it
+        both = subprocess.run(cmd[:-2], stdout=write, stderr=write, timeout=120)    # 2>&1 | head; it says its seed
+        assert both.returncode == 141
+        failed = subprocess.run(cmd[:2] + ["--checkpoint", "/nonexistent"], stdout=write, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+        assert failed.returncode == 2 and failed.stderr.startswith("error: ")      # its own failure, not the pipe's
     finally:
         os.close(write)
-    assert (r.returncode, r.stderr) == (141, "")                       # 128 + SIGPIPE, as a shell reports it
     with open("/dev/full", "w") as full:
         r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert (r.returncode, r.stderr) == (2, "error: cannot write to standard output: No space left on device\n")
@@ -292,7 +297,9 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
 
 @pytest.mark.parametrize("command, option, value, said", [
     ("generate", "--length", "-1", "-1 is out of range [0, 1000000]"),
-    ("generate", "--length", "1" + "0" * 13, "1e+13 is out of range [0, 1000000]"),     # built in memory
+    ("generate", "--length", "1" + "0" * 13, "a number of 14 digits is out of range [0, 1000000]"),   # in memory
+    ("generate", "--length", "1" + "0" * 400, "a number of 401 digits is out of range"),   # beyond a float's range
+    ("generate", "--seed", "-1" + "0" * 400, "-a number of 401 digits is out of range"),
     ("generate", "--length", "9" * 5000, "expected an integer, got '" + "9" * 39),
     ("generate", "--seed", "-1", "-1 is out of range [0, inf]"),                  # NumPy's words, no option named
     ("train", "--samples", "-1", "-1 is out of range [0, 1000]"),                 # taken as none

@@ -325,10 +325,14 @@ def test_a_shared_corpus_counts_a_round_by_each_runs_own_settings(corpus):
     and a run whose batches do not fit a partition is refused as reading the corpus itself would."""
     from rnnlm.spark.corpus import CorpusError, total_rounds
     data = corpus(VALID)
+    sizes = [len(p[1]) for p in data.train.collect()]
+
+    def epoch(B, T):                    # a pass of B streams of T steps over each partition: its targets
+        return sum((n // B - 1) // T * T * B for n in sizes)
     epochs = ("train.rounds=0", "train.epochs=1")
-    assert total_rounds(cfg_of(VALID, *epochs), data) == math.ceil(data.tokens / (2 * 3 * 4 * 8))
-    for sets, per_partition in ((("train.local_steps=6",), 6 * 4 * 8), (("train.batch=2", "train.bptt=5"), 3 * 2 * 5)):
-        assert total_rounds(cfg_of(VALID, *epochs, *sets), data) == math.ceil(data.tokens / (2 * per_partition))
+    assert total_rounds(cfg_of(VALID, *epochs), data) == math.ceil(epoch(4, 8) / (2 * 3 * 4 * 8))
+    for sets, (K, B, T) in ((("train.local_steps=6",), (6, 4, 8)), (("train.batch=2", "train.bptt=5"), (3, 2, 5))):
+        assert total_rounds(cfg_of(VALID, *epochs, *sets), data) == math.ceil(epoch(B, T) / (2 * K * B * T))
     with pytest.raises(CorpusError, match=r"harbour.txt: partition \d: .* \(strategy streams, bptt 1000, batch 4\)$"):
         total_rounds(cfg_of(VALID, *epochs, "train.bptt=1000"), data)
 

@@ -267,9 +267,13 @@ def test_a_push_decoded_while_a_newer_attempt_says_hello_is_not_applied(monkeypa
 def test_a_worker_failure_and_a_refusal_reach_the_right_side():
     """Through the real wire: a refused push raises in the worker with the server's reason; a worker's
     failure report lands in the server's ``failures`` (the driver stops the run on it)."""
-    ps = server()
+    ps, beats = server(), []
+
+    def handle(peer, kind, fields, arrays):
+        beats.append(kind == "heartbeat")
+        return ps.handle(peer, kind, fields, arrays)
     secret = wire.new_secret()
-    frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
+    frames = wire.FrameServer(handle, secret, log=lambda *_: None).start()
     sv = config.load(None, ["server.heartbeat_s=0.1"]).server
     client = WorkerClient(frames.address, secret, 1, sv, LAYOUT)
     try:
@@ -285,7 +289,7 @@ def test_a_worker_failure_and_a_refusal_reach_the_right_side():
         assert ps.failures == ["partition 1: loss became nan at local step 3"]
         client.fail("x" * 5000)                             # cut to what the server takes, not refused
         assert ps.failures[1] == "partition 1: " + "x" * 300
-        wait_for(lambda: frames.connections == 2)           # heartbeats on the second connection
+        wait_for(lambda: sum(beats) >= 2 and frames.connections == 2)      # heartbeats on the second connection
     finally:
         client.close()
         frames.close()

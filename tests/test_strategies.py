@@ -126,16 +126,23 @@ def test_round_tokens_counts_what_a_round_trains_on(strategy, local_steps):
         assert scored < sum(b.x.size for b in batches)
 
 
-@pytest.mark.parametrize("strategy", ["streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs"])
-def test_a_pass_scores_each_target_once_which_is_not_the_partitions_length(strategy):
-    """An epoch is a pass (``train.epochs``, the ``epoch`` metric): a fixed strategy's one-pass round; a
-    sampled one's round that draws every window or paragraph (sample_fraction = 1). Streams and paragraphs
-    score fewer tokens than the partition holds, overlapping windows more."""
-    src = Source(strategy, TOK, STARTS, B=2, T=9, fraction=1.0, seed=1)
+@pytest.mark.parametrize("strategy, stride", [("streams", 1), ("paragraphs", 1), ("windows", 1), ("windows", 4),
+                                              ("windows", 9), ("windows", 13), ("sampled_windows", 4),
+                                              ("sampled_paragraphs", 1)])
+def test_an_epoch_is_each_target_position_a_pass_scores_once(strategy, stride):
+    """``train.epochs`` and the ``epoch`` metric: streams and paragraphs score each position once a pass,
+    and fewer positions than the partition holds (so its length was more than a pass); overlapping windows
+    score a position up to T times a pass, and an epoch is the positions they cover."""
+    src = Source(strategy, TOK, STARTS, B=2, T=9, stride=stride, fraction=1.0, seed=1)
     scored = sum(int((b.y >= 0).sum()) for b in src.round_batches(1, 0))
-    assert src.pass_tokens() == scored != len(TOK)
+    if "windows" in strategy:       # the targets of windows starting every stride-th token: (start, start + 9]
+        covered = {p for start in range(0, len(TOK) - 10 + 1, stride) for p in range(start + 1, start + 10)}
+        assert src.epoch_tokens() == len(covered) <= scored
+        assert (src.epoch_tokens() == scored) == (stride >= 9)
+    else:
+        assert src.epoch_tokens() == scored < len(TOK)
     if not strategy.startswith("sampled"):
-        assert src.round_tokens(0) == src.pass_tokens()
+        assert src.round_tokens(0) == scored
 
 
 def test_round_tokens_of_sampled_paragraphs_is_the_samples_expected_score():

@@ -30,8 +30,11 @@ def _sentence(what: str) -> str:
 
 
 def _run(command: str, a) -> int:
-    with stdout.guarded() as out:                  # a closed pipe or a full disk on stdout: no traceback
-        code = _call(command, a)
+    try:
+        with stdout.guarded() as out:              # a closed pipe or a full disk on stdout: no traceback
+            code = _call(command, a)
+    except KeyboardInterrupt as e:                 # a signal while the last output was flushed
+        return signals.report(e)
     return stdout.exit_code(out, code)
 
 

@@ -32,7 +32,8 @@ def _int_in(lo: int, hi: int | None = None):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r:.40}") from None
         if value < lo or (hi is not None and value > hi):
-            shown = f"{value:.3g}" if abs(value) > 10 ** 12 else str(value)
+            digits = len(str(abs(value)))
+            shown = str(value) if digits <= 12 else f"{'-' * (value < 0)}a number of {digits} digits"
             raise argparse.ArgumentTypeError(f"{shown} is out of range [{lo}, {'inf' if hi is None else hi}]")
         return value
     parse.__name__ = "integer"          # what argparse names in its errors

@@ -4,8 +4,9 @@
 write. Either once ended the command with ``BrokenPipeError`` or ``OSError`` from the first ``print``
 after it, and a training run printing its progress with it. Inside :func:`guarded` a failed write
 points the descriptor at ``/dev/null`` and the command goes on (a run's metrics and checkpoints are in
-its files); the command then ends as a pipeline expects: 141 (128 + SIGPIPE) and nothing said for a
-reader that went away, one line and exit code 2 for any other failure.
+its files); a command that succeeded then ends as a pipeline expects: 141 (128 + SIGPIPE) and nothing
+said for a reader that went away, one line and exit code 2 for any other failure; one that failed keeps
+its own exit code. Standard error is guarded alike (``2>&1 | head``).
 """
 from __future__ import annotations
 
@@ -55,29 +56,45 @@ class _Guarded:
 
 @contextmanager
 def guarded():
-    """``sys.stdout`` guarded while the block runs (then as it was); yields the guard, whose ``failed``
-    says whether a write failed. A stream without a descriptor (a test's capture) is left as it is."""
-    stream = sys.stdout
+    """``sys.stdout`` and ``sys.stderr`` guarded while the block runs (then as they were); yields the
+    guards, whose ``failed`` says whether a write failed. A stream without a descriptor (a test's
+    capture) is left as it is. What is still buffered is flushed on the way out, whatever ended the
+    block."""
+    streams = (sys.stdout, sys.stderr)
+    guards = tuple(_Guarded(s) if _has_fd(s) else _Guarded(None) for s in streams)
+    if guards[0]._stream is not None:
+        sys.stdout = guards[0]
+    if guards[1]._stream is not None:
+        sys.stderr = guards[1]
+    try:
+        yield guards
+    finally:
+        try:
+            for g in guards:
+                if g._stream is not None:
+                    g.flush()
+        finally:
+            sys.stdout, sys.stderr = streams
+
+
+def _has_fd(stream) -> bool:
     try:
         stream.fileno()
     except (AttributeError, OSError, ValueError):
-        yield _Guarded(None)
-        return
-    guard = sys.stdout = _Guarded(stream)
-    try:
-        yield guard
-        guard.flush()
-    finally:
-        sys.stdout = stream
+        return False
+    return True
 
 
-def exit_code(guard, code: int) -> int:
-    """The command's exit code ``code``, unless its standard output failed (said in one line on stderr
-    unless the reader went away)."""
-    e = guard.failed
-    if e is None:
+def exit_code(guards, code: int) -> int:
+    """The command's exit code ``code``; when it succeeded but its output failed, 141 for a reader that
+    went away (nothing said), else 2 and one line on stderr (if stderr still takes it)."""
+    e = next((g.failed for g in guards if g.failed is not None), None)
+    if code or e is None:
         return code
     if e.errno == errno.EPIPE:
         return EXIT_PIPE
-    print(f"error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
-    return code or 2
+    try:
+        print(f"error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+    except OSError:
+        pass
+    return 2

@@ -1,6 +1,6 @@
 """Learning-rate schedules.
 
-A schedule maps the epoch (fraction of the corpus seen, from 0) to a rate; the
+A schedule maps the epoch (epochs trained, from 0: passes over the data) to a rate; the
 plateau schedule also observes validation losses. Its state is a small dict of
 floats, saved in checkpoints.
 """

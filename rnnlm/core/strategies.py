@@ -237,21 +237,23 @@ class Source:
 
     def round_tokens(self, local_steps: int) -> float:
         """Expected tokens a round scores (what ``train.epochs`` and the ``epoch`` metric are counted
-        in, against :meth:`pass_tokens`: padding is not trained on)."""
+        in, against :meth:`epoch_tokens`: padding is not trained on)."""
         if self.strategy == "sampled_windows":
             return self._pool(len(self._offsets)) * self.T
         if self.strategy == "sampled_paragraphs":   # the pool's paragraphs, each scoring all but its last token
             return self._pool(len(self.starts)) / len(self.starts) * (len(self.tokens) - len(self.starts))
-        per_pass = self.pass_tokens()
+        per_pass = self._fixed.scored_per_pass
         return per_pass * local_steps / self.steps_per_pass if local_steps else per_pass
 
-    def pass_tokens(self) -> int:
-        """The tokens a pass over the partition scores, an epoch's: each stream's targets, window or
-        paragraph once (a sampled strategy's: every window or paragraph it draws from). Not the
-        partition's length: a pass of streams leaves each lane's last tokens out, so an epoch of
-        tokens was more than a pass, and ``train.epochs = 13`` of one-pass rounds trained 14."""
-        if self.strategy == "sampled_windows":
-            return len(self._offsets) * self.T
+    def epoch_tokens(self) -> int:
+        """An epoch's tokens: each target position a pass over the partition scores, counted once. For
+        streams and paragraphs that is a pass (each position scored once); overlapping windows score a
+        position up to T times a pass, so their epoch is the positions they cover. Not the partition's
+        length: a pass of streams leaves each lane's last tokens out, and an epoch counted in the
+        partition's tokens made ``train.epochs = 13`` of one-pass rounds train 14."""
+        if self.strategy in ("windows", "sampled_windows"):
+            gaps = np.diff(self._offsets)               # window_offsets: increasing
+            return int(np.minimum(gaps, self.T).sum()) + self.T if len(self._offsets) else 0
         if self.strategy == "sampled_paragraphs":
             return len(self.tokens) - len(self.starts)
         return self._fixed.scored_per_pass

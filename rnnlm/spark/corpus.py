@@ -337,10 +337,10 @@ def unique_growth(sc, path: str, level: str = "word", mode: str = "line", partit
 
 
 class Scored(NamedTuple):
-    """Tokens scored, all partitions (expected): by a round, and by a pass over every partition (an epoch:
-    ``train.epochs`` and the ``epoch`` metric count in passes, as the single-process trainer does)."""
-    round: float
-    epoch: int
+    """Tokens scored, all partitions (expected): by a round, and by an epoch (each target position a pass
+    scores, once: :meth:`rnnlm.core.strategies.Source.epoch_tokens`); None where not counted."""
+    round: float | None
+    epoch: int | None
 
 
 @dataclass
@@ -357,11 +357,16 @@ class Corpus:
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
 
 
-def round_keys(cfg: config.Config) -> tuple:
-    """The settings a round's and a pass's expected tokens depend on (each round cuts its batches by its
-    own run's)."""
+def epoch_keys(cfg: config.Config) -> tuple:
+    """The settings an epoch's tokens depend on."""
     d, t = cfg.data, cfg.train
-    return d.strategy, d.window_stride, d.sample_fraction, t.batch, t.bptt, t.local_steps
+    return d.strategy, d.window_stride, t.batch, t.bptt
+
+
+def round_keys(cfg: config.Config) -> tuple:
+    """The settings a round's expected tokens depend on (each round cuts its batches by its own run's):
+    an epoch's, and these."""
+    return epoch_keys(cfg) + (cfg.data.sample_fraction, cfg.train.local_steps)
 
 
 def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
@@ -430,12 +435,13 @@ def _scored(probe: list) -> Scored:
     return Scored(sum(p[2] for p in probe), sum(p[3] for p in probe))
 
 
-def scored(cfg: config.Config, data: Corpus) -> Scored:
-    """The tokens a round and a pass of ``cfg`` train on (expected, all partitions): the corpus' counts
-    when it was loaded under the same :func:`round_keys`, else counted again on its cached partitions (a
-    corpus shared by runs of other settings, as the benchmarks' sweeps share one)."""
-    if data.counted_for == round_keys(cfg):
-        return data.scored
+def scored(cfg: config.Config, data: Corpus, rounds: bool = True) -> Scored:
+    """The tokens an epoch and (with ``rounds``) a round of ``cfg`` train on (expected, all partitions):
+    the corpus' counts when it was loaded under the same :func:`epoch_keys` and :func:`round_keys`, else
+    counted again on its cached partitions (a corpus shared by runs of other settings, as the benchmarks'
+    sweeps share one, which may differ in a round's steps alone)."""
+    if data.counted_for == round_keys(cfg) or (not rounds and data.counted_for[:4] == epoch_keys(cfg)):
+        return data.scored if rounds else Scored(None, data.scored.epoch)
     return _scored(_probe(cfg, data.train))
 
 
@@ -451,12 +457,12 @@ def _probe(cfg: config.Config, rdd) -> list:
 
 
 def total_rounds(cfg: config.Config, data: Corpus, counts: Scored | None = None) -> int:
-    """``train.rounds``, or the rounds that train on ``train.epochs`` passes (``counts``: :func:`scored`,
+    """``train.rounds``, or the rounds that train on ``train.epochs`` epochs (``counts``: :func:`scored`,
     when the caller has it). A whole number of rounds' worth, as 13 passes of one-pass rounds, is not
     rounded up by the quotient's last bit."""
     if cfg.train.rounds:
         return cfg.train.rounds
-    counts = scored(cfg, data) if counts is None else counts
+    counts = scored(cfg, data) if counts is None or counts.round is None else counts
     return max(1, math.ceil(cfg.train.epochs * counts.epoch / counts.round * (1 - 1e-12)))
 
 

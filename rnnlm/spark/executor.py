@@ -68,7 +68,7 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
 
 
 def probe_task(cfg: config.Config):
-    """Per partition: (pid, tokens, expected tokens per round, tokens per pass, error message or None,
+    """Per partition: (pid, tokens, expected tokens per round, tokens per epoch, error message or None,
     device), the device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU
     addresses)."""
     def run(it):
@@ -84,7 +84,7 @@ def probe_task(cfg: config.Config):
                 continue
             try:
                 src = make_source(cfg, pid, tokens, starts)
-                yield pid, len(tokens), src.round_tokens(cfg.train.local_steps), src.pass_tokens(), None, device
+                yield pid, len(tokens), src.round_tokens(cfg.train.local_steps), src.epoch_tokens(), None, device
             except TooShort as e:
                 yield pid, len(tokens), 0.0, 0, str(e), device
     return run

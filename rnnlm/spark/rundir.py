@@ -5,6 +5,7 @@ metrics file and the checkpoints, each written so that a crash leaves the old or
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import dataclass
 
@@ -170,7 +171,8 @@ def check_out(out: str) -> None:
     or ``hdfs://nn:8020/`` put the run's files, and ``--overwrite``'s deletions, in the root itself."""
     if not out.strip():
         raise TrainingError("--out is empty: name the run's directory")
-    if not re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:(//[^/]*)?", "", out).strip("/"):
+    path = re.sub(r"^[A-Za-z][A-Za-z0-9+.-]*:(//[^/]*)?", "", out)         # without a scheme and its host
+    if not path or not posixpath.normpath(path).strip("/"):              # "/", "/.", "/tmp/.."
         raise TrainingError(f"--out {out}: a filesystem's root cannot be a run's directory; name one below it")
 
 

@@ -100,7 +100,7 @@ class Trainer(Driver):
         # idle executors answer a release at once: only a run stopped in a round releases without waiting
         sync, ended = None, True
         try:
-            per = scored(self.cfg_in, data)        # a round's tokens and an epoch's
+            per = scored(self.cfg_in, data, rounds=not self.cfg_in.train.rounds)     # an epoch's tokens
             rounds = total_rounds(self.cfg_in, data, per)
             if at is not None and at.round >= rounds:
                 return self.nothing_to_do(at.round, rounds, state.params, data.vocab)
