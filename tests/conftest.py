@@ -133,21 +133,25 @@ def pytest_collection_modifyitems(config, items):
     """Tests that need the Hadoop cluster run together: last in one process, so its JVM is up only while
     they run; first under ``-n 2 --dist loadgroup`` (CI), one worker's longest share, while the other
     worker takes the other modules whole (a module's tests share its fixtures and their assumptions),
-    those marked slow last."""
+    those marked slow last and one by one (each starts Spark or a cluster of its own, and a module of
+    them whole kept one worker busy for minutes while the other had nothing left)."""
     # a worker's own options say dist "no" and loadgroup True (xdist rewrites them); the controller's say dist
     parallel = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
 
     def hadoop(item) -> bool:
         return item.get_closest_marker("hadoop") is not None
+
+    def slow(item) -> bool:
+        return item.get_closest_marker("slow") is not None
     if parallel:
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group("hadoop" if hadoop(item) else item.module.__name__))
-        slow = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
+        for i, item in enumerate(items):          # a group of one is named by its place (a test id holds "]")
+            alone = slow(item) and not hadoop(item)
+            item.add_marker(pytest.mark.xdist_group("hadoop" if hadoop(item) else f"{item.module.__name__}#{i}"
+                                                    if alone else item.module.__name__))
         count = collections.Counter(item.module.__name__ for item in items)
         # the Hadoop group (its JVMs) beside the light modules, most tests first; the other slow ones (Spark
         # subprocesses, local clusters) last, when the Hadoop JVMs are gone: two at once compete for the cores
-        items.sort(key=lambda item: (0, 0) if hadoop(item) else (1 + (item.module.__name__ in slow),
-                                                                 -count[item.module.__name__]))
+        items.sort(key=lambda item: (0, 0) if hadoop(item) else (1 + slow(item), -count[item.module.__name__]))
     else:
         items.sort(key=hadoop)
 
