@@ -157,6 +157,20 @@ def test_the_demo_says_what_stopped_it_in_one_line(capsys, sets, message, monkey
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+def test_the_demo_names_the_text_it_could_not_read(capsys, tmp_path):
+    """A strict decode said "'utf-8' codec can't decode byte 0xff in position 2", a directory "[Errno 21] Is a
+    directory", neither naming the file; a FIFO blocked the demo."""
+    (tmp_path / "bad.txt").write_bytes(b"ab\xffcd\n" * 100)
+    os.mkfifo(tmp_path / "fifo.txt")
+    for sets, said in (([f"data.train={tmp_path / 'bad.txt'}", "data.encoding_errors=strict"],
+                        f"{tmp_path / 'bad.txt'} is not UTF-8 text (invalid start byte; data.encoding_errors = "
+                        "'strict'): 'replace' reads such bytes as U+FFFD"),
+                       ([f"data.train={tmp_path}"], f"{tmp_path} is a directory"),
+                       ([f"data.train={tmp_path / 'fifo.txt'}"], f"{tmp_path / 'fifo.txt'} is not a regular file")):
+        assert main(["demo", *[a for x in sets for a in ("--set", x)]]) == 2
+        assert capsys.readouterr().err == f"error: {said}\n"
+
+
 def test_a_text_larger_than_the_single_trainer_reads_is_refused_before_it_is_read(tmp_path, monkeypatch):
     import os
     from rnnlm.core.single import read_text

@@ -24,16 +24,27 @@ def read_text(path: str, errors: str = "replace") -> str:
     """Read a UTF-8 text file; undecodable bytes become U+FFFD (or fail with ``errors='strict'``).
     ValueError, before a byte is read, for what is not a regular file (``/dev/zero`` is read forever) or
     holds more than a sixteenth of this machine's memory (its words, ids and vocabulary as Python objects
-    take ~12 times the text: the trainer of one process is for texts that fit; Spark's reads any)."""
-    with open(path, encoding="utf-8", errors=errors) as f:
-        st = os.fstat(f.fileno())
+    take ~12 times the text: the trainer of one process is for texts that fit; Spark's reads any). Every
+    message names the file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)             # a FIFO would block a plain open
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file")
+            raise ValueError(f"{path} is {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
         most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
         if st.st_size > most:
             raise ValueError(f"{path}: {st.st_size:,} bytes, more than the {most >> 20:,} MiB (a sixteenth of this "
                              "machine's memory) the single-process trainer reads: train it with Spark")
-        return f.read()
+        f = open(fd, encoding="utf-8", errors=errors)
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        try:
+            return f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
+                             "reads such bytes as U+FFFD") from None
 
 
 def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
