@@ -19,10 +19,15 @@ EXIT_PIPE = 141
 
 
 class _Guarded:
-    """``stream`` (a text file) whose writes and flushes cannot raise OSError; the first failure is kept."""
+    """``stream`` (a text file, None: not guarded) whose writes and flushes cannot raise OSError; the
+    first failure is kept in ``failed``."""
 
-    def __init__(self, stream):
-        self._stream, self.failed = stream, None
+    def __init__(self, name: str, stream):
+        self.name, self._stream, self.failed = name, stream, None
+
+    @property
+    def active(self) -> bool:
+        return self._stream is not None
 
     def write(self, text: str) -> int:
         try:
@@ -61,17 +66,14 @@ def guarded():
     capture) is left as it is. What is still buffered is flushed on the way out, whatever ended the
     block."""
     streams = (sys.stdout, sys.stderr)
-    guards = tuple(_Guarded(s) if _has_fd(s) else _Guarded(None) for s in streams)
-    if guards[0]._stream is not None:
-        sys.stdout = guards[0]
-    if guards[1]._stream is not None:
-        sys.stderr = guards[1]
+    out, err = (_Guarded(name, s if _has_fd(s) else None) for name, s in zip(("output", "error"), streams))
+    sys.stdout, sys.stderr = (g if g.active else s for g, s in zip((out, err), streams))
     try:
-        yield guards
+        yield out, err
     finally:
         try:
-            for g in guards:
-                if g._stream is not None:
+            for g in (out, err):
+                if g.active:
                     g.flush()
         finally:
             sys.stdout, sys.stderr = streams
@@ -88,13 +90,13 @@ def _has_fd(stream) -> bool:
 def exit_code(guards, code: int) -> int:
     """The command's exit code ``code``; when it succeeded but its output failed, 141 for a reader that
     went away (nothing said), else 2 and one line on stderr (if stderr still takes it)."""
-    e = next((g.failed for g in guards if g.failed is not None), None)
-    if code or e is None:
+    g = next((g for g in guards if g.failed is not None), None)
+    if code or g is None:
         return code
-    if e.errno == errno.EPIPE:
+    if g.failed.errno == errno.EPIPE:
         return EXIT_PIPE
     try:
-        print(f"error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+        print(f"error: cannot write to standard {g.name}: {g.failed.strerror or g.failed}", file=sys.stderr)
     except OSError:
         pass
     return 2
