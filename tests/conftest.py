@@ -120,56 +120,12 @@ def spark():
     s.stop()
 
 
-# A Spark driver's JVM spends most of its start loading and verifying the same classes: a dynamic CDS archive
-# of them (JDK 13+), dumped once per Java and PySpark under ~/.cache/rnnlm, took a local session of one small
-# job from 10.6-11.3 CPU-seconds to 6.2-7.2 (docs/results.md, "The test suite's time"). A JVM whose class path
-# does not match the archive's (another one's, an executor's) runs without it, silently; so does one
-# without an archive (no Java, a failed dump).
-_SESSION = ("from pyspark.sql import SparkSession\n"
-            "s = SparkSession.builder.master('local[1]').getOrCreate()\n"
-            "s.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum()\n"
-            "s.stop()\n")
-
-
-def _class_archive() -> str | None:
-    """The archive's path, dumped first if missing; None where it cannot be made."""
-    import hashlib
-    import subprocess
-    try:
-        import pyspark
-        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
-    except (ImportError, OSError, subprocess.SubprocessError):
-        return None
-    # the class path it holds is this PySpark's jars, where this environment has them
-    key = hashlib.sha256(f"{pyspark.__version__}\n{java}\n{pyspark.__file__}".encode()).hexdigest()[:16]
-    path = os.path.join(os.path.expanduser("~/.cache/rnnlm/cds"), f"spark-driver-{key}.jsa")
-    if os.path.isfile(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    env = dict(os.environ, SPARK_SUBMIT_OPTS=f"{JIT} -XX:ArchiveClassesAtExit={tmp}")
-    try:
-        subprocess.run([sys.executable, "-c", _SESSION], env=env, capture_output=True, timeout=300, check=True)
-        os.replace(tmp, path)
-    except (OSError, subprocess.SubprocessError):
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        return None
-    return path
-
-
 def pytest_configure(config):
     """Under ``--dist loadgroup`` the groups go out in collection order (:func:`pytest_collection_modifyitems`'s),
     not xdist's default of the most tests first: that sent the Hadoop group, of few but long tests, out
-    last, and one worker ran it alone for minutes at the end. The controller (or a run without workers)
-    gives Spark drivers the class archive, which the workers it starts inherit."""
+    last, and one worker ran it alone for minutes at the end."""
     if getattr(config.option, "dist", "no") == "loadgroup":
         config.option.loadscopereorder = False
-    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    if not hasattr(config, "workerinput") and "SharedArchiveFile" not in opts:
-        archive = _class_archive()
-        if archive:
-            os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -XX:SharedArchiveFile={archive}"
 
 
 @pytest.hookimpl(tryfirst=True)      # before xdist's hook of this name, which reads the groups
