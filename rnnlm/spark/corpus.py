@@ -440,7 +440,8 @@ def scored(cfg: config.Config, data: Corpus, rounds: bool = True) -> Scored:
     the corpus' counts when it was loaded under the same :func:`epoch_keys` and :func:`round_keys`, else
     counted again on its cached partitions (a corpus shared by runs of other settings, as the benchmarks'
     sweeps share one, which may differ in a round's steps alone)."""
-    if data.counted_for == round_keys(cfg) or (not rounds and data.counted_for[:4] == epoch_keys(cfg)):
+    epoch = epoch_keys(cfg)             # round_keys() begins with them
+    if data.counted_for == round_keys(cfg) or (not rounds and data.counted_for[:len(epoch)] == epoch):
         return data.scored if rounds else Scored(None, data.scored.epoch)
     return _scored(_probe(cfg, data.train))
 
