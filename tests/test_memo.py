@@ -4,17 +4,18 @@ import numpy as np
 from rnnlm.spark.memo import Memo, digest
 
 
-def test_get_builds_once_and_the_oldest_entry_leaves_first():
+def test_get_builds_once_and_the_least_recently_used_entry_leaves_first():
     built = []
     m = Memo(size=2)
 
     def build(v):
         return lambda: built.append(v) or v
     assert [m.get("a", build(1)), m.get("a", build(9)), m.get("b", build(2))] == [1, 1, 2]
-    assert m.get("c", build(3)) == 3                 # full: "a", the first in, leaves
+    assert m.get("c", build(3)) == 3                 # full: "a", the least recently used, leaves
     assert list(m.entries) == ["b", "c"] and built == [1, 2, 3]
-    assert m.get("a", build(4)) == 4 and list(m.entries) == ["c", "a"]
-    assert m.pop("c") == 3 and m.pop("c", "gone") == "gone"
+    assert m.get("b", build(8)) == 2                 # a hit makes "b" the most recent: "c" leaves next
+    assert m.get("a", build(4)) == 4 and list(m.entries) == ["b", "a"] and built == [1, 2, 3, 4]
+    assert m.pop("b") == 2 and m.pop("b", "gone") == "gone"
     m.clear()
     assert m.entries == {}
 

@@ -11,16 +11,20 @@ SIZE = 8
 
 
 class Memo:
-    """A small first-in-first-out cache of at most ``size`` entries."""
+    """A small cache of at most ``size`` entries; the least recently used leaves first (the model,
+    which every task reads, stays while a worker's partitions and views come and go)."""
 
     def __init__(self, size: int = SIZE):
         self.size, self.entries = size, {}
 
     def get(self, key, build):
         """The value under ``key``, built by ``build()`` on first use."""
-        if key not in self.entries:
-            self.put(key, build())
-        return self.entries[key]
+        if key in self.entries:
+            value = self.entries.pop(key)          # re-inserted: now the most recently used
+        else:
+            value = build()
+        self.put(key, value)
+        return value
 
     def pop(self, key, default=None):
         return self.entries.pop(key, default)
