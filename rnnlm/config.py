@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import errno
 import json
 import math
 import os
-import stat
 import sys
 import tomllib
 import typing
 import unicodedata
 from dataclasses import dataclass, field
+
+from .core import files
 
 
 class ConfigError(ValueError):
@@ -471,22 +471,12 @@ MAX_CONFIG_FILE = 1 << 20           # a configuration is a few KiB; a checkpoint
 def _read_config_file(path: str) -> bytes:
     """The bytes of the regular file ``path``, at most :data:`MAX_CONFIG_FILE` of them: checked before a
     byte is read (``--config /dev/zero`` grew until memory ran out; a FIFO blocked forever)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "Is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"config file {path} is not a regular file")
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    with f:
-        data = f.read(MAX_CONFIG_FILE + 1)
-    if len(data) > MAX_CONFIG_FILE:
-        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE >> 20} MiB: not a configuration")
-    return data
+        return files.read_regular(path, MAX_CONFIG_FILE)
+    except files.NotRegular:
+        raise ConfigError(f"config file {path} is not a regular file") from None
+    except files.TooLarge:
+        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE >> 20} MiB: not a configuration") from None
 
 
 def load(path: str | None = None, overrides: list[str] | None = None) -> Config:

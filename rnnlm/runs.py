@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from .core import files
 from .core.metrics import MAX_JSON, MAX_METRICS, json_lines
 
 
@@ -67,21 +67,13 @@ def _too_large(path: str, size: int, limit: int) -> RunError:
 class _Local:
     def read(self, path: str, limit: int) -> bytes | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)          # a FIFO would block a plain open
-            try:
-                st = os.fstat(fd)
-                if stat.S_ISDIR(st.st_mode):
-                    return None
-                if not stat.S_ISREG(st.st_mode):
-                    raise RunError(f"{path}: not a regular file")
-                if st.st_size > limit:
-                    raise _too_large(path, st.st_size, limit)
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    return f.read(limit)        # a run still writing: a line cut short is dropped
-            finally:
-                os.close(fd)
+            return files.read_regular(path, limit)      # a run still writing: a line cut short is dropped
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except files.NotRegular:
+            raise RunError(f"{path}: not a regular file") from None
+        except files.TooLarge as e:
+            raise _too_large(path, e.size, limit) from None
         except OSError as e:                # no permission, an I/O error
             raise RunError(f"{path}: {e.strerror or e}") from None
 

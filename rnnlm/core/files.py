@@ -11,6 +11,7 @@ runs the same logic over Hadoop's FileSystem client.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -170,3 +171,35 @@ def read_file(p: str) -> bytes | None:
             return f.read()
     except FileNotFoundError:
         return None
+
+
+class NotRegular(ValueError):
+    """What :func:`read_regular` refuses: a FIFO, a device, a socket (a directory is IsADirectoryError)."""
+
+
+class TooLarge(ValueError):
+    """What :func:`read_regular` refuses: a regular file of ``size`` bytes, more than ``limit``."""
+
+    def __init__(self, path: str, size: int, limit: int):
+        super().__init__(f"{path}: {size:,} bytes, more than {limit:,}")
+        self.size, self.limit = size, limit
+
+
+def read_regular(p: str, limit: int) -> bytes:
+    """The bytes of the regular file ``p``, checked before a byte is read: a FIFO would block a plain
+    open and ``/dev/zero`` is read forever (:class:`NotRegular`), a file of more than ``limit`` bytes
+    would fill memory (:class:`TooLarge`). A file that grows while read gives its first ``limit`` bytes.
+    A directory raises IsADirectoryError; a missing file and other errors of the system pass through."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), p)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{p} is not a regular file")
+        if st.st_size > limit:
+            raise TooLarge(p, st.st_size, limit)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)

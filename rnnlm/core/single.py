@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import time
 
-from . import backend, checkpoint
+from . import backend, checkpoint, files
 from .. import config
 from .local import held_out_nll, train_steps
 from .strategies import StreamBlock
@@ -26,25 +25,20 @@ def read_text(path: str, errors: str = "replace") -> str:
     holds more than a sixteenth of this machine's memory (its words, ids and vocabulary as Python objects
     take ~12 times the text: the trainer of one process is for texts that fit; Spark's reads any). Every
     message names the file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)             # a FIFO would block a plain open
+    most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
-        most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
-        if st.st_size > most:
-            raise ValueError(f"{path}: {st.st_size:,} bytes, more than the {most >> 20:,} MiB (a sixteenth of this "
-                             "machine's memory) the single-process trainer reads: train it with Spark")
-        f = open(fd, encoding="utf-8", errors=errors)
-    except BaseException:
-        os.close(fd)
-        raise
-    with f:
-        try:
-            return f.read()
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
-                             "reads such bytes as U+FFFD") from None
+        data = files.read_regular(path, most)
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory") from None
+    except files.TooLarge as e:
+        raise ValueError(f"{path}: {e.size:,} bytes, more than the {most >> 20:,} MiB (a sixteenth of this "
+                         "machine's memory) the single-process trainer reads: train it with Spark") from None
+    try:
+        text = data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
+                         "reads such bytes as U+FFFD") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")      # universal newlines, as a text-mode read
 
 
 def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
