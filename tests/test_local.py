@@ -1,5 +1,6 @@
 """The executor-side local loop, batching, generation and learning."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -90,6 +91,17 @@ def test_nan_loss_stops_the_loop(xp):
     blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
     with pytest.raises(FloatingPointError, match="loss became nan"):
         train_steps(m, opt, p, st, blk.batches(0, 2), m.zero_state(2), lr=0.1)
+
+
+def test_a_diverging_step_raises_one_error_and_no_numpy_warning():
+    """An update that overflows: NumPy's "overflow encountered in subtract" reached the user's terminal as
+    two lines before the run's one-line error; the loop checks for it and says it once."""
+    vocab, m, opt, p, st = _setup(np)
+    blk = StreamBlock(vocab.encode(TEXT), B=2, T=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # a warning would be raised instead of the loop's error
+        with pytest.raises(FloatingPointError, match="loss became nan at local step 2$"):
+            train_steps(m, opt, p, st, blk.batches(0, 3), m.zero_state(2), lr=1e38)
 
 
 def test_generation_is_deterministic_and_learns(xp):

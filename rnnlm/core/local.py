@@ -7,8 +7,11 @@ summed loss.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 
 from . import backend, graphs
@@ -28,6 +31,18 @@ class LocalResult:
     steps: int
 
 
+def _checked_not_warned(fn):
+    """``fn`` under NumPy's errstate ignoring overflow, invalid values and division by zero: a diverging
+    step's non-finite loss, norm or parameters are what :func:`train_steps` checks and raises as one
+    FloatingPointError (NumPy's warnings of them reached the user's terminal as two more lines)."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return fn(*args, **kwargs)
+    return checked
+
+
+@_checked_not_warned
 def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: float,
                 clip_norm: float = 0.0, clip_value: float = 0.0, grad_norm: str = "batch",
                 dropout_rng=None, grads=None, softmax_sets=None, cuda_graphs: bool = True) -> LocalResult:
