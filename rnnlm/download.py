@@ -140,7 +140,8 @@ def split_train_valid(path: str, fraction: float) -> list:
     stem = os.path.splitext(path)[0]
     paths = [f"{stem}.train.txt", f"{stem}.valid.txt"]
     for p, part in zip(paths, (text[:cut], text[cut:])):
-        with open(p + ".tmp", "w", encoding="utf-8") as f:
+        tmp = f"{p}.{os.getpid()}.tmp"      # this process's: two splits of one text never write one file
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(part)
-        os.replace(p + ".tmp", p)
+        os.replace(tmp, p)
     return paths

@@ -19,7 +19,7 @@ def build_pyfiles(dest: str) -> str:
     """Write ``rnnlm`` (code and its small data files) to the zip ``dest``; return its path."""
     pkg = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(pkg)
-    tmp = dest + ".tmp"
+    tmp = f"{dest}.{os.getpid()}.tmp"       # this process's: two builds of one dest never write one file
     try:
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -78,7 +78,8 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
                 raise PackagingError(f"{what} failed: {last}")
         tmp = os.path.join(work, "env.tar.gz")
         venv_pack.pack(prefix=env, output=tmp, verbose=False)
-        beside = dest + ".tmp"       # copied beside it, then renamed: a copy cut short never replaces a whole one
+        # copied beside it (this process's name), then renamed: a copy cut short never replaces a whole one
+        beside = f"{dest}.{os.getpid()}.tmp"
         try:
             if os.path.isdir(dest):
                 raise IsADirectoryError(21, "a directory")

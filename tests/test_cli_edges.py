@@ -218,6 +218,20 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
     assert capsys.readouterr().out == f"{tmp_path / 'ok' / 'rnnlm.zip'}\n"
 
 
+def test_a_temporary_file_beside_the_output_is_this_process_own(tmp_path, capsys):
+    """``package`` and the corpus split wrote ``<out>.tmp``, a name shared by every process: a second
+    build of the same output, another user's, wrote into the first one's file and renamed it away."""
+    (tmp_path / "rnnlm.zip.tmp").write_text("another build's")
+    assert main(["package", "--out", str(tmp_path / "rnnlm.zip")]) == 0 and capsys.readouterr().err == ""
+    (tmp_path / "text.txt").write_text("first paragraph\n\nsecond paragraph\n")
+    (tmp_path / "text.train.txt.tmp").write_text("another split's")
+    download.split_train_valid(str(tmp_path / "text.txt"), 0.5)
+    assert (tmp_path / "rnnlm.zip.tmp").read_text() == "another build's"
+    assert (tmp_path / "text.train.txt.tmp").read_text() == "another split's"
+    assert sorted(os.listdir(tmp_path)) == ["rnnlm.zip", "rnnlm.zip.tmp", "text.train.txt", "text.train.txt.tmp",
+                                            "text.txt", "text.valid.txt"]
+
+
 def test_a_line_break_in_a_name_cannot_forge_a_second_error_line(tmp_path, capsys):
     forged = tmp_path / "x\nerror: forged"
     forged.mkdir()
