@@ -6,6 +6,7 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
     python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax
     python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time
     python benchmarks/kernels.py --torch-onednn off         # against PyTorch's LSTM without oneDNN
+    python benchmarks/kernels.py --heap default             # glibc's malloc as it starts (see steady_heap)
 
 Prints one line per shape and, last, ``min_ratio_vs_torch=<number>``.
 Character models take one-hot inputs in both (PyTorch: an LSTM whose input
@@ -84,6 +85,27 @@ def blas_line():
         libs = ["(threadpoolctl not installed)"]
     forced = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
     return f"# numpy blas: {', '.join(libs) or 'none found'}; forced: {forced or 'nothing'}"
+
+
+def steady_heap() -> str:
+    """Fix glibc's malloc in its steady state for both libraries, from the start of the process.
+
+    By default glibc serves blocks over 128 KiB by mmap and returns a freed heap top to the system,
+    until freeing a large mmapped block raises both thresholds (up to 32 MiB). PyTorch's autograd
+    allocates and frees blocks of MiBs every step, so until then it page-faults fresh zeroed memory
+    every step, and its speed depended on what had run before it in the process: char-lstm alone 12.2-12.5k
+    tok/s, after the word shapes (whose frees raise the thresholds) 17.5k. rnnlm preallocates and
+    did not change. Returns the header line saying what was set.
+    """
+    import ctypes
+    import ctypes.util
+    settings = {"M_MMAP_THRESHOLD": (-3, 32 << 20), "M_TRIM_THRESHOLD": (-1, 1 << 30), "M_TOP_PAD": (-2, 256 << 20)}
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        done = [k for k, (param, value) in settings.items() if libc.mallopt(param, value) == 1]
+    except (OSError, AttributeError):        # not glibc
+        done = []
+    return "# heap: " + (", ".join(f"{k}={settings[k][1] >> 20} MiB" for k in done) or "as the C library sets it")
 
 
 def time_loop(fn, seconds, sync=lambda: None):
@@ -368,6 +390,9 @@ def main(argv=None):
     ap.add_argument("--no-graphs", action="store_true", help="GPU: run every step eagerly (no CUDA graphs)")
     ap.add_argument("--torch-tf32", choices=("default", "off"), default="default",
                     help="off: PyTorch's cuDNN in strict float32 as rnnlm computes (its default lets cuDNN use TF32)")
+    ap.add_argument("--heap", choices=("steady", "default"), default="steady",
+                    help="CPU: glibc's malloc fixed in its steady state for both libraries (steady_heap), "
+                         "or as it starts")
     ap.add_argument("--torch-onednn", choices=("default", "off"), default="default",
                     help="CPU, off: PyTorch's LSTM without oneDNN's RNN primitive (which packs the weights once per "
                          "sequence), its generic per-step products, as rnnlm's")
@@ -382,6 +407,7 @@ def main(argv=None):
         return sampled_main(a, xp, xp_sync)
     if a.profile:
         return profile_main(a, xp)
+    heap = steady_heap() if a.device == "cpu" and a.heap == "steady" else "# heap: as the C library sets it"
     import torch
 
     torch.set_num_threads(a.threads)
@@ -399,6 +425,7 @@ def main(argv=None):
     peak = matmul_gflops(xp, sync=sync)
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
     print(blas_line())
+    print(heap)
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     K = steps_per_call(a)
     print(f"# rnnlm: {K} step(s) per train_steps call; CUDA graphs {'off' if a.no_graphs else 'on where usable'}; "
