@@ -4,6 +4,7 @@ import json
 import struct
 import os
 import pickle
+import zipfile
 
 import numpy as np
 import pytest
@@ -577,3 +578,60 @@ def test_a_checkpoint_never_writes_a_pickle(tmp_path, ck, where):
     with pytest.raises(ValueError, match="[Oo]bject arrays cannot"):
         ckpt.save(str(tmp_path / "c"), ckpt.Checkpoint(params=ck.params, config=ck.config, vocab=ck.vocab, **arrays))
     assert not (tmp_path / "c").exists()
+
+
+def _npz(arrays, compression=zipfile.ZIP_STORED) -> bytes:
+    """``arrays`` as an ``.npz`` whose members are compressed by ``compression`` (NumPy itself writes
+    ZIP_STORED, or ZIP_DEFLATED with savez_compressed)."""
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w", compression) as z:
+        for k, a in arrays.items():
+            with z.open(f"{k}.npy", "w") as f:
+                np.lib.format.write_array(f, a)
+    return b.getvalue()
+
+
+def test_an_optimizer_member_compressed_as_numpy_never_writes_is_refused_before_it_is_inflated(tmp_path, ck):
+    """zipfile inflates a bzip2 or lzma member a whole block at a time, past the size its header declares:
+    4 kB of bzip2 blocks of zeros (a member that declares 64 bytes) held ~340 MB."""
+    slots = _slots(ck, 2)
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):            # what NumPy writes: loaded
+        loaded = ckpt.load(_crafted(tmp_path / str(compression), ck, **{"optim.npz": _npz(slots, compression)}))
+        assert sorted(loaded.optim) == sorted(slots)
+    for compression in (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):
+        path = _crafted(tmp_path / str(compression), ck, **{"optim.npz": _npz(slots, compression)})
+        with pytest.raises(ckpt.CheckpointError) as e:
+            ckpt.load(path)
+        assert str(e.value) == (f"{path}: optim.npz holds 'm.npy' compressed or encrypted as NumPy never writes it "
+                                "(a zip member stored or deflated)")
+
+
+def test_a_damaged_deflate_stream_or_an_encrypted_member_is_one_error(tmp_path, ck):
+    """zlib.error ("invalid distance too far back") and zipfile's RuntimeError ("is encrypted, password
+    required") escaped the loader as tracebacks."""
+    raw = bytearray(_npz({"m": np.arange(ck.params.size, dtype=np.float32)}, zipfile.ZIP_DEFLATED))
+    start = 30 + len("m.npy")                       # the member's data, after its local header
+    raw[start + 8:start + 40] = bytes(range(32))
+    path = _crafted(tmp_path / "damaged", ck, **{"optim.npz": bytes(raw)})
+    with pytest.raises(ckpt.CheckpointError, match=r"optim.npz is not a zip of NumPy arrays: "):
+        ckpt.load(path)
+    raw = bytearray(_npz({"m": np.zeros(ck.params.size, np.float32)}))
+    raw[6] |= 1                                     # the local header's flag: encrypted
+    central = raw.rindex(b"PK\x01\x02")
+    raw[central + 8] |= 1                           # and the central directory's
+    path = _crafted(tmp_path / "encrypted", ck, **{"optim.npz": bytes(raw)})
+    with pytest.raises(ckpt.CheckpointError, match="compressed or encrypted as NumPy never writes it"):
+        ckpt.load(path)
+
+
+def test_arrays_larger_than_this_machines_memory_are_refused_before_they_are_allocated(tmp_path, ck, monkeypatch):
+    """A config.json of hidden 16384 and 12 layers makes a params.npy of 92 GiB one of its configuration: a
+    sparse file of that size made np.empty raise MemoryError (a traceback) before a byte was checked."""
+    path = _saved(tmp_path, ck)
+    monkeypatch.setattr(config, "memory_bytes", lambda: ck.params.nbytes - 1)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value) == (f"{path}: params.npy holds {ck.params.nbytes:,} bytes of float32, more than this "
+                            f"machine's {(ck.params.nbytes - 1) / (1 << 30):,.1f} GiB of memory")
+    monkeypatch.setattr(config, "memory_bytes", lambda: 1 << 20)             # each array fits: loaded
+    assert np.array_equal(ckpt.load(path).params, ck.params)

@@ -37,6 +37,7 @@ import re
 import stat
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -248,7 +249,15 @@ def _read_npy(f, name: str, size: int, expect) -> np.ndarray:
     problem = expect(tuple(shape), dtype)
     if problem:
         raise CheckpointError(problem)
-    out = np.empty(count, dtype)
+    memory = config_mod.memory_bytes()      # the size a configuration bounds is not the memory this machine has
+    if memory is not None and count * dtype.itemsize > memory:
+        raise CheckpointError(f"{name} holds {count * dtype.itemsize:,} bytes of {dtype}, more than this machine's "
+                              f"{memory / (1 << 30):,.1f} GiB of memory")
+    try:
+        out = np.empty(count, dtype)
+    except MemoryError:
+        raise CheckpointError(f"{name}: {count * dtype.itemsize:,} bytes of {dtype} do not fit in the memory "
+                              "free here") from None
     view, done = memoryview(out).cast("B"), 0
     while done < len(view):             # straight into the array: no copy of the file is held
         n = f.readinto(view[done:done + _CHUNK])
@@ -307,6 +316,11 @@ def _read_npz(f, name: str, size: int, most: int, member_bytes: int, expect) -> 
                 if not info.filename.endswith(".npy") or info.file_size > member_bytes:
                     raise CheckpointError(f"{name} holds {info.filename!r:.60} ({info.file_size} bytes), not "
                                           f"an optimizer slot of at most {member_bytes} bytes")
+                # NumPy writes members stored (savez) or deflated (savez_compressed); zipfile inflates a bzip2
+                # or lzma member a whole block at a time, past its declared size, and an encrypted one raises
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 1:
+                    raise CheckpointError(f"{name} holds {info.filename!r:.60} compressed or encrypted as NumPy "
+                                          "never writes it (a zip member stored or deflated)")
             out = {}
             for info in infos:
                 key = info.filename[:-4]
@@ -316,7 +330,7 @@ def _read_npz(f, name: str, size: int, most: int, member_bytes: int, expect) -> 
             return out
     except CheckpointError:
         raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, zlib.error) as e:
         raise CheckpointError(f"{name} is not a zip of NumPy arrays: {e}") from None
 
 
