@@ -20,6 +20,8 @@ from urllib.parse import urlparse
 from .core import files
 from .core.metrics import MAX_JSON, MAX_METRICS, json_lines
 
+WEBHDFS_TIMEOUT_S = 30          # a WebHDFS request's limit, to connect and between bytes
+
 
 class RunError(ValueError):
     """A path that is not a readable run; the message is one line."""
@@ -59,9 +61,9 @@ class Run:
         return {f"{s}.{k}": v for s, keys in self.config.items() for k, v in keys.items()}
 
 
-def _too_large(path: str, size: int, limit: int) -> RunError:
-    return RunError(f"{path}: {size:,} bytes, more than the {limit >> 20} MiB a run's "
-                    f"{os.path.basename(path)} is read up to")
+def _too_large(path: str, held: str, limit: int) -> RunError:
+    """``held``: ``"N bytes, more"``, or ``"more"`` for a file that grew while read."""
+    return RunError(f"{path}: {held} than the {limit >> 20} MiB a run's {os.path.basename(path)} is read up to")
 
 
 class _Local:
@@ -73,7 +75,7 @@ class _Local:
         except files.NotRegular:
             raise RunError(f"{path}: not a regular file") from None
         except files.TooLarge as e:
-            raise _too_large(path, e.size, limit) from None
+            raise _too_large(path, e.held(), limit) from None
         except OSError as e:                # no permission, an I/O error
             raise RunError(f"{path}: {e.strerror or e}") from None
 
@@ -100,7 +102,9 @@ class _WebHDFS:
         except ImportError:
             raise RunError("webhdfs:// paths need the hdfs package: pip install -e \".[hdfs]\"") from None
         self.netloc = netloc
-        self.client = InsecureClient(f"http://{netloc}", user=os.environ.get("HADOOP_USER_NAME"))
+        # a NameNode that takes the connection and never answers stops the read, not the notebook
+        self.client = InsecureClient(f"http://{netloc}", user=os.environ.get("HADOOP_USER_NAME"),
+                                     timeout=WEBHDFS_TIMEOUT_S)
 
     def _call(self, path, fn):
         try:
@@ -117,9 +121,12 @@ class _WebHDFS:
             if status is None:
                 return None
             if status.get("length", 0) > limit:
-                raise _too_large(f"webhdfs://{self.netloc}{path}", status["length"], limit)
+                raise _too_large(f"webhdfs://{self.netloc}{path}", f"{status['length']:,} bytes, more", limit)
             with self.client.read(path, length=limit) as f:
-                return f.read()
+                data = f.read(limit + 1)        # a server that ignores length= sends no more than this
+            if len(data) > limit:
+                raise _too_large(f"webhdfs://{self.netloc}{path}", "more", limit)
+            return data
         return self._call(path, read)
 
     def children(self, path: str) -> list:
@@ -137,12 +144,19 @@ def env_paths(value: str, root: str) -> list:
     """The run paths of a comma-separated list (``$RNNLM_RUNS``), a relative local one taken
     from ``root``: a notebook's kernel runs in ``notebooks/``, not where its user started."""
     paths = [p.strip() for p in value.split(",") if p.strip()]
-    return [p if urlparse(p).scheme or os.path.isabs(p) else os.path.join(root, p) for p in paths]
+    return [p if _url(p).scheme or os.path.isabs(p) else os.path.join(root, p) for p in paths]
+
+
+def _url(path: str):
+    try:
+        return urlparse(path)
+    except ValueError as e:             # "Invalid IPv6 URL", naming neither the path nor what to do
+        raise RunError(f"{path}: not a path or a URL ({e})") from None
 
 
 def _fs(path: str):
     """``(filesystem, path on it, prefix that makes a path a URL again)``."""
-    url = urlparse(path)
+    url = _url(path)
     if url.scheme == "webhdfs":
         return _WebHDFS(url.netloc), url.path, f"webhdfs://{url.netloc}"
     if url.scheme == "file":

@@ -220,7 +220,7 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
 
 def test_a_temporary_file_beside_the_output_is_this_process_own(tmp_path, capsys):
     """``package`` and the corpus split wrote ``<out>.tmp``, a name shared by every process: a second
-    build of the same output, another user's, wrote into the first one's file and renamed it away."""
+    build of the same output on the same host wrote into the first one's file and renamed it away."""
     (tmp_path / "rnnlm.zip.tmp").write_text("another build's")
     assert main(["package", "--out", str(tmp_path / "rnnlm.zip")]) == 0 and capsys.readouterr().err == ""
     (tmp_path / "text.txt").write_text("first paragraph\n\nsecond paragraph\n")
@@ -230,6 +230,22 @@ def test_a_temporary_file_beside_the_output_is_this_process_own(tmp_path, capsys
     assert (tmp_path / "text.train.txt.tmp").read_text() == "another split's"
     assert sorted(os.listdir(tmp_path)) == ["rnnlm.zip", "rnnlm.zip.tmp", "text.train.txt", "text.train.txt.tmp",
                                             "text.txt", "text.valid.txt"]
+
+
+def test_a_build_or_split_interrupted_midway_leaves_no_part_of_its_file(tmp_path, monkeypatch):
+    import zipfile
+    from rnnlm import packaging
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(zipfile.ZipFile, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        packaging.build_pyfiles(str(tmp_path / "rnnlm.zip"))
+    (tmp_path / "text.txt").write_text("first paragraph\n\nsecond paragraph\n")
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        download.split_train_valid(str(tmp_path / "text.txt"), 0.5)
+    assert os.listdir(tmp_path) == ["text.txt"]
 
 
 def test_a_line_break_in_a_name_cannot_forge_a_second_error_line(tmp_path, capsys):
@@ -360,3 +376,28 @@ def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch
         with cli_session.spark_session("test", "local[1]"):
             pass
     assert stopped == [True]
+
+
+def test_a_url_python_cannot_parse_is_one_line_naming_it(tmp_path, capsys):
+    """urlparse's "Invalid IPv6 URL" escaped plot and evaluate as a traceback, before Spark started."""
+    bad = "webhdfs://[nn:9870/x"
+    assert main(["plot", "--runs", bad, "--out", str(tmp_path / "p.png")]) == 2
+    assert capsys.readouterr().err == f"error: {bad}: not a path or a URL (Invalid IPv6 URL)\n"
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "none"), "--data", "hdfs://[nn/x"]) == 2
+    assert capsys.readouterr().err == "error: hdfs://[nn/x: not a path or a URL (Invalid IPv6 URL)\n"
+
+
+def test_a_namenode_that_never_answers_stops_the_read_not_the_plot(tmp_path, capsys, monkeypatch):
+    """The WebHDFS client had no timeout: a server that took the connection and said nothing held
+    ``rnnlm plot`` (and a notebook) for ever."""
+    import socket
+    from rnnlm import runs
+    monkeypatch.setattr(runs, "WEBHDFS_TIMEOUT_S", 0.5)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        assert main(["plot", "--runs", f"webhdfs://127.0.0.1:{port}/runs/x", "--out", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: webhdfs://127.0.0.1:{port}/runs/x") and err.count("\n") == 1, err
+    assert "timed out" in err.lower(), err

@@ -7,6 +7,7 @@ import sys
 from ..core import checkpoint
 from .. import config
 from ..spark import corpus
+from ..spark.hfs import PathError
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
 from ..spark.rundir import Init, TrainingError
@@ -21,7 +22,7 @@ from .tools import error
 from .session import read_checkpoint, spark_session
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
-            VocabError, FileNotFoundError, LinkError, trackers.TrackerError)
+            VocabError, FileNotFoundError, LinkError, trackers.TrackerError, PathError)
 
 
 def guarded(fn) -> int:

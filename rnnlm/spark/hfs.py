@@ -23,6 +23,18 @@ from ..core.files import LocalFS, ReplaceSafely, read_file
 from .session import hadoop_conf, jvm
 
 
+class PathError(ValueError):
+    """A path that is not one: a URL Python cannot parse (``hdfs://[nn/x``). The message is one line."""
+
+
+def parse_url(path: str):
+    """``urlparse(path)``, or :class:`PathError` naming ``path`` (urlparse's own ValueError names neither)."""
+    try:
+        return urlparse(path)
+    except ValueError as e:
+        raise PathError(f"{path}: not a path or a URL ({e})") from None
+
+
 def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
     """Where Hadoop would put ``path``: on the local disk, or elsewhere.
 
@@ -41,7 +53,7 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
         Hadoop to qualify (a relative path is then relative to the filesystem's
         working directory, ``/user/<name>`` on HDFS).
     """
-    url = urlparse(path)
+    url = parse_url(path)
     if url.scheme == "file" and url.netloc in ("", "localhost"):
         # the text after the authority, as Hadoop's Path takes it: "%20" literally, and "#" and "?" as
         # part of the name (urlparse would cut a fragment and a query off: file:///runs/x#2 is not /runs/x)
