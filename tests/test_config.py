@@ -245,6 +245,17 @@ def test_a_config_file_is_a_regular_file_of_at_most_1_mib_checked_before_it_is_r
     assert big.stat().st_size == config.MAX_CONFIG_FILE and config.load(str(big)).train.rounds == 7
 
 
+def test_a_config_file_that_holds_more_than_its_size_said_is_refused_not_cut(tmp_path, monkeypatch):
+    """A file that grows while read, or one of /proc's (which say 0 bytes): its first MiB was parsed,
+    and a table cut at the limit could load with keys missing."""
+    big = tmp_path / "growing.toml"
+    big.write_text("[train]\nrounds = 7\n" + "#" * config.MAX_CONFIG_FILE + "\n")
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((*real(fd)[:6], 0, *real(fd)[7:])))   # says 0 bytes
+    with pytest.raises(ConfigError, match=r"growing.toml is over 1 MiB: not a configuration$"):
+        config.load(str(big))
+
+
 def test_joiners_and_other_format_characters_of_real_names_are_taken():
     """A zero-width non-joiner (U+200C) is part of Persian words, a joiner (U+200D) of emoji: a path
     holding one is a name, and a checkpoint that saved it must load."""

@@ -178,18 +178,24 @@ class NotRegular(ValueError):
 
 
 class TooLarge(ValueError):
-    """What :func:`read_regular` refuses: a regular file of ``size`` bytes, more than ``limit``."""
+    """What :func:`read_regular` refuses: a regular file of more than ``limit`` bytes; ``size`` is what
+    it said it held, or None where it said no more and held more (it grew, or is one of /proc's)."""
 
-    def __init__(self, path: str, size: int, limit: int):
-        super().__init__(f"{path}: {size:,} bytes, more than {limit:,}")
+    def __init__(self, path: str, size: int | None, limit: int):
+        super().__init__(f"{path}: {'more than' if size is None else f'{size:,} bytes, more than'} {limit:,}")
         self.size, self.limit = size, limit
+
+    def held(self) -> str:
+        """``"N bytes, more"`` or ``"more"``: the start of a message's "... than the limit"."""
+        return "more" if self.size is None else f"{self.size:,} bytes, more"
 
 
 def read_regular(p: str, limit: int) -> bytes:
     """The bytes of the regular file ``p``, checked before a byte is read: a FIFO would block a plain
     open and ``/dev/zero`` is read forever (:class:`NotRegular`), a file of more than ``limit`` bytes
-    would fill memory (:class:`TooLarge`). A file that grows while read gives its first ``limit`` bytes.
-    A directory raises IsADirectoryError; a missing file and other errors of the system pass through."""
+    would fill memory (:class:`TooLarge`, also where it holds more than its size said: it grew while
+    read, or is one of /proc's, which say 0). A directory raises IsADirectoryError; a missing file and
+    the system's other errors pass through."""
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -200,6 +206,9 @@ def read_regular(p: str, limit: int) -> bytes:
         if st.st_size > limit:
             raise TooLarge(p, st.st_size, limit)
         with open(fd, "rb", closefd=False) as f:
-            return f.read(limit)
+            data = f.read(limit + 1)
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(p, None, limit)
+    return data

@@ -31,7 +31,7 @@ def read_text(path: str, errors: str = "replace") -> str:
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory") from None
     except files.TooLarge as e:
-        raise ValueError(f"{path}: {e.size:,} bytes, more than the {most >> 20:,} MiB (a sixteenth of this "
+        raise ValueError(f"{path}: {e.held()} than the {most >> 20:,} MiB (a sixteenth of this "
                          "machine's memory) the single-process trainer reads: train it with Spark") from None
     try:
         text = data.decode("utf-8", errors=errors)
