@@ -7,6 +7,7 @@ hold it longer than :data:`TIMEOUT_S` plus a second per :data:`MIN_RATE` bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -141,7 +142,12 @@ def split_train_valid(path: str, fraction: float) -> list:
     paths = [f"{stem}.train.txt", f"{stem}.valid.txt"]
     for p, part in zip(paths, (text[:cut], text[cut:])):
         tmp = f"{p}.{os.getpid()}.tmp"      # this process's: two splits of one text never write one file
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(part)
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(part)
+            os.replace(tmp, p)
+        finally:                            # failed, or interrupted: no part of a copy stays
+            if os.path.isfile(tmp):
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
     return paths

@@ -31,9 +31,11 @@ def build_pyfiles(dest: str) -> str:
                         z.write(full, os.path.relpath(full, root))
         os.replace(tmp, dest)
     except OSError as e:        # dest a directory, under a file, not writable
-        if os.path.isfile(tmp):
-            os.remove(tmp)
         raise PackagingError(f"cannot write {dest}: {e.strerror or e}") from None
+    finally:                    # failed, or interrupted (Ctrl-C): no part of a zip stays
+        if os.path.isfile(tmp):
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
     return dest
 
 
