@@ -90,12 +90,13 @@ def blas_line():
 def steady_heap() -> str:
     """Fix glibc's malloc in its steady state for both libraries, from the start of the process.
 
-    By default glibc serves blocks over 128 KiB by mmap and returns a freed heap top to the system,
-    until freeing a large mmapped block raises both thresholds (up to 32 MiB). PyTorch's autograd
-    allocates and frees blocks of MiBs every step, so until then it page-faults fresh zeroed memory
-    every step, and its speed depended on what had run before it in the process: char-lstm alone 12.2-12.5k
-    tok/s, after the word shapes (whose frees raise the thresholds) 17.5k. rnnlm preallocates and
-    did not change. Returns the header line saying what was set.
+    By default glibc serves blocks over 128 KiB by mmap and returns a freed heap top of over 128 KiB
+    to the system, until freeing a large mmapped block raises the mmap threshold to its size (up to
+    32 MiB) and the trim threshold to twice that. PyTorch's autograd allocates and frees blocks of
+    MiBs every step, so until then it page-faults fresh zeroed memory every step, and its speed
+    depended on what had run before it in the process: char-lstm alone 11.7-12.5k tok/s, after the
+    word shapes (whose frees raise the thresholds) 14.9-17.5k. rnnlm preallocates and did not change.
+    Returns the header line saying what was set.
     """
     import ctypes
     import ctypes.util
@@ -398,6 +399,7 @@ def main(argv=None):
                          "sequence), its generic per-step products, as rnnlm's")
     a = ap.parse_args(argv)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)   # before NumPy loads OpenBLAS
+    print(steady_heap() if a.device == "cpu" and a.heap == "steady" else "# heap: as the C library sets it")
     from rnnlm.core import backend
     xp = backend.get_xp(a.device)
     if a.sampled is not None:
@@ -407,7 +409,6 @@ def main(argv=None):
         return sampled_main(a, xp, xp_sync)
     if a.profile:
         return profile_main(a, xp)
-    heap = steady_heap() if a.device == "cpu" and a.heap == "steady" else "# heap: as the C library sets it"
     import torch
 
     torch.set_num_threads(a.threads)
@@ -425,7 +426,6 @@ def main(argv=None):
     peak = matmul_gflops(xp, sync=sync)
     print(f"# device={a.device} xp={xp.__name__} threads={a.threads} numpy={xp.__version__} torch={torch.__version__}")
     print(blas_line())
-    print(heap)
     print(f"# measured float32 matmul (1024^3): {peak:.1f} GFLOP/s")
     K = steps_per_call(a)
     print(f"# rnnlm: {K} step(s) per train_steps call; CUDA graphs {'off' if a.no_graphs else 'on where usable'}; "
