@@ -501,3 +501,18 @@ def test_runs_in_a_folder_that_cannot_be_read_are_said_to_be_left_out(tmp_path, 
                        for n in ("empty", "garbage")]
     assert main.main(["plot", "--runs", str(tmp_path / "all"), "--out", str(tmp_path / "f.png")]) == 0
     assert capsys.readouterr().err == "".join(f"warning: left out {s}\n" for s in skipped)
+
+
+def test_values_too_far_apart_for_an_axis_are_one_line(tmp_path, capsys, recwarn):
+    """Two finite x values at -1.7e308 and 1.7e308 (a damaged or hand-edited metrics file): matplotlib's
+    tick locator raised "arange: cannot compute length" through the command as a traceback."""
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"round": 1, "tokens": -1.7e308, "train_loss": 1.0}\n'
+                                       '{"round": 2, "tokens": 1.7e308, "train_loss": 2.0}\n')
+    assert main.main(["plot", "--runs", str(run), "--out", str(tmp_path / "p.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot draw the figure: ") and err.endswith(
+        "(values too far apart for an axis)\n") and err.count("\n") == 1, err
+    assert not (tmp_path / "p.png").exists()
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []     # nor NumPy's

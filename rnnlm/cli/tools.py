@@ -92,6 +92,12 @@ def _missing(name: str, x: str, rs) -> str:
 
 
 def plot(a) -> int:
+    import numpy as np
+    with np.errstate(all="ignore"):        # what NumPy would warn of inside matplotlib ends as one error line
+        return _plot(a)
+
+
+def _plot(a) -> int:
     from .. import runs
     try:
         from .. import plots
@@ -127,6 +133,8 @@ def plot(a) -> int:
         print(plots.save(ax, a.out))
     except OSError as e:
         return error(f"--out {a.out}: {e.strerror or e}")
+    except (ValueError, OverflowError) as e:      # matplotlib's ticks over a span no float holds (+-1.7e308)
+        return error(f"cannot draw the figure: {e} (values too far apart for an axis)")
     return 0
 
 
