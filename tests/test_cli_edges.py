@@ -305,6 +305,15 @@ def test_demo_out_replaces_a_checkpoint_and_refuses_anything_else(tmp_path, caps
     first = (tmp_path / "ck" / "params.npy").read_bytes()
     assert main(["demo", "--out", str(tmp_path / "ck"), *tiny, "--set", "train.seed=2"]) == 0   # a checkpoint: replaced
     assert (tmp_path / "ck" / "params.npy").read_bytes() != first
+    run = tmp_path / "run"                          # a run's checkpoint (a run directory's, or its best)
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "MANIFEST.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    assert main(["demo", "--out", str(run / "checkpoint"), *tiny]) == 2
+    assert capsys.readouterr().err == (f"error: --out {run / 'checkpoint'}: the checkpoint of the run in {run}, which "
+                                       "its --resume reads; the demo replaces only a checkpoint of its own (name a "
+                                       "new directory)\n")
+    assert os.listdir(run / "checkpoint") == ["MANIFEST.json"]
 
 
 @pytest.fixture

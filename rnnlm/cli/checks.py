@@ -127,6 +127,10 @@ def check_demo_out(out: str) -> None:
     if os.path.islink(path) or (os.path.lexists(path) and not os.path.isfile(os.path.join(path, checkpoint.MANIFEST))):
         raise TrainingError(f"--out {out}: exists and is not a checkpoint; the demo replaces only a checkpoint "
                             "(name a new directory)")
+    run = os.path.dirname(path.rstrip(os.sep))
+    if os.path.lexists(path) and any(os.path.lexists(os.path.join(run, f)) for f in ("metrics.jsonl", "run.json")):
+        raise TrainingError(f"--out {out}: the checkpoint of the run in {run}, which its --resume reads; the demo "
+                            "replaces only a checkpoint of its own (name a new directory)")
     _check_writable(out, path)
 
 
