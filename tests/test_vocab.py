@@ -134,3 +134,11 @@ def test_a_vocabulary_is_unique_tokens_with_a_count_each_and_equal_only_to_its_l
     assert v == Vocab(["a", UNK_CHAR], [1, 0], "char")
     assert v != Vocab(["a", UNK_CHAR], [2, 0], "char") and v != Vocab(["a", UNK_WORD, EOS], [1, 0, 0], "word")
     assert v != "a" and v != Vocab(["a", UNK_CHAR, UNK_WORD], [1, 0, 0], "char")
+
+
+@pytest.mark.parametrize("level", ["char", "word"])
+def test_a_min_count_that_keeps_no_token_of_the_corpus_is_refused(level):
+    """Every token read as the unknown one: the demo reported train_loss 0 and valid_ppl 1, a "perfect" model."""
+    with pytest.raises(VocabError, match=f"^data.min_count = 4 keeps no {level}"):
+        Vocab.build("ab ab ab\n", level, min_count=4)
+    assert len(Vocab.build("ab ab ab\n", level, min_count=3)) > (2 if level == "word" else 1)

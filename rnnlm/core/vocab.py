@@ -84,6 +84,9 @@ class Vocab:
         forced = [unk] + ([EOS] if level == "word" else [])
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [(t, c) for t, c in ranked if c >= min_count and t not in forced]
+        if not kept and any(t not in forced for t in counts):     # a model of the unknown token alone: loss 0
+            raise VocabError(f"data.min_count = {min_count} keeps no {level}{'acter' * (level == 'char')} of the "
+                             f"corpus: every one would read as {unk!r}, a model that learns nothing")
         if max_size:
             if max_size <= len(forced):
                 raise VocabError(f"data.vocab_size must be 0 (no cap) or > {len(forced)}")
