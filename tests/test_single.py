@@ -10,7 +10,7 @@ from rnnlm import config
 from rnnlm.core import checkpoint
 from rnnlm.core.single import train
 
-TEXT = "".join(f"line {i % 7} of the harbour text\n" for i in range(60))      # 1,860 characters
+TEXT = "".join(f"line {i % 7} of the harbour text\n" for i in range(60))      # 1,620 characters
 
 
 @pytest.fixture
@@ -51,6 +51,15 @@ def test_epochs_become_rounds_of_local_steps(corpus, sets, k):
     ck = checkpoint.load(str(corpus / "ck"))
     assert ck.position == {"round": rounds, "step": rounds * k}
     assert np.array_equal(ck.params, m["params"]) and ck.config.model.vocab_size == len(ck.vocab)
+
+
+def test_a_whole_number_of_rounds_worth_of_epochs_is_not_rounded_up_by_the_quotients_last_bit(corpus):
+    """2.2 epochs of 25 steps in rounds of one: 2.2 * 25 is 55.000000000000007 in floats, and the trainer
+    ran 56 rounds where Spark's (rnnlm.spark.corpus.total_rounds) ran 55."""
+    assert 2.2 * 25 > 55
+    m, said = run(corpus, "train.bptt=29", "train.epochs=2.2", "train.local_steps=1")
+    f = figures(said[0])
+    assert (f["per_epoch"], f["rounds"], m["round"], m["epoch"]) == (25, 55, 55, 2.2)
 
 
 def test_the_held_out_text_is_the_last_tenth_or_data_valid(corpus):

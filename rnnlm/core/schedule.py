@@ -11,6 +11,13 @@ import math
 from ..config import OptimConfig
 
 
+def rounds_for(epochs: float, per_epoch: float, per_round: float) -> int:
+    """The rounds that train ``epochs`` epochs, each ``per_epoch`` (steps or tokens) where a round
+    trains ``per_round``: a whole number of rounds' worth (13 passes of one-pass rounds, 2.2 epochs
+    of 25 steps in rounds of one) is not rounded up by the quotient's last bit."""
+    return max(1, math.ceil(epochs * per_epoch / per_round * (1 - 1e-12)))
+
+
 class Schedule:
     """``lr(epoch)``; ``observe(valid_loss)`` after each evaluation."""
 

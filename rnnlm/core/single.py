@@ -4,7 +4,6 @@ The quality reference for the distributed trainer and the engine of the demo.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -15,7 +14,7 @@ from .strategies import StreamBlock
 from .metrics import due, log_line, loss_fields
 from .models import build as build_model
 from .optim import make_optimizer
-from .schedule import Schedule
+from .schedule import Schedule, rounds_for
 from .vocab import Vocab
 
 
@@ -69,7 +68,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     opt_state = opt.init_state(params)
     block = StreamBlock(ids, t.batch, t.bptt)
     K = t.local_steps or block.steps_per_pass          # 0: one pass per round
-    rounds = t.rounds or math.ceil(t.epochs * block.steps_per_pass / K)      # config: epochs > 0 here
+    rounds = t.rounds or rounds_for(t.epochs, block.steps_per_pass, K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
     step, t0, metrics = 0, time.perf_counter(), {}
     log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import math
 import os
 from dataclasses import dataclass, field
 from operator import add
@@ -19,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import config
+from ..core.schedule import rounds_for
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 from .executor import eval_task, probe_task
 from .session import hadoop_conf, jvm, release
@@ -464,7 +464,7 @@ def total_rounds(cfg: config.Config, data: Corpus, counts: Scored | None = None)
     if cfg.train.rounds:
         return cfg.train.rounds
     counts = scored(cfg, data) if counts is None or counts.round is None else counts
-    return max(1, math.ceil(cfg.train.epochs * counts.epoch / counts.round * (1 - 1e-12)))
+    return rounds_for(cfg.train.epochs, counts.epoch, counts.round)
 
 
 def unpersist_corpus(data: Corpus, blocking: bool = False) -> None:
