@@ -537,6 +537,9 @@ def resolve(cfg: Config, vocab_size: int) -> Config:
 SAMPLED = ("sampled_windows", "sampled_paragraphs")
 
 
+TINY = {"float32": 1.1754943508222875e-38, "float64": 2.2250738585072014e-308}    # numpy.finfo(dtype).tiny
+
+
 def validate(cfg: Config) -> None:
     """Every number within its range (:data:`RANGES`, the one place a key's bounds are written), then
     the rules that tie keys together, which types and ranges alone cannot express."""
@@ -577,6 +580,12 @@ def validate(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    tiny = TINY[m.dtype]                # a rate or an epsilon below it is 0 in the parameters' type
+    for (section, key) in (("optim", "lr"), ("optim", "eps"), ("server", "lr"), ("server", "eps")):
+        value = getattr(getattr(cfg, section), key)
+        if value < tiny:
+            raise ConfigError(f"{section}.{key} = {value!r} is 0 in model.dtype = {m.dtype} (its smallest normal "
+                              f"number is {tiny:.3g}): an update of 0, or 0 / 0 for a parameter whose gradient is 0")
 
 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}   # state arrays (rnnlm.core.optim)

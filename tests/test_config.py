@@ -493,3 +493,15 @@ def test_this_machines_memory_and_what_training_needs_beyond_the_ranges():
         config.check_trainable(config.replace(plateau, "data", valid=""))
     config.check_trainable(config.replace(plateau, "data", valid="v.txt"))
     config.check_trainable(config.replace(run, "data", valid=""))         # constant: no validation needed
+
+
+@pytest.mark.parametrize("key", ["optim.lr", "optim.eps", "server.lr", "server.eps"])
+def test_a_rate_or_epsilon_that_is_0_in_the_parameters_type_is_refused(key):
+    """optim.eps = 1e-50 passed (0, 1] in float64 and was 0 in the float32 state: Adam's 0 / 0 for a parameter
+    whose gradient is 0 read as "loss became nan"; a learning rate as small trained without moving."""
+    assert np.finfo(np.float32).tiny == config.TINY["float32"] and np.finfo(np.float64).tiny == config.TINY["float64"]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} = 1e-50 is 0 in model.dtype = float32 \(its smallest"):
+        config.load(None, [f"{key}=1e-50"])
+    assert getattr(getattr(config.load(None, [f"{key}=1e-50", "model.dtype=float64"]), key.split(".")[0]),
+                   key.split(".")[1]) == 1e-50
+    assert getattr(getattr(config.load(None, [f"{key}=1e-30"]), key.split(".")[0]), key.split(".")[1]) == 1e-30
