@@ -105,3 +105,15 @@ def test_a_short_validation_text_is_scored_and_one_too_short_is_refused_before_t
                          (f"data.train={corpus / 'one.txt'}", "the last 10% of data.train")):
         with pytest.raises(ValueError, match=rf"^the validation text has [01] tokens?: {where} must hold at least 2$"):
             run(corpus, "train.rounds=2", valid, *(["data.valid="] if "train" in valid else []))
+
+
+def test_keys_this_trainer_does_not_read_are_named_at_the_start(corpus):
+    """``rnnlm demo --set data.strategy=windows`` (or a sampled softmax, a test text) trained streams with the
+    full softmax and said nothing: output byte for byte the default's."""
+    _, said = run(corpus, "train.rounds=1")
+    assert not said[0].startswith("note:")
+    _, said = run(corpus, "train.rounds=1", "data.strategy=windows", "exchange.sampled_softmax=true",
+                  f"data.test={corpus / 'all.txt'}")
+    assert said[0] == (f"note: this trainer of one process trains streams with the full softmax and scores data.valid; "
+                       f"it ignores data.strategy = 'windows', data.test = '{corpus / 'all.txt'}', "
+                       "exchange.sampled_softmax = True (Spark's trainer reads them)")

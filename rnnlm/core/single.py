@@ -40,6 +40,18 @@ def read_text(path: str, errors: str = "replace") -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")      # universal newlines, as a text-mode read
 
 
+# what Spark's trainers read that this one does not: a key set to other than its default is named at the start
+IGNORED = (("data", "strategy"), ("data", "sample_fraction"), ("data", "eval_streams"), ("data", "test"),
+           ("exchange", "sampled_softmax"), ("train", "mode"))
+
+
+def ignored(cfg: config.Config) -> list:
+    """``["section.key = value"]`` of :data:`IGNORED` keys ``cfg`` sets to other than their defaults."""
+    defaults = config.Config()
+    return [f"{s}.{k} = {getattr(getattr(cfg, s), k)!r}" for s, k in IGNORED
+            if getattr(getattr(cfg, s), k) != getattr(getattr(defaults, s), k)]
+
+
 def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     """Train ``cfg`` on one machine; return the final metrics.
 
@@ -71,6 +83,9 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     rounds = t.rounds or rounds_for(t.epochs, block.steps_per_pass, K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
     step, t0, metrics = 0, time.perf_counter(), {}
+    if ignored(cfg):
+        log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
+            f"ignores {', '.join(ignored(cfg))} (Spark's trainer reads them)")
     log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "
         f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {K} steps")
     for r in range(1, rounds + 1):
