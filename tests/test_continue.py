@@ -200,6 +200,27 @@ def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, c
     assert said[1] == f"done: round 2 | checkpoint {tmp_path}/run/checkpoint", said
 
 
+def test_a_run_resumes_from_another_working_directory_that_names_its_files_otherwise(tmp_path, capsys, no_jvm,
+                                                                                      monkeypatch):
+    """Started in the checkout (``rnnlm/data/harbour.txt``) and resumed elsewhere, where the path is found in
+    the config's checkout, it was refused: "data.train is '/.../rnnlm/data/harbour.txt' here but
+    'rnnlm/data/harbour.txt'"; the other way round as well. Another file is still another experiment."""
+    lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
+    position = {"round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0}
+    saved_run(tmp_path / "rel", "train.rounds=2", lines=lines, position=position)
+    saved_run(tmp_path / "abs", "train.rounds=2", f"data.train={HARBOUR}", lines=lines, position=position)
+    saved_run(tmp_path / "other", "train.rounds=2", f"data.train={HARBOUR_VALID}", lines=lines, position=position)
+    assert checkpoint.load(str(tmp_path / "rel")).config.data.train == "rnnlm/data/harbour.txt"
+    monkeypatch.chdir(tmp_path)                     # not the checkout: the relative path is found in it
+    assert train(tmp_path / "rel", "train.rounds=2", resume=True) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    monkeypatch.chdir(ROOT)                         # the checkout: the relative path names the absolute one's file
+    assert train(tmp_path / "abs", "train.rounds=2", resume=True) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    one_error(capsys, train(tmp_path / "other", "train.rounds=2", resume=True),
+              f"cannot resume: data.train is 'rnnlm/data/harbour.txt' here but '{HARBOUR_VALID}' in ")
+
+
 def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
     saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={

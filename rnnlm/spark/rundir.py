@@ -5,6 +5,7 @@ metrics file and the checkpoints, each written so that a crash leaves the old or
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from .. import config
 from ..core import checkpoint
 from ..core.metrics import MAX_METRICS, json_table
 from . import runinfo
-from .hfs import HadoopFS, read_checkpoint
+from .hfs import HadoopFS, default_fs, read_checkpoint, resolve
 
 # a change in any of these makes a resumed run a different experiment (train.results: direct merges in
 # partition order, treeAggregate in its tree's); the other keys (the run's length train.rounds or
@@ -41,14 +42,38 @@ class TrainingError(RuntimeError):
 UNCOMPARED = {("model", "vocab_size"), ("data", "max_record_mb")}
 
 
+def same_data(mine: str, theirs: str) -> bool:
+    """Two names of a run's ``data.train`` (``valid``, ``test``) that read the same: equal, or local
+    paths of one file. A run started in its checkout reads ``rnnlm/data/harbour.txt``; resumed from
+    another directory, the command line finds that name in the config's checkout and reads the same
+    file by its absolute path, and the other way round. A saved relative name is taken, as equal
+    relative names always were, relative to the directory it was read from: a path ending in it."""
+    if mine == theirs:
+        return True
+    names = [resolve(p, default_fs()) if p else (False, p) for p in (mine, theirs)]
+    if not all(local for local, _ in names):
+        return False
+    (_, here), (_, there) = names
+    if not os.path.exists(here):
+        return False
+    if os.path.exists(there) and os.path.samefile(here, there):
+        return True
+    rel = os.path.normpath(theirs.removeprefix("file:")) if not os.path.isabs(theirs) and "://" not in theirs else None
+    return rel is not None and not rel.startswith("..") and here.endswith(os.sep + rel)
+
+
 def _difference(cfg: config.Config, saved: config.Config, keys: dict) -> tuple | None:
     """The first ``(section, key, here, there)`` of ``keys`` (section -> names, None for the whole
-    section; never :data:`UNCOMPARED`) that differs between the two, else None."""
+    section; never :data:`UNCOMPARED`) that differs between the two (data paths by :func:`same_data`),
+    else None."""
     mine, theirs = cfg.to_dict(), saved.to_dict()
     for sec, names in keys.items():
         for k in (names or mine[sec].keys()):
-            if (sec, k) not in UNCOMPARED and mine[sec][k] != theirs[sec][k]:
-                return sec, k, mine[sec][k], theirs[sec][k]
+            a, b = mine[sec][k], theirs[sec][k]
+            if (sec, k) in UNCOMPARED or a == b or (sec == "data" and k in ("train", "valid", "test")
+                                                    and same_data(a, b)):
+                continue
+            return sec, k, a, b
     return None
 
 
