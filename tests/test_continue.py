@@ -200,8 +200,7 @@ def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, c
     assert said[1] == f"done: round 2 | checkpoint {tmp_path}/run/checkpoint", said
 
 
-def test_a_run_resumes_from_another_working_directory_that_names_its_files_otherwise(tmp_path, capsys, no_jvm,
-                                                                                      monkeypatch):
+def test_a_run_resumes_from_a_directory_that_names_its_files_otherwise(tmp_path, capsys, no_jvm, monkeypatch):
     """Started in the checkout (``rnnlm/data/harbour.txt``) and resumed elsewhere, where the path is found in
     the config's checkout, it was refused: "data.train is '/.../rnnlm/data/harbour.txt' here but
     'rnnlm/data/harbour.txt'"; the other way round as well. Another file is still another experiment."""
