@@ -135,6 +135,24 @@ def test_adagrad_on_the_server_follows_its_formula():
     np.testing.assert_allclose(ps.acc, a2, rtol=1e-5)
 
 
+def test_a_push_whose_squares_overflow_is_refused_by_adagrad_before_it_is_reserved():
+    """A finite float32 change of 1e20 made AdaGrad's sum infinite: the push applied with no failure, the
+    parameter stopped moving, and every later checkpoint was one the loader refuses."""
+    ps = server(update="adagrad", lr=0.5, eps=1e-6)
+    hello(ps, 0)
+    change = np.ones(LAYOUT.size, np.float32)
+    change[3] = 1e20
+    fields, arrays = push_msg(change)
+    fields.update(pid=0, lease=1, window=0, version=0)
+    kind, f, _ = ps.handle("t", "push", fields, arrays)
+    assert (kind, f) == ("refused", {"reason": "embed: a value of 1e+20 squares past float32's largest number "
+                                               "(AdaGrad sums squares)"})
+    assert ps.version == 0 and ps.done == [0, 0] and np.isfinite(ps.acc).all() and ps.failures == []
+    change[3] = 1e19                                # its square, 1e38, is a float32
+    push(ps, 0, 1, 0, 0, change)
+    assert ps.version == 1 and np.isfinite(ps.acc).all() and np.isfinite(ps.params).all()
+
+
 def test_row_blocks_in_a_codec_arrive_as_the_worker_encoded_them():
     ps = server()
     hello(ps, 0)
@@ -541,6 +559,8 @@ def crafted(**ex):
     ("int8 broadcast scale", "embed: int8 data must be a int8[6, 3] array"),
     ("int8 nan scale", "embed: int8 scale must hold finite values"),
     ("ids 2-D", "embed: row ids must be sorted unique int32 in [0, 6)"),
+    # int32 differences wrap: np.diff read these as increasing, the push was reserved, then half applied
+    ("ids wrapping", "embed: row ids must be sorted unique int32 in [0, 6)"),
 ])
 def test_malformed_codec_payloads_are_refused_with_their_reason(breakage, reason):
     codec = breakage.split()[0]
@@ -567,6 +587,8 @@ def test_malformed_codec_payloads_are_refused_with_their_reason(breakage, reason
         arrays["embed.data"] = np.ones((1, 6), np.int8)
     elif breakage == "int8 nan scale":
         arrays["embed.scale"][0, 0] = np.nan
+    elif breakage == "ids wrapping":
+        arrays["embed.ids"] = np.array([0, 2_000_000_000, -2_000_000_000, 3, 4, 5], np.int32)
     else:
         arrays["embed.ids"] = arrays["embed.ids"].reshape(2, 3)
     ps = server()

@@ -92,9 +92,10 @@ def block_from_wire(name: str, shape: tuple, meta, arrays: dict, f32=np.float32)
 def _row_ids(name: str, ids, R: int, what: str = "row ids"):
     if ids is None:
         return None
-    ordered = (isinstance(ids, np.ndarray) and ids.ndim == 1
-               and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and np.all(np.diff(ids) > 0))))
-    if not ordered or ids.dtype != np.int32:
+    # each neighbour compared, not np.diff: int32 differences wrap ([0, 2e9, -2e9, 5] read as increasing)
+    ordered = (isinstance(ids, np.ndarray) and ids.ndim == 1 and ids.dtype == np.int32
+               and (ids.size == 0 or (ids[0] >= 0 and ids[-1] < R and bool(np.all(ids[1:] > ids[:-1])))))
+    if not ordered:
         raise Malformed(f"{name}: {what} must be sorted unique int32 in [0, {R})")
     return ids
 
