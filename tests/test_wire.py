@@ -297,6 +297,8 @@ def test_a_recorded_conversation_replayed_on_a_new_connection(server, secret, re
     ([["x", "float32", [1.5]]], bytes(6), "header"),         # a float dimension: frombuffer's TypeError
     ([[5, "float32", [1]]], bytes(4), "header"),             # a name that is not a string
     ([["x", ["float32"], [1]]], bytes(4), "header"),         # a dtype that is not one (unhashable)
+    # a size of 6,000 digits: its message raised ValueError (int to str), which killed the connection's thread
+    ([["x", "float32", [10 ** 15] * 400]], bytes(4), "header"),
 ])
 def test_mac_valid_frames_with_bad_arrays(server, secret, spec, body, reason):
     conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
@@ -826,3 +828,29 @@ def test_a_servers_documented_defaults(secret):
     finally:
         a.close()
         b.close()
+
+
+def test_a_reply_to_a_peer_that_reads_slowly_ends_within_the_frames_time(secret, monkeypatch):
+    """Each send had its own timeout, the reply none: a peer that read just fast enough to keep the sends going
+    held the server's thread, and its request's bytes in flight, for as long as it liked (an hour for 256 MiB)."""
+    accept = socket.socket.accept
+
+    def small_buffers(self):                        # so that the reply cannot sit whole in the kernel's buffers
+        conn, address = accept(self)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        return conn, address
+    monkeypatch.setattr(socket.socket, "accept", small_buffers)
+    server = wire.FrameServer(handle, secret, max_frame=4 << 20, timeout=0.5, log=lambda s: None).start()
+    try:
+        conn = wire.connect(*server.address, secret, 4 << 20, timeout=2.0)
+        conn.send("echo", {}, {"x": np.zeros(1 << 19, np.float32)})       # 2 MiB back: within 2.5 s
+        start, got, chunk = time.monotonic(), 0, b"x"
+        conn.sock.settimeout(5.0)
+        while chunk and got < 3 << 20:             # 320 kB/s, a read every 0.05 s: the reply would take 6.6 s
+            chunk = conn.sock.recv(16384)
+            got += len(chunk)
+            time.sleep(0.05)
+        took = time.monotonic() - start
+        assert not chunk and got < 2 << 20 and took < 4.5, (got, took)       # closed by the server in time
+    finally:
+        server.close()

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -308,6 +309,7 @@ class ParameterServer:
         w, base = self._push_position(fields)
         stats = PushStats.of(fields)
         decoded = blocks_from_wire(self.layout, fields, arrays, self.params.dtype)    # before anything is reserved
+        self._check_squares(decoded)
         with self._book:
             self._book.wait_for(lambda: not self._frozen)
             if lease != self.lease[pid]:     # a newer attempt said hello while this push was decoded
@@ -328,6 +330,18 @@ class ParameterServer:
         with self._book:
             self.window["pulls"] += 1
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
+
+    def _check_squares(self, decoded) -> None:
+        """AdaGrad sums each value's square: one past the square root of the type's largest number (1.8e19
+        in float32) makes its sum infinite, the parameter stops moving (its rate 1 / inf) and every later
+        checkpoint is one the loader refuses. Such a push is refused before it is reserved."""
+        if self.sv.update != "adagrad":
+            return
+        most = math.sqrt(float(np.finfo(self.params.dtype).max))
+        for slot, _, values in decoded:
+            if values.size and float(np.abs(values).max()) >= most:
+                raise Refused(f"{slot.name}: a value of {float(np.abs(values).max()):.3g} squares past "
+                              f"{self.params.dtype.name}'s largest number (AdaGrad sums squares)")
 
     def _push_position(self, fields) -> tuple:
         """(window, version) of a push: a window of this run, a version this server has issued."""

@@ -202,6 +202,8 @@ def _decode(head, body, seq: int) -> tuple:
         dtype, n = np.dtype(spec[1]), math.prod(spec[2])
         specs.append((spec[0], dtype, spec[2], n, offset))
         offset += n * dtype.itemsize
+        if offset > len(body):      # said here, not printed: a product of 400 dimensions has thousands of digits
+            raise WireError("header", f"arrays take more than the {len(body)}-byte body")
     if len({s[0] for s in specs}) != len(specs) or offset != len(body):
         raise WireError("header", f"arrays take {offset} bytes of a {len(body)}-byte body, or repeat a name")
     arrays = {}
@@ -264,15 +266,22 @@ class Conn:
         return _seal(self._key, self._out, head, body)
 
     def write(self, pieces: list) -> int:
-        """Write a frame from :meth:`encode`; the bytes written."""
+        """Write a frame from :meth:`encode`; the bytes written. Like a frame received, it must end within
+        ``timeout`` plus a second per MiB (TimeoutError): a peer that reads just fast enough to keep
+        each send going held the thread, and the bytes in flight of its request, for as long as it liked."""
         self._seq_out += 1
-        if sum(memoryview(p).nbytes for p in pieces) < _CHUNK:
+        size = sum(memoryview(p).nbytes for p in pieces)
+        if size < _CHUNK:
             pieces = [b"".join(pieces)]             # one segment, not a header alone then the arrays
-        self.sock.settimeout(self.timeout)
+        deadline = time.monotonic() + self.timeout + size / _MIN_RATE
         total = 0
         for p in pieces:
             view = memoryview(p).cast("B")
-            while view:                             # sendall's timeout would bound the whole transfer
+            while view:                             # sendall's timeout would bound each send, not the frame
+                wait = min(self.timeout, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError(f"the frame took too long to send ({total} of {size} bytes)")
+                self.sock.settimeout(wait)
                 k = self.sock.send(view[:_CHUNK])
                 view, total, self.bytes_sent = view[k:], total + k, self.bytes_sent + k
         return total
