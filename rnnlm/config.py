@@ -629,6 +629,13 @@ def check_memory(cfg: Config, vocab_size: int = 0, memory: int | None = None) ->
                           "vocabulary smaller")
 
 
+def check_plateau(cfg: Config) -> None:
+    """A plateau schedule needs evaluations while the run trains (both trainers call it)."""
+    if cfg.optim.schedule == "plateau" and not cfg.train.eval_every:    # one loss seen, after the last round
+        raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops improving, which "
+                          "train.eval_every = 0 measures only once the run has ended: set train.eval_every")
+
+
 def check_trainable(cfg: Config) -> None:
     """What a training run needs beyond :func:`validate`, before any data is read (the trainers and
     the command line's checks before Spark's JVM starts call it): the model must fit in memory to train
@@ -642,5 +649,6 @@ def check_trainable(cfg: Config) -> None:
     if cfg.optim.schedule == "plateau" and not cfg.data.valid:
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
                           "improving: set data.valid")
+    check_plateau(cfg)
     if not cfg.data.train:
         raise ConfigError("data.train is not set")

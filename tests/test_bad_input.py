@@ -90,6 +90,8 @@ def test_gzip_corpus_is_read(spark, tmp_path, capsys):
     (["train.rounds=0", "train.epochs=0"], "set train.rounds or train.epochs"),
     (["data.strategy=sampled_windows", "train.local_steps=5"], "contradicts data.strategy"),
     (["optim.schedule=plateau", "data.valid="], "set data.valid"),
+    (["optim.schedule=plateau", "train.eval_every=0"], "optim.schedule = 'plateau' decays when the validation loss "
+     "stops improving, which train.eval_every = 0 measures only once the run has ended: set train.eval_every"),
 ])
 def test_config_errors(spark, tmp_path, capsys, sets, needle):
     # caught before the corpus is read: the training path does not exist

@@ -117,3 +117,12 @@ def test_keys_this_trainer_does_not_read_are_named_at_the_start(corpus):
     assert said[0] == (f"note: this trainer of one process trains streams with the full softmax and scores data.valid; "
                        f"it ignores data.strategy = 'windows', data.test = '{corpus / 'all.txt'}', "
                        "exchange.sampled_softmax = True (Spark's trainer reads them)")
+
+
+def test_a_plateau_that_would_see_one_loss_after_the_last_round_is_refused(corpus):
+    """``optim.schedule = plateau`` with ``train.eval_every = 0`` observed one validation loss, after the last
+    round: the rate never decayed."""
+    with pytest.raises(config.ConfigError, match="train.eval_every = 0 measures only once the run has ended"):
+        run(corpus, "optim.schedule=plateau", "train.eval_every=0", "train.rounds=2")
+    m, _ = run(corpus, "optim.schedule=plateau", "train.eval_every=1", "train.rounds=2")
+    assert m["round"] == 2

@@ -61,6 +61,9 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     saves a checkpoint to ``out`` at the end.
     """
     d, t = cfg.data, cfg.train
+    config.check_plateau(cfg)
+    if not d.train:
+        raise config.ConfigError("data.train is not set")
     text = read_text(d.train, d.encoding_errors)
     vocab = Vocab.build(text, d.level, d.vocab_size, d.min_count)
     cfg = config.resolve(cfg, len(vocab))
