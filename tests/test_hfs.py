@@ -5,7 +5,7 @@ import pytest
 
 from rnnlm.core import checkpoint as ckpt
 from rnnlm import config
-from rnnlm.spark.hfs import HadoopFS, default_fs, resolve
+from rnnlm.spark.hfs import HadoopFS, PathError, default_fs, resolve
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
 
@@ -261,6 +261,20 @@ def test_the_default_filesystem_is_read_from_core_site_as_sparks_launcher_reads_
     assert default_fs(site("none", prop("fs.other", "hdfs://nn:8020"))) == "file:///"
     assert default_fs(site("broken", "<property>")) == "file:///"
     assert default_fs(str(tmp_path / "missing")) == "file:///"
+    # what gave a traceback through every command that resolves a path, or blocked it
+    odd = tmp_path / "encoding"
+    odd.mkdir()
+    (odd / "core-site.xml").write_text('<?xml version="1.0" encoding="bogus-enc"?><configuration/>')
+    assert default_fs(str(odd)) == "file:///"                            # LookupError, read as unreadable
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "core-site.xml")
+    assert default_fs(str(fifo)) == "file:///"                           # not read: it blocked for ever
+    bad = site("bad-url", prop("fs.defaultFS", "hdfs://[nn:8020"))
+    with pytest.raises(PathError) as e:
+        default_fs(bad)
+    assert str(e.value) == (f"fs.defaultFS in {bad}/core-site.xml = hdfs://[nn:8020: not a path or a URL "
+                            "(Invalid IPv6 URL)")
     yarn = site("yarn", prop("fs.defaultFS", "hdfs://yarn:8020"))
     monkeypatch.delenv("YARN_CONF_DIR", raising=False)
     monkeypatch.setenv("HADOOP_CONF_DIR", hdfs)

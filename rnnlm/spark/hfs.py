@@ -18,21 +18,24 @@ import shlex
 import xml.etree.ElementTree as ET
 from urllib.parse import urlparse
 
-from ..core import checkpoint
+from ..core import checkpoint, files
 from ..core.files import LocalFS, ReplaceSafely, read_file
 from .session import hadoop_conf, jvm
+
+MAX_SITE_XML = 16 << 20         # bytes of core-site.xml read at most (Hadoop's are kilobytes)
 
 
 class PathError(ValueError):
     """A path that is not one: a URL Python cannot parse (``hdfs://[nn/x``). The message is one line."""
 
 
-def parse_url(path: str):
-    """``urlparse(path)``, or :class:`PathError` naming ``path`` (urlparse's own ValueError names neither)."""
+def parse_url(path: str, what: str = ""):
+    """``urlparse(path)``, or :class:`PathError` naming ``path`` and ``what`` it is (urlparse's own
+    ValueError names neither)."""
     try:
         return urlparse(path)
     except ValueError as e:
-        raise PathError(f"{path}: not a path or a URL ({e})") from None
+        raise PathError(f"{what + ' = ' if what else ''}{path}: not a path or a URL ({e})") from None
 
 
 def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
@@ -63,7 +66,7 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
         return True, os.path.abspath(rest)
     if url.scheme:
         return False, path
-    if urlparse(default_fs).scheme in ("", "file"):
+    if parse_url(default_fs, "fs.defaultFS").scheme in ("", "file"):
         return True, os.path.abspath(path)
     return False, path
 
@@ -78,13 +81,16 @@ def default_fs(conf_dir: str | None = None) -> str:
         return given
     if conf_dir is None:
         conf_dir = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")
-    try:
-        root = ET.parse(os.path.join(conf_dir, "core-site.xml")).getroot() if conf_dir else None
-    except (OSError, ET.ParseError):
+    site = os.path.join(conf_dir, "core-site.xml")
+    try:        # a FIFO would block the parse, an unknown encoding raised LookupError through every command
+        root = ET.fromstring(files.read_regular(site, MAX_SITE_XML)) if conf_dir else None
+    except (OSError, ET.ParseError, ValueError, LookupError):
         root = None
     for prop in root.iter("property") if root is not None else ():
         if (prop.findtext("name") or "").strip() == "fs.defaultFS":
-            return (prop.findtext("value") or "").strip() or "file:///"
+            value = (prop.findtext("value") or "").strip() or "file:///"
+            parse_url(value, f"fs.defaultFS in {site}")
+            return value
     return "file:///"
 
 
