@@ -180,12 +180,16 @@ class TensorBoard(Tracker):
         super().__init__(log)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.rnnlm"
         self.path, self.afresh, self.started = os.path.join(directory, name), afresh, False
-        try:
+        try:        # its first record too: a full disk or a quota said only by a traceback, once Spark had started
             os.makedirs(directory, exist_ok=True)
             self.f = open(self.path, "ab")
+            try:
+                self._write(event(time.time(), 0, file_version="brain.Event:2"))
+            except OSError:
+                self.f.close()
+                raise
         except OSError as e:
             raise TrackerError(f"--log tensorboard: cannot write {self.path}: {e.strerror or e}") from None
-        self._write(event(time.time(), 0, file_version="brain.Event:2"))
 
     def _write(self, data: bytes) -> None:
         self.f.write(record(data))
@@ -232,6 +236,17 @@ class MLflow(Tracker):
 
     def _line(self, m: dict) -> None:
         self.mlflow.log_metrics(scalars(m), step=int(m["round"]))
+
+    def close(self, ok: bool) -> None:
+        """End the MLflow run with the training's status, also after a failure stopped its lines: left
+        active, MLflow's exit hook ended it as FINISHED, a failed run's record too."""
+        if self.broken and self.run is not None:
+            try:
+                self.mlflow.end_run("FINISHED" if ok else "FAILED")
+            except Exception:       # the server that broke the tracker: said once already
+                pass
+            return
+        super().close(ok)
 
     def _close(self, ok: bool) -> None:
         self.mlflow.end_run("FINISHED" if ok else "FAILED")

@@ -173,6 +173,40 @@ def test_a_tracker_that_fails_says_so_once_and_the_run_goes_on(spark, tmp_path):
                                                  "(metrics.jsonl has them): ValueError: ")
 
 
+def test_a_tensorboard_file_whose_first_record_cannot_be_written_is_one_line(tmp_path):
+    """A full disk or a quota at the first record (the file version) raised OSError through the command as a
+    traceback, once Spark had started. A process that may write no byte (RLIMIT_FSIZE 0) shows it."""
+    code = ("import resource, signal\nfrom rnnlm import trackers\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nresource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+            f"try:\n    trackers.TensorBoard({str(tmp_path / 'tb')!r})\n"
+            "except trackers.TrackerError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith(f"--log tensorboard: cannot write {tmp_path / 'tb'}/events.out.tfevents.") and \
+        r.stdout.endswith(": File too large\n"), r.stdout
+
+
+def test_a_broken_mlflow_tracker_still_ends_its_run_with_the_trainings_status(tmp_path, monkeypatch):
+    """Once a request had failed, close() sent nothing: MLflow's exit hook ended the run as FINISHED, a
+    failed training's too."""
+    store = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    said = []
+    t = trackers.MLflow(config.load(None, []), str(tmp_path / "run"), log=said.append)
+    try:
+        def unavailable(*args, **kwargs):
+            raise ConnectionError("503 Service Unavailable")
+        monkeypatch.setattr(t.mlflow, "log_metrics", unavailable)
+        t.line({"round": 1, "train_loss": 3.0})
+        assert t.broken and len(said) == 1
+        t.close(False)
+        assert _mlflow_run(store, "run")[1].info.status == "FAILED" and len(said) == 1
+    finally:
+        if t.mlflow.active_run() is not None:      # not left to this process's other tests
+            t.mlflow.end_run()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--log", "wandb"], "error: --log 'wandb': expected one of tensorboard[:DIR], mlflow"),
     (["--log", "tensorboard", "--out", "hdfs://nn:8020/runs/x"],
