@@ -69,7 +69,8 @@ def _fetch(corpus: str, dest: str, mirror: str | None, log) -> list:
     out = []
     for name, (url, digest, size) in CORPORA[corpus].items():
         path = os.path.join(dest, name)
-        if os.path.exists(path) and sha256(path) == digest:
+        # a regular file of the size first: a FIFO (or a link to /dev/zero) there blocked the checksum for ever
+        if os.path.isfile(path) and os.path.getsize(path) == size and sha256(path) == digest:
             log(f"{name}: present, checksum ok")
             out.append(path)
             continue

@@ -125,6 +125,18 @@ def test_a_file_present_with_its_checksum_is_kept_and_a_fetched_one_readable_by_
     assert os.stat(tmp_path / "data" / "toy.txt").st_mode & 0o777 == 0o644
 
 
+def test_a_fifo_or_a_link_to_an_endless_file_under_the_final_name_is_replaced_not_read(monkeypatch, tmp_path, server):
+    """The check of a file already present read a FIFO there (blocked for ever) or a link to /dev/zero."""
+    (tmp_path / "data").mkdir()
+    os.mkfifo(tmp_path / "data" / "toy.txt")
+    assert fetch(monkeypatch, tmp_path, f"{server}/ok") == [str(tmp_path / "data" / "toy.txt")]
+    assert (tmp_path / "data" / "toy.txt").read_bytes() == DATA
+    os.remove(tmp_path / "data" / "toy.txt")
+    os.symlink("/dev/zero", tmp_path / "data" / "toy.txt")
+    assert fetch(monkeypatch, tmp_path, f"{server}/ok") == [str(tmp_path / "data" / "toy.txt")]
+    assert (tmp_path / "data" / "toy.txt").read_bytes() == DATA and not os.path.islink(tmp_path / "data" / "toy.txt")
+
+
 def test_a_slow_server_within_the_time_its_size_earns_is_waited_for(monkeypatch, tmp_path, server):
     """The allowance is TIMEOUT_S plus a second per MIN_RATE bytes: 0.3 s + 1024 / 256 s here, and the
     trickle takes ~1.3 s (longer than TIMEOUT_S alone)."""
