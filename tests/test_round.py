@@ -235,6 +235,24 @@ def test_a_failed_partition_weighs_nothing():
     assert failed.weight == 0.0 and failed.dense == {} and failed.local == {3: Carry(error="loss became nan")}
 
 
+def test_averaged_optimizer_state_is_counted_in_what_a_round_sends():
+    """Adam's two slots travel beside the change, uncoded: the compression figure left them out (54x printed
+    where a round sent twice a dense float32 exchange's bytes)."""
+    from rnnlm.core.local import LocalResult
+    slots = {"m": np.ones(6, np.float32), "v": np.ones(6, np.float32), "t": 3}
+    res = LocalResult(params=None, opt_state=slots, state=None, tokens=10, loss_sum=20.0, steps=2)
+    blocks = {"params.w": np.zeros((2, 2), np.float32)}
+    for optim_state, counted in (("average", 48), ("reset", None), ("local", None)):
+        r = _round(optim_state=optim_state)
+        c = r.contribution(0, res, blocks, {"block_bytes.w": 5}, False, [1], 0.1, lambda a: a)
+        assert c.stats.get("optim_bytes") == counted and c.stats["block_bytes.w"] == 5
+    agg = Aggregate()
+    agg.stats.update(tokens=10, loss_sum=20.0, steps=2, compute_s=0.1, **{"block_bytes.embed": 12, "optim_bytes": 48})
+    st = RunState(round=1, tokens=10, bytes_sent=100, bytes_broadcast=100, wall_s=1.0)
+    m = round_metrics(config.load(None, []), LAYOUT, st, 100, agg, 0, False, 0.5, 1.0)
+    assert m["optim_bytes"] == 48 and m["compression"] == round(6 * 4 * 2 / 60, 3)     # 48 of 60 bytes: the state
+
+
 def test_a_rounds_metrics_line_by_hand():
     cfg = config.load(None, ["data.partitions=4", "exchange.embed=rows", "exchange.seed_groups=log2",
                              "exchange.sampled_softmax=true"])

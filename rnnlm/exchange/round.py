@@ -127,8 +127,10 @@ class SyncRound:
         opt = {k: (to_host(v) if k != "t" else v) for k, v in res.opt_state.items()}
         carry = Carry(state=to_host(res.state) if carries_state else None,
                       opt=opt if self.t.optim_state == "local" else None)
-        if self.t.optim_state == "average":
-            blocks = dict(blocks, **{OPT + k: v for k, v in opt.items() if k != "t"})
+        if self.t.optim_state == "average":         # beside the change, uncoded: counted in optim_bytes
+            slots = {OPT + k: v for k, v in opt.items() if k != "t"}
+            blocks = dict(blocks, **slots)
+            block_stats = dict(block_stats, optim_bytes=sum(int(v.nbytes) for v in slots.values()))
         return Aggregate.contribution(res.tokens, blocks, {pid: carry}, words=words, tokens=res.tokens,
                                       loss_sum=res.loss_sum, steps=res.steps, compute_s=compute_s, **block_stats)
 

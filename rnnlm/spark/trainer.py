@@ -253,10 +253,10 @@ def _quiet(cfg) -> tuple:
     """Prefixes of the metrics a log line leaves out: the byte counters and per-block detail (the
     metrics file has them), and fields that say nothing in this run's setting."""
     x = cfg.exchange
-    skip = ["bytes", "round_", "rows_", "block_bytes.", "unique_", "rebased", "seed_groups", "softmax_v",
-            "phase.", "syncs", "device"]          # syncs = round, in rounds; device: said once at the start
-    if x.embed == x.softmax == x.hidden == "dense":
-        skip.append("compression")      # dense float32 blocks: 1 every round
+    skip = ["bytes", "round_", "rows_", "block_bytes.", "optim_bytes", "unique_", "rebased", "seed_groups",
+            "softmax_v", "phase.", "syncs", "device"]    # syncs = round, in rounds; device: said once at the start
+    if x.embed == x.softmax == x.hidden == "dense" and (cfg.train.optim_state != "average" or cfg.optim.name == "sgd"):
+        skip.append("compression")      # dense float32 blocks alone: 1 every round
     return tuple(skip)
 
 
@@ -291,8 +291,9 @@ def round_metrics(cfg, layout, st: RunState, per_epoch: int, agg: Aggregate, bc_
          "unique_words": int(len(agg.words)),
          "device": executor.device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
     # what travelled per parameter group (Zipf's law for the exchange: unique_words against tokens)
-    m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes."))})
-    sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes."))
+    m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes.", "optim_bytes"))})
+    # against a dense float32 exchange of the parameters: their blocks and the optimizer state averaged beside them
+    sent = sum(v for k, v in agg.stats.items() if k.startswith("block_bytes.") or k == "optim_bytes")
     m["compression"] = round(layout.size * 4 * cfg.data.partitions / max(1, sent), 3)
     m["seed_groups"] = plan.seed_groups(cfg.exchange.seed_groups, cfg.data.partitions)
     if cfg.exchange.sampled_softmax:      # mean sampled softmax sets per local step
