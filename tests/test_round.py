@@ -50,6 +50,20 @@ def test_average_adds_the_token_weighted_mean_change():
     assert st.velocity is None
 
 
+def test_a_round_in_which_no_partition_scored_a_token_changes_no_weight():
+    """A sample of empty lines (sampled_paragraphs at character level), or a last step on a paragraph's
+    end: every weight 0, and the mean divided by zero (a traceback on the driver)."""
+    for outer in ("average", "momentum"):
+        st = SyncState(params=np.ones(6, np.float32), opt={"m": np.full(6, 2.0, np.float32), "t": 4},
+                       velocity=None if outer == "average" else np.ones(6, np.float32))
+        r = _round(outer, momentum=0.5, lr=1.0)
+        r.apply(st, Aggregate().merge(_leaf(0, np.zeros(6), 0.0, opt=np.zeros(6))).merge(
+            _leaf(1, np.zeros(6), 0.0, opt=np.zeros(6))))
+        moved = 0.0 if outer == "average" else 0.5                 # momentum's velocity decays, as with a zero mean
+        assert np.array_equal(st.params, np.full(6, 1.0 + moved, np.float32)) and st.params.dtype == np.float32
+        assert np.array_equal(st.opt["m"], np.full(6, 2.0)) and st.opt["t"] == 4     # the averaged state kept
+
+
 def test_momentum_and_nesterov_step_with_a_velocity_kept_across_rounds():
     for outer in ("momentum", "nesterov"):
         st = SyncState(params=np.zeros(6, np.float32))

@@ -91,7 +91,9 @@ class SyncRound:
     def apply(self, st, agg: Aggregate) -> None:
         """Move ``st`` (params, outer velocity, optimizer state, carries) on by the merged ``agg``."""
         t, dtype = self.t, st.params.dtype      # the configured model.dtype, end to end
-        delta = plan.mean_change(self.layout, agg, dtype)      # partitions send changes, not weights
+        scored = agg.weight > 0                 # else no partition scored a token (a sample of empty lines)
+        # partitions send changes, not weights; a round that scored nothing has no mean and changes none
+        delta = plan.mean_change(self.layout, agg, dtype) if scored else np.zeros_like(st.params)
         if t.outer == "average":
             st.params = st.params + delta
         else:
@@ -101,7 +103,7 @@ class SyncRound:
             st.velocity += delta
             step = delta + t.outer_momentum * st.velocity if t.outer == "nesterov" else st.velocity
             st.params = (st.params + t.outer_lr * step).astype(dtype)
-        if t.optim_state == "average":
+        if t.optim_state == "average" and scored:
             slots = {k[len(OPT):]: agg.mean(k, dtype) for k in agg.dense if k.startswith(OPT)}
             prev = st.opt["t"] if st.opt else 0
             # every partition ran the same steps, except sampled strategies (one pass of each sample)
