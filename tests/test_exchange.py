@@ -124,6 +124,19 @@ def test_a_tree_node_merges_its_inputs_in_partition_order_whatever_order_they_ar
     assert np.frombuffer(mean, np.float64).tolist() == [1.75 * (1 / 5)] * 3 and loss == 1.75   # 2^53 - 2^53 + 1.75
 
 
+def test_the_zero_value_shipped_in_every_tasks_closure_is_not_counted_as_result_bytes():
+    """treeAggregate pickles its zero value into each task's closure (driver to executor): that pickle's size,
+    ~200 bytes, was baked into the zero and counted once per partition in bytes_sent."""
+    import pickle
+
+    def leaf():
+        return Aggregate.contribution(1.0, {"b": np.arange(3, dtype=np.float32)}, {0: {}}, loss_sum=1.0)
+    shipped = pickle.loads(pickle.dumps(Gathered()))                  # the zero as a task receives it
+    result = pickle.loads(pickle.dumps(gather(shipped, leaf())))      # the task's value, as it leaves the task
+    alone = pickle.loads(pickle.dumps(Gathered([leaf()])))
+    assert result.settle().wire_bytes == alone.settle().wire_bytes > 0
+
+
 @pytest.mark.parametrize("codec,width", [("f32", 4), ("fp16", 2), ("bf16", 2), ("int8", 2), ("onebit", 2)])
 def test_a_merged_level_travels_at_the_sent_precision(codec, width):
     rng = np.random.default_rng(5)

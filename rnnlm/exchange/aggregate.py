@@ -161,6 +161,8 @@ class Gathered:
         return agg
 
     def __reduce__(self):
+        if not self.parts:      # treeAggregate's zero value, shipped in every task's closure: no result bytes
+            return Gathered, ()
         return Gathered, ([self.settle()],)
 
 
