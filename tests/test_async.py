@@ -429,3 +429,45 @@ def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, 
     loss = [x["train_loss"] for x in m if "train_loss" in x][-1]
     done = capsys.readouterr().out.strip().splitlines()[-1]
     assert done.startswith(f"done: round 2 | train_loss {loss:.4f} | checkpoint "), done
+
+
+def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkeypatch):
+    """wall_s was read before the line's evaluation and eval_s after it: the last line's wall_s left out the
+    time eval_s counted (wall_s - eval_s < 0), and its checkpoint, which a resume starts from, lost it for good."""
+    import time
+    import types
+    from rnnlm.core.models import build
+    from rnnlm.server.paramserver import ParameterServer
+    from rnnlm.spark import async_trainer
+    cfg = config.resolve(config.load(None, ["model.hidden=8", "train.bptt=4", "train.batch=2", "data.partitions=2",
+                                            "data.level=char", "train.mode=async", "train.push_every=2",
+                                            "train.rounds=3", "train.eval_every=0"]), 20)
+    model = build(cfg.model)
+    srv = ParameterServer(model.layout, model.init_params(0), cfg.server, 3, 2, log=lambda s: None)
+
+    class Lines:                                    # the run directory's part _Run writes to
+        metrics, written = [], []
+
+        def say_evaluating(self, *args):
+            pass
+
+        def write_checkpoint(self, ck, best):
+            self.written.append(ck.position)
+
+        def add_line(self, m, total, line):
+            self.metrics.append(m)
+
+    def scored_slowly(model, params, streams):
+        time.sleep(0.3)
+        return 2.0
+    monkeypatch.setattr(async_trainer, "_evaluate", scored_slowly)
+    frames = types.SimpleNamespace(bytes_received=0, bytes_sent=0, refused={})
+    data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
+    lines = Lines()
+    run = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3, {})
+    m = run._line(time.perf_counter(), final=True, checkpoint=True)
+    assert m["wall_s"] >= m["eval_s"] >= 0.3 and lines.written[-1]["wall_s"] >= 0.3
+    resumed = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3,
+                                 lines.written[-1])
+    m = resumed._line(time.perf_counter(), final=True, checkpoint=True)
+    assert m["wall_s"] >= m["eval_s"] >= 0.6, m

@@ -253,7 +253,6 @@ class _Run:
         version = s["syncs"]
         self.tokens += s.get("tokens", 0)
         rnd = math.ceil(version / P)
-        wall = self.wall + time.perf_counter() - t0
         first = {"wall_s": self.wall, "bytes_sent": self.sent0, "bytes_broadcast": self.bcast0}
         prev = self.dir.metrics[-1] if self.dir.metrics else first
         sent, bcast = self.sent0 + self.frames.bytes_received, self.bcast0 + self.frames.bytes_sent
@@ -261,8 +260,7 @@ class _Run:
              "syncs": version, "pushes": s.get("pushes", 0), "pulls": s.get("pulls", 0),
              "staleness": s["staleness"], "bytes_sent": sent, "bytes_broadcast": bcast,
              "round_bytes_sent": sent - prev["bytes_sent"], "round_bytes_broadcast": bcast - prev["bytes_broadcast"],
-             "wall_s": round(wall, 3),
-             "tokens_per_s": round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1),
+             "wall_s": None, "tokens_per_s": None,       # once the line's own evaluation is done (below)
              **_train_loss(s), "lr": self.lrs[min(max(1, rnd), self.windows) - 1],   # round r's at lrs[r - 1]
              "device": device_field(sum(d["ran"] != "cpu" for d in self.data.devices.values()), P)}
         m.update(sorted((snap["totals"] if snap else srv.totals).items()))     # the checkpoint's, when it has one
@@ -287,6 +285,9 @@ class _Run:
                     m["best_round"] = self.best["round"]
             self.eval_s += time.perf_counter() - e0
             m["eval_s"] = round(self.eval_s, 3)
+        wall = self.wall + time.perf_counter() - t0     # with this line's evaluation, which eval_s counts
+        m["wall_s"] = round(wall, 3)
+        m["tokens_per_s"] = round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1)
         if snap:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
                         "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
