@@ -433,7 +433,8 @@ def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, 
 
 def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkeypatch):
     """wall_s was read before the line's evaluation and eval_s after it: the last line's wall_s left out the
-    time eval_s counted (wall_s - eval_s < 0), and its checkpoint, which a resume starts from, lost it for good."""
+    time eval_s counted (wall_s - eval_s < 0), and its checkpoint, which a resume starts from, lost it for good.
+    The next checkpoint by time was counted from the scoring's end, not from the instant the checkpoint holds."""
     import time
     import types
     from rnnlm.core.models import build
@@ -465,8 +466,10 @@ def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkey
     data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
     lines = Lines()
     run = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3, {})
+    before = time.monotonic()
     m = run._line(time.perf_counter(), final=True, checkpoint=True)
     assert m["wall_s"] >= m["eval_s"] >= 0.3 and lines.written[-1]["wall_s"] >= 0.3
+    assert run.ck_time - before < 0.25      # the checkpoint's instant, before the scoring: the next one is due from it
     resumed = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3,
                                  lines.written[-1])
     m = resumed._line(time.perf_counter(), final=True, checkpoint=True)

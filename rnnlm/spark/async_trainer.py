@@ -248,6 +248,7 @@ class _Run:
             return final or self.eval_pending or bool(every and rnd // every > self.last_eval)
         checkpoint = checkpoint or (bool(self.held_out) and eval_due(math.ceil(srv.version / P)))
         snap = srv.snapshot(drain=True) if checkpoint else None
+        taken = time.monotonic()        # the checkpoint's instant: the next one by time is due checkpoint_s after it
         self._stop_on_failure()         # a push that failed while the snapshot waited for it: not checkpointed
         s = snap["drained"] if snap else srv.drain()
         version = s["syncs"]
@@ -292,7 +293,7 @@ class _Run:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
                         "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
             self.dir.write_checkpoint(_server_checkpoint(self.cfg, self.data.vocab, snap, position), best)
-            self.ck_time, self.ck_version = time.monotonic(), snap["version"]
+            self.ck_time, self.ck_version = taken, snap["version"]
         quiet = ("bytes", "round_", "staleness", "refused_", "attempts_", "device")
         self.dir.add_line(m, self.windows, log_line(m, skip=quiet))
         return m
