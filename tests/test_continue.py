@@ -220,6 +220,20 @@ def test_a_run_resumes_from_a_directory_that_names_its_files_otherwise(tmp_path,
               f"cannot resume: data.train is 'rnnlm/data/harbour.txt' here but '{HARBOUR_VALID}' in ")
 
 
+def test_a_saved_relative_name_is_the_file_it_names_here_or_in_the_checkout_nothing_else(tmp_path, monkeypatch):
+    """A name that ends the same is not the same file: train.txt saved, another train.txt read now."""
+    from rnnlm.spark.rundir import same_data
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.txt").write_text("one")
+    (tmp_path / "train.txt").write_text("another")
+    assert not same_data("data/train.txt", "train.txt") and not same_data(str(tmp_path / "data" / "train.txt"),
+                                                                          "train.txt")
+    assert same_data(str(tmp_path / "train.txt"), "train.txt") and same_data("train.txt", str(tmp_path / "train.txt"))
+    assert same_data(HARBOUR, "rnnlm/data/harbour.txt")          # not here: the checkout's
+    assert not same_data(HARBOUR_VALID, "rnnlm/data/harbour.txt")
+
+
 def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
     saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={

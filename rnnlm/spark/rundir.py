@@ -38,6 +38,7 @@ class TrainingError(RuntimeError):
     """Training stopped (non-finite loss, incompatible resume); the message is one line."""
 
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # rnnlm's checkout
 # never compared: the corpus' choice, and a limit that refuses input without changing a number
 UNCOMPARED = {("model", "vocab_size"), ("data", "max_record_mb")}
 
@@ -46,20 +47,17 @@ def same_data(mine: str, theirs: str) -> bool:
     """Two names of a run's ``data.train`` (``valid``, ``test``) that read the same: equal, or local
     paths of one file. A run started in its checkout reads ``rnnlm/data/harbour.txt``; resumed from
     another directory, the command line finds that name in the config's checkout and reads the same
-    file by its absolute path, and the other way round. A saved relative name is taken, as equal
-    relative names always were, relative to the directory it was read from: a path ending in it."""
+    file by its absolute path, and the other way round. A saved relative name is the file it names
+    from here, or where it names none, from this checkout (where ``conf/``'s relative paths are found)."""
     if mine == theirs:
         return True
     names = [resolve(p, default_fs()) if p else (False, p) for p in (mine, theirs)]
     if not all(local for local, _ in names):
         return False
     (_, here), (_, there) = names
-    if not os.path.exists(here):
-        return False
-    if os.path.exists(there) and os.path.samefile(here, there):
-        return True
-    rel = os.path.normpath(theirs.removeprefix("file:")) if not os.path.isabs(theirs) and "://" not in theirs else None
-    return rel is not None and not rel.startswith("..") and here.endswith(os.sep + rel)
+    if not os.path.exists(there) and not os.path.isabs(theirs) and "://" not in theirs:
+        there = os.path.join(CHECKOUT, theirs)
+    return os.path.exists(here) and os.path.exists(there) and os.path.samefile(here, there)
 
 
 def _difference(cfg: config.Config, saved: config.Config, keys: dict) -> tuple | None:
