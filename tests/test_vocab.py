@@ -142,3 +142,7 @@ def test_a_min_count_that_keeps_no_token_of_the_corpus_is_refused(level):
     with pytest.raises(VocabError, match=f"^data.min_count = 4 keeps no {level}"):
         Vocab.build("ab ab ab\n", level, min_count=4)
     assert len(Vocab.build("ab ab ab\n", level, min_count=3)) > (2 if level == "word" else 1)
+    # as Spark's build_vocab sends them: the kept candidates (none) and the forced tokens, with the corpus' total
+    forced = {"<eos>": 1} if level == "word" else {}
+    with pytest.raises(VocabError, match=f"^data.min_count = 4 keeps no {level}"):
+        Vocab.from_counts(forced, level, 0, 4, total=4 if level == "word" else 9)

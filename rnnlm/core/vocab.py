@@ -84,7 +84,8 @@ class Vocab:
         forced = [unk] + ([EOS] if level == "word" else [])
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         kept = [(t, c) for t, c in ranked if c >= min_count and t not in forced]
-        if not kept and any(t not in forced for t in counts):     # a model of the unknown token alone: loss 0
+        total = sum(counts.values()) if total is None else total      # Spark sends the kept candidates alone
+        if not kept and total > sum(counts.get(t, 0) for t in forced):   # a model of the unknown token alone
             raise VocabError(f"data.min_count = {min_count} keeps no {level}{'acter' * (level == 'char')} of the "
                              f"corpus: every one would read as {unk!r}, a model that learns nothing")
         if max_size:
@@ -93,7 +94,6 @@ class Vocab:
             kept = kept[:max_size - len(forced)]
         if level == "word":
             kept.append((EOS, counts.get(EOS, 0)))
-        total = sum(counts.values()) if total is None else total
         kept.append((unk, total - sum(c for _, c in kept)))
         kept.sort(key=lambda kv: (-kv[1], kv[0]))
         return cls([t for t, _ in kept], [c for _, c in kept], level)
