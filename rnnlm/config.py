@@ -580,12 +580,14 @@ def validate(cfg: Config) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
-    tiny = TINY[m.dtype]                # a rate or an epsilon below it is 0 in the parameters' type
-    for (section, key) in (("optim", "lr"), ("optim", "eps"), ("server", "lr"), ("server", "eps")):
+    tiny = TINY[m.dtype]                # below it a rate or an epsilon is subnormal or 0 in the parameters' type
+    for (section, key) in (("optim", "lr"), ("optim", "eps")) + ((("server", "lr"), ("server", "eps"))
+                                                                 if t.mode == "async" else ()):
         value = getattr(getattr(cfg, section), key)
         if value < tiny:
-            raise ConfigError(f"{section}.{key} = {value!r} is 0 in model.dtype = {m.dtype} (its smallest normal "
-                              f"number is {tiny:.3g}): an update of 0, or 0 / 0 for a parameter whose gradient is 0")
+            raise ConfigError(f"{section}.{key} = {value!r} is below model.dtype = {m.dtype}'s smallest normal "
+                              f"number ({tiny:.3g}), 0 or nearly: an update of 0, or 0 / 0 for a parameter whose "
+                              "gradient is 0")
 
 
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}   # state arrays (rnnlm.core.optim)
@@ -633,7 +635,8 @@ def check_plateau(cfg: Config) -> None:
     """A plateau schedule needs evaluations while the run trains (both trainers call it)."""
     if cfg.optim.schedule == "plateau" and not cfg.train.eval_every:    # one loss seen, after the last round
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops improving, which "
-                          "train.eval_every = 0 measures only once the run has ended: set train.eval_every")
+                          "train.eval_every = 0 measures only once the run has ended: set train.eval_every (a run "
+                          "saved so goes on from its weights with --init-from)")
 
 
 def check_trainable(cfg: Config) -> None:
