@@ -134,7 +134,7 @@ def _plot(a) -> int:
     except OSError as e:
         return error(f"--out {a.out}: {e.strerror or e}")
     except (ValueError, OverflowError) as e:      # matplotlib's ticks over a span no float holds (+-1.7e308)
-        return error(f"cannot draw the figure: {e} (values too far apart for an axis)")
+        return error(f"cannot draw the figure: {e}")
     return 0
 
 

@@ -92,7 +92,8 @@ class SyncRound:
         """Move ``st`` (params, outer velocity, optimizer state, carries) on by the merged ``agg``."""
         t, dtype = self.t, st.params.dtype      # the configured model.dtype, end to end
         scored = agg.weight > 0                 # else no partition scored a token (a sample of empty lines)
-        # partitions send changes, not weights; a round that scored nothing has no mean and changes none
+        # partitions send changes, not weights; a round that scored nothing has no mean: a change of 0 (an outer
+        # momentum still moves the weights by its decaying velocity, as after any round)
         delta = plan.mean_change(self.layout, agg, dtype) if scored else np.zeros_like(st.params)
         if t.outer == "average":
             st.params = st.params + delta

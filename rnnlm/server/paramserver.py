@@ -332,9 +332,10 @@ class ParameterServer:
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
 
     def _check_squares(self, decoded) -> None:
-        """AdaGrad sums each value's square: one past the square root of the type's largest number (1.8e19
-        in float32) makes its sum infinite, the parameter stops moving (its rate 1 / inf) and every later
-        checkpoint is one the loader refuses. Such a push is refused before it is reserved."""
+        """AdaGrad sums each value's square: a value past the square root of the type's largest number
+        (1.8e19 in float32) makes the sum infinite by itself, the parameter stops moving (its rate 1 / inf)
+        and every later checkpoint is one the loader refuses. Such a push is refused before it is reserved.
+        (Values each below it can still overflow the running sum over many pushes: not checked here.)"""
         if self.sv.update != "adagrad":
             return
         most = math.sqrt(float(np.finfo(self.params.dtype).max))
