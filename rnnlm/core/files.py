@@ -163,6 +163,20 @@ class LocalFS(ReplaceSafely):
     def _read(self, p: str) -> bytes | None:
         return read_file(p)
 
+    def read_at_most(self, p: str, limit: int) -> bytes | None:
+        """:meth:`ReplaceSafely.read_at_most` through :func:`read_regular`: checked on the file it reads, so
+        one that grows while read or is swapped for a FIFO after the check is refused too."""
+        if not self.restore(p):
+            return None
+        try:
+            return read_regular(p, limit)
+        except FileNotFoundError:
+            return None
+        except IsADirectoryError:
+            raise NotRegular(f"{p} is not a regular file") from None
+        except TooLarge as e:
+            raise ValueError(f"{p}: {e.held()} than the {limit >> 20} MiB it is read up to") from None
+
 
 def read_file(p: str) -> bytes | None:
     """A local file's bytes, or None when it does not exist."""
