@@ -136,3 +136,18 @@ def test_a_plain_keyboard_interrupt_is_ctrl_c_and_a_sigterm_its_own_code():
     assert signals.exit_code(KeyboardInterrupt()) == 130 and signals.message(KeyboardInterrupt()) == "stopped (Ctrl-C)"
     term = signals.Stopped(signal.SIGTERM)
     assert signals.exit_code(term) == 143 and signals.message(term) == "stopped (SIGTERM)"
+
+
+def test_spark_starts_from_a_checkout_whose_path_holds_a_space(tmp_path):
+    """The log4j option named the checkout's path unquoted: Spark's launcher split it at the space, the JVM took
+    the second half for its main class ("Could not find or load main class ace.rnnlm.data.log4j2.properties"),
+    and every Spark command failed there."""
+    import shutil
+    checkout = tmp_path / "my projects" / "rnnlm checkout"
+    shutil.copytree(os.path.join(ROOT, "rnnlm"), checkout / "rnnlm", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("from rnnlm.spark.session import get_spark\n"
+            "s = get_spark('space', 'local[1]', {'spark.ui.enabled': 'false'})\n"
+            "print(s.sparkContext.parallelize(range(5)).sum())\ns.stop()\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=dict(os.environ, PYTHONPATH=str(checkout)),
+                       capture_output=True, text=True, timeout=180)
+    assert (r.returncode, r.stdout) == (0, "10\n"), r.stderr[-2000:]

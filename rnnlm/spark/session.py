@@ -17,6 +17,16 @@ _DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG4J2 = {True: os.path.join(_DATA, "log4j2.properties"), False: os.path.join(_DATA, "log4j2-verbose.properties")}
 
 
+def java_option(key: str, value: str) -> str:
+    """``-Dkey=value`` as one word of an ``extraJavaOptions`` string, which Spark's launcher splits at
+    whitespace outside quotes: a checkout under a path with a space ("/home/me/my projects") split the
+    log4j path in two, and the JVM took its second half for the main class (every Spark command failed)."""
+    word = f"-D{key}={value}"
+    if not any(ch.isspace() or ch in "'\"\\" for ch in word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None = None, quiet: bool = True):
     """The active SparkSession, or a new one.
 
@@ -47,7 +57,8 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         os.environ.setdefault("SPARK_DRIVER_MEMORY", DRIVER_MEMORY)
     opts = c.get("spark.driver.extraJavaOptions", "")
     if not submitted and "log4j2.configurationFile" not in opts:
-        c.set("spark.driver.extraJavaOptions", f"{opts} -Dlog4j2.configurationFile=file:{LOG4J2[quiet]}".strip())
+        log4j = java_option("log4j2.configurationFile", f"file:{LOG4J2[quiet]}")
+        c.set("spark.driver.extraJavaOptions", f"{opts} {log4j}".strip())
     if submitted and quiet and not c.contains("spark.log.level") and _spark_default_logging():
         c.set("spark.log.level", "WARN")        # a bare spark-submit: 3 INFO lines left of 44
     if not c.contains("spark.app.name"):
