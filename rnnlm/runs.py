@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 from .core import files
 from .core.metrics import MAX_JSON, MAX_METRICS, json_lines
@@ -149,9 +148,9 @@ def env_paths(value: str, root: str) -> list:
 
 def _url(path: str):
     try:
-        return urlparse(path)
-    except ValueError as e:             # "Invalid IPv6 URL", naming neither the path nor what to do
-        raise RunError(f"{path}: not a path or a URL ({e})") from None
+        return files.parse_url(path)
+    except files.PathError as e:        # a RunError, as everything that reading runs refuses
+        raise RunError(str(e)) from None
 
 
 def _fs(path: str):

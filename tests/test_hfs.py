@@ -5,7 +5,8 @@ import pytest
 
 from rnnlm.core import checkpoint as ckpt
 from rnnlm import config
-from rnnlm.spark.hfs import HadoopFS, PathError, default_fs, resolve
+from rnnlm.core.files import PathError
+from rnnlm.spark.hfs import HadoopFS, default_fs, resolve
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
 

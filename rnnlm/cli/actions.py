@@ -5,9 +5,9 @@ import sys
 
 
 from ..core import checkpoint
+from ..core.files import PathError
 from .. import config
 from ..spark import corpus
-from ..spark.hfs import PathError
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
 from ..spark.rundir import Init, TrainingError

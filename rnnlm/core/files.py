@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import stat
+from urllib.parse import urlparse
 
 BACKUP = ".old"
 TEMPORARY = ".tmp"
@@ -226,3 +227,16 @@ def read_regular(p: str, limit: int) -> bytes:
     if len(data) > limit:
         raise TooLarge(p, None, limit)
     return data
+
+
+class PathError(ValueError):
+    """A path that is not one: a URL Python cannot parse (``hdfs://[nn/x``). The message is one line."""
+
+
+def parse_url(path: str, what: str = ""):
+    """``urlparse(path)``, or :class:`PathError` naming ``path`` and ``what`` it is (urlparse's own
+    ValueError names neither)."""
+    try:
+        return urlparse(path)
+    except ValueError as e:
+        raise PathError(f"{what + ' = ' if what else ''}{path}: not a path or a URL ({e})") from None

@@ -16,26 +16,12 @@ import os
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from urllib.parse import urlparse
 
 from ..core import checkpoint, files
-from ..core.files import LocalFS, ReplaceSafely, read_file
+from ..core.files import LocalFS, ReplaceSafely, parse_url, read_file
 from .session import hadoop_conf, jvm
 
 MAX_SITE_XML = 16 << 20         # bytes of core-site.xml read at most (Hadoop's are kilobytes)
-
-
-class PathError(ValueError):
-    """A path that is not one: a URL Python cannot parse (``hdfs://[nn/x``). The message is one line."""
-
-
-def parse_url(path: str, what: str = ""):
-    """``urlparse(path)``, or :class:`PathError` naming ``path`` and ``what`` it is (urlparse's own
-    ValueError names neither)."""
-    try:
-        return urlparse(path)
-    except ValueError as e:
-        raise PathError(f"{what + ' = ' if what else ''}{path}: not a path or a URL ({e})") from None
 
 
 def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
