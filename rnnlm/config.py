@@ -631,8 +631,11 @@ def check_memory(cfg: Config, vocab_size: int = 0, memory: int | None = None) ->
                           "vocabulary smaller")
 
 
-def check_plateau(cfg: Config) -> None:
-    """A plateau schedule needs evaluations while the run trains (both trainers call it)."""
+def check_run(cfg: Config) -> None:
+    """What every trainer needs, the single-process one too: data to train on, and for a plateau
+    schedule evaluations while the run trains."""
+    if not cfg.data.train:
+        raise ConfigError("data.train is not set")
     if cfg.optim.schedule == "plateau" and not cfg.train.eval_every:    # one loss seen, after the last round
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops improving, which "
                           "train.eval_every = 0 measures only once the run has ended: set train.eval_every (a run "
@@ -652,6 +655,4 @@ def check_trainable(cfg: Config) -> None:
     if cfg.optim.schedule == "plateau" and not cfg.data.valid:
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
                           "improving: set data.valid")
-    check_plateau(cfg)
-    if not cfg.data.train:
-        raise ConfigError("data.train is not set")
+    check_run(cfg)

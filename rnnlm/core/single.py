@@ -37,7 +37,7 @@ def read_text(path: str, errors: str = "replace") -> str:
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
                          "reads such bytes as U+FFFD") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")      # universal newlines, as a text-mode read
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text   # universal newlines
 
 
 # what Spark's trainers read that this one does not: a key set to other than its default is named at the start
@@ -61,9 +61,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     saves a checkpoint to ``out`` at the end.
     """
     d, t = cfg.data, cfg.train
-    config.check_plateau(cfg)
-    if not d.train:
-        raise config.ConfigError("data.train is not set")
+    config.check_run(cfg)
     text = read_text(d.train, d.encoding_errors)
     vocab = Vocab.build(text, d.level, d.vocab_size, d.min_count)
     cfg = config.resolve(cfg, len(vocab))
@@ -86,9 +84,10 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     rounds = t.rounds or rounds_for(t.epochs, block.steps_per_pass, K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
     step, t0, metrics = 0, time.perf_counter(), {}
-    if ignored(cfg):
+    unread = ignored(cfg)
+    if unread:
         log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
-            f"ignores {', '.join(ignored(cfg))} (Spark's trainer reads them)")
+            f"ignores {', '.join(unread)} (Spark's trainer reads them)")
     log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "
         f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {K} steps")
     for r in range(1, rounds + 1):
