@@ -340,8 +340,9 @@ class ParameterServer:
             return
         most = math.sqrt(float(np.finfo(self.params.dtype).max))
         for slot, _, values in decoded:
-            if values.size and float(np.abs(values).max()) >= most:
-                raise Refused(f"{slot.name}: a value of {float(np.abs(values).max()):.3g} squares past "
+            largest = float(np.abs(values).max()) if values.size else 0.0
+            if largest >= most:
+                raise Refused(f"{slot.name}: a value of {largest:.3g} squares past "
                               f"{self.params.dtype.name}'s largest number (AdaGrad sums squares)")
 
     def _push_position(self, fields) -> tuple:

@@ -51,7 +51,8 @@ def same_data(mine: str, theirs: str) -> bool:
     from here, or where it names none, from this checkout (where ``conf/``'s relative paths are found)."""
     if mine == theirs:
         return True
-    names = [resolve(p, default_fs()) if p else (False, p) for p in (mine, theirs)]
+    fs = default_fs()
+    names = [resolve(p, fs) if p else (False, p) for p in (mine, theirs)]
     if not all(local for local, _ in names):
         return False
     (_, here), (_, there) = names
