@@ -7,7 +7,7 @@ import pytest
 from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
-from rnnlm.spark.async_trainer import AsyncTrainer
+from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
 from conftest import metrics
 
@@ -57,6 +57,14 @@ def test_one_worker_decays_its_rate_where_the_sync_run_does_and_each_line_says_t
     assert sorted(set(rate.values())) == [0.005, 0.01]
     lines = metrics(tmp_path / "async")
     assert lines[-1]["syncs"] == 9 and all(m["lr"] == rate[max(1, m["syncs"])] for m in lines), lines
+
+
+def test_a_window_that_starts_a_whole_epoch_trains_at_that_epochs_rate():
+    """49 windows of 1,000 tokens are one epoch of 49,000: window 49 starts epoch 1 and trains at its
+    halved rate (49 x (1,000 / 49,000) is 0.9999999999999999: it once kept the first epoch's rate)."""
+    cfg = config.Config(optim=config.OptimConfig(schedule="epoch_decay", lr=1.0, decay=0.5, decay_after=1))
+    lrs = window_lrs(cfg, 1000, 49000, 100)
+    assert lrs[:49] == [1.0] * 49 and lrs[49:98] == [0.5] * 49 and lrs[98:] == [0.25] * 2
 
 
 @pytest.mark.parametrize("server", [

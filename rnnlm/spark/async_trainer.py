@@ -72,7 +72,7 @@ class AsyncTrainer(Driver):
                     None if ck is None else f"resumed from round {ck.position['round']} (version "
                     f"{ck.position['version']})", init)
                 # the loop: the job's windows, metrics lines, evaluations and checkpoints
-                lrs = _lrs(cfg, per.round / per.epoch, windows)
+                lrs = window_lrs(cfg, per.round, per.epoch, windows)
                 run = _Run(self.dir, cfg, data, per.epoch, server, frames, model, held_out, lrs,
                            ck.position if ck else {})
                 task = worker_task(cfg, frames.address, secret, lrs)
@@ -323,10 +323,12 @@ def _evaluate(model, params, streams) -> float:
     return total / max(1, count)
 
 
-def _lrs(cfg, per_window: float, windows: int) -> list:
-    """The learning rate of each window (its epoch: ``per_window`` epochs per window every worker trained)."""
+def window_lrs(cfg, per_window: float, per_epoch: float, windows: int) -> list:
+    """The learning rate of each window (its epoch: the ``per_window`` tokens of each window every worker
+    trained, over an epoch's ``per_epoch``; multiplied before the division, so that a window starting a
+    whole epoch is not read a bit short of it, at the previous epoch's rate)."""
     sched = Schedule(cfg.optim)
-    return [sched.lr(w * per_window) for w in range(windows)]
+    return [sched.lr(w * per_window / per_epoch) for w in range(windows)]
 
 
 def _finished(position: dict, windows: int) -> bool:
