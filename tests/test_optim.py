@@ -115,6 +115,17 @@ def test_clip_factor_stays_an_array_and_is_exactly_one_up_to_the_bound():
     assert clip_factor(g)[1] == 1.0
 
 
+def test_a_float32_gradient_whose_squares_overflow_is_clipped_not_read_as_an_infinite_norm():
+    """3e20 squared passes float32's 3.4e38: its norm is still 5e20 and the clip scales it (as the GPU's
+    float64 sum does), where an infinite norm stopped a run that the clip was there to rescue. A gradient
+    holding inf or NaN still reads as not finite."""
+    g = np.array([3e20, -4e20, 0.0], np.float32)
+    norm, factor = clip_factor(g, clip_norm=5.0)
+    assert norm == pytest.approx(5e20, rel=1e-6) and factor == pytest.approx(1e-20, rel=1e-6)
+    for bad in (np.inf, np.nan):
+        assert not np.isfinite(clip_factor(np.array([3e20, bad], np.float32), clip_norm=5.0)[0])
+
+
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])
 def test_a_device_factor_updates_bit_for_bit_as_a_python_float(name):
     """A clip factor as a 0-d float64 array (what clip_factor leaves on a GPU) or as NumPy's float64

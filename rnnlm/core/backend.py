@@ -69,13 +69,20 @@ _sumsq_kernel = None      # CuPy's reduction kernel, compiled on first use
 
 
 def sumsq(a):
-    """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy (inf,
-    without a warning, where float32 squares overflow: the callers check for it); on CuPy one reduction
-    kernel that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
+    """``sum(a * a)`` of a flat array as a 0-d float64 array on its device: BLAS ``dot`` on NumPy, again over
+    ``a`` scaled by its largest magnitude where finite float32 squares overflow (a gradient of 1e20 is
+    clipped, as on CuPy, not read as an infinite norm; inf or NaN stays so); on CuPy one reduction kernel
+    that accumulates in float64 (cuBLAS's ``dot`` cannot be captured)."""
     xp = xp_of(a)
     if xp is np:
-        with np.errstate(over="ignore"):
-            return np.dot(a, a).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = np.dot(a, a).astype(np.float64)
+            if not np.isfinite(d) and a.size:
+                top = np.float64(np.abs(a).max())
+                if np.isfinite(top):                                 # no inf or NaN: the squares overflowed
+                    scaled = a / a.dtype.type(top)                      # |values| <= 1
+                    d = np.dot(scaled, scaled).astype(np.float64) * top * top
+        return d
     global _sumsq_kernel
     if _sumsq_kernel is None:
         _sumsq_kernel = xp.ReductionKernel("T x", "float64 y", "(double)x * (double)x", "a + b", "y = a", "0",

@@ -129,7 +129,7 @@ def train_steps(model, optimizer, params, opt_state, batches, state, *, lr: floa
     if not steps:
         return LocalResult(params, opt_state, state, 0, 0.0, 0)
     # the call's one read from the device; the parameters' sum of squares (one BLAS dot on NumPy: the cheapest
-    # pass over them) catches an update that overflowed, confirmed below where the squares alone overflowed
+    # pass over them) catches an update that overflowed, confirmed below element by element
     seen = backend.to_numpy(xp.concatenate([*watch, backend.sumsq(params)[None]]))
     loss_sum, tokens = 0.0, int(seen[2:-1:3].sum())
     for k in range(steps):
