@@ -92,8 +92,27 @@ def stepped_from(cfg, params, tokens, opt_state):
     src = executor.make_source(cfg, 0, tokens, np.array([0]))
     res, *_ = executor.train_and_encode(cfg, model, src, make_optimizer(cfg.optim), params.copy(), opt_state,
                                         model.zero_state(cfg.train.batch), params, 1, 0, 0.01,
-                                        cfg.train.local_steps, None)
+                                        cfg.train.local_steps, None, by_tokens=True)
     return res.params
+
+
+def test_a_round_that_scores_no_token_keeps_its_residual_whole():
+    """A sample of one-token paragraphs runs a step and scores nothing: its blocks weigh 0 in the round's
+    mean, so with feedback it keeps its residual whole (the int8 blocks it sent were lost: neither applied
+    nor kept). An async push, which the server applies whatever it scored, keeps only what it did not send."""
+    cfg = cfg_for(7, "data.strategy=sampled_paragraphs", "data.sample_fraction=0.1", "train.local_steps=0",
+                  "exchange.hidden=dense+int8", "exchange.feedback=true", "optim.name=sgd")
+    model = RNNLM(cfg.model)
+    params = model.init_params(1)
+    src = executor.make_source(cfg, 0, np.arange(24, dtype=np.int32) % 7, np.append(np.arange(19), 19))
+    residual = np.random.default_rng(0).normal(size=params.size).astype(params.dtype)
+    for by_tokens in (True, False):
+        opt = make_optimizer(cfg.optim)
+        res, _, _, left, _, change = executor.train_and_encode(
+            cfg, model, src, opt, params.copy(), opt.init_state(params), model.zero_state(2), params, 1, 0, 0.1, 0,
+            residual, by_tokens=by_tokens)
+        assert res.steps == 1 and res.tokens == 0 and not change.any()
+        assert np.array_equal(left, residual) == by_tokens, by_tokens
 
 
 def test_a_task_reads_only_its_own_partitions_broadcast():

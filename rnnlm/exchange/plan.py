@@ -101,13 +101,17 @@ class SoftmaxSampler:
 
 
 def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions: int,
-           residual=None) -> tuple:
+           residual=None, scored: bool = True) -> tuple:
     """One partition's change (P,) as blocks named ``PARAMS + slot``, and per-group statistics.
 
     Parameters
     ----------
     residual : array (P,) or None
         With ``ex.feedback``: what earlier rounds did not send (None: nothing yet).
+    scored : bool
+        Whether the partition scored a token this round. Its blocks weigh its tokens in the mean, so
+        one that scored none sends nothing that counts: with ``ex.feedback`` it keeps its change and
+        residual whole.
 
     Returns
     -------
@@ -135,7 +139,7 @@ def encode(layout, change, ex, words, seed: int, rnd: int, pid: int, partitions:
         blocks[PARAMS + slot.name] = b
         for k, v in (("rows_sent", b.rows), ("rows_total", slot.shape[0]), ("block_bytes", b.nbytes)):
             stats[f"{k}.{group}"] = stats.get(f"{k}.{group}", 0) + int(v)
-    return blocks, stats, (left if ex.feedback else None)
+    return blocks, stats, ((left if scored else total) if ex.feedback else None)
 
 
 def mean_change(layout, agg, dtype) -> np.ndarray:

@@ -51,7 +51,7 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
                     t0 = time.perf_counter()
                     res, blocks, _, residual, _, _ = train_and_encode(
                         cfg, model, src, opt, params, opt_state, state, host, w + 1, pid, lrs[w], t.push_every,
-                        residual)
+                        residual, by_tokens=False)
                     state = res.state if src.carries_state else model.zero_state(t.batch)
                     version = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
                                           steps=res.steps, compute_s=time.perf_counter() - t0)

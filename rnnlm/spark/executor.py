@@ -156,7 +156,7 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
             try:
                 res, blocks, block_stats, left, words, change = train_and_encode(
                     cfg, model, src, opt, params, opt_state, state, start, rnd, pid, lr, t.local_steps,
-                    held.get("feedback"))
+                    held.get("feedback"), by_tokens=True)
             except FloatingPointError as e:
                 yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, spark_carry)
                 continue
@@ -171,9 +171,11 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
 
 
 def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: int, pid: int, lr: float,
-                     steps: int, residual):
+                     steps: int, residual, *, by_tokens: bool):
     """Round ``rnd``'s ``steps`` local steps of partition ``pid`` from ``params`` (on the device; ``host``
     is the same on the host), and its change encoded as :func:`rnnlm.exchange.plan.encode` sends it.
+    ``by_tokens``: the change weighs its scored tokens where it is applied (the synchronous round's mean;
+    the server applies any push), so a round that scored none keeps its residual whole.
 
     The synchronous round and the asynchronous window share it: the same batches, dropout masks,
     sampled softmax sets and encoding for the same ``(seed, rnd, pid)``.
@@ -203,7 +205,8 @@ def train_and_encode(cfg, model, src, opt, params, opt_state, state, host, rnd: 
     words = np.unique(np.concatenate([np.concatenate([b.x.ravel(), b.y[b.y >= 0]]) for b in batches]))
     change = backend.to_numpy(res.params) - host        # what this partition did
     blocks, stats, left = plan.encode(model.layout, change, cfg.exchange, words, t.seed, rnd, pid,
-                                      cfg.data.partitions, residual)
+                                      cfg.data.partitions, residual,
+                                      scored=res.tokens > 0 or not by_tokens)
     stats.update(steps_s=t1 - t0, encode_s=time.perf_counter() - t1)
     if sets is not None:
         stats.update(softmax_v_all=sets.sizes[0], softmax_v_f=sets.sizes[1])
