@@ -665,6 +665,27 @@ def test_a_contribution_that_reaches_its_round_late_twice_or_never_changes_nothi
     assert losses[0] == losses[1]
 
 
+def test_the_rounds_after_a_broken_channel_merge_as_the_channel_did(spark, tiny_cfg, tmp_path, monkeypatch):
+    """At 5 partitions Spark's tree of depth 2 adds a level whose fp16 sum is rounded as it leaves; the
+    direct channel merges every leaf on the driver. The rounds sent through Spark after the channel failed
+    merge on the driver too (depth 1): a transient failure changes no number."""
+    from rnnlm.spark import channel
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "data.partitions=5", "train.rounds=3", "train.checkpoint_every=0", "train.results=direct",
+        "exchange.embed=dense+fp16", "exchange.softmax=dense+fp16", "exchange.hidden=dense+fp16"]))
+    direct = run(spark, cfg, tmp_path / "direct")
+
+    class Unreachable(channel.Channel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.server.close()                 # as behind a firewall that refuses the port
+    monkeypatch.setattr(channel, "Channel", Unreachable)
+    fell_back = run(spark, cfg, tmp_path / "fell_back")
+    assert np.array_equal(fell_back.params, direct.params)
+    tree = run(spark, config.replace(cfg, "train", results="spark"), tmp_path / "tree")
+    assert not np.array_equal(tree.params, direct.params)       # depth 2 at 5 partitions: another sum
+
+
 @pytest.mark.parametrize("settings", [
     # dense, through treeAggregate: Adam's slots averaged, hidden state carried through the driver
     ["train.local_steps=4", "train.optim_state=average"],

@@ -314,8 +314,11 @@ class AllReduce:
         if self.channel is not None and self.channel.broken is None:
             direct = self.channel.sink(job.round), functools.partial(self.channel.take, job.round)
         if self.lineage is None and direct is None:
+            # after a broken channel, as it merged: every leaf on the driver (a level of Spark's tree would
+            # round its sum to the codec as it leaves: a transient failure would change the numbers)
+            depth = 1 if self.channel is not None else self.cfg.train.tree_depth
             job.future = run(lambda: self.data.mapPartitions(job.task()).treeAggregate(
-                Gathered(), gather, gather, depth=self.cfg.train.tree_depth).settle())
+                Gathered(), gather, gather, depth=depth).settle())
         elif self.lineage is None:
             sink, take = direct
 
