@@ -73,6 +73,28 @@ def test_text_made_on_windows_reads_as_the_same_paragraphs(spark, tmp_path):
     assert len(corpus.paragraphs(sc, str(crlf), "blank_line", "word").collect()) == 4
 
 
+def test_a_paragraph_after_a_split_boundary_in_a_run_of_blank_lines_is_read_once(spark, tmp_path):
+    """Hadoop's reader with a delimiter of its own reads the record after a split boundary that falls inside
+    a run of delimiters which is not a whole number of them in both splits: the paragraph was trained twice
+    wherever a block ended so (32 MiB locally). Splits of 50 bytes put a boundary at every offset."""
+    from rnnlm.spark.session import hadoop_conf
+    conf = hadoop_conf(spark.sparkContext)
+    key = "mapreduce.input.fileinputformat.split.maxsize"
+    before = conf.get(key)
+    conf.set(key, "50")
+    try:
+        for sep in ("\n\n\n", "\n" * 5, "\r\n" * 3):
+            d, want = tmp_path / str(len(sep)), []
+            d.mkdir()
+            for shift in range(10):                         # files read in the order of their names
+                paragraphs = ["h" * shift] * bool(shift) + [f"p{i:02d} text" for i in range(20)]
+                (d / f"{shift}.txt").write_bytes(sep.join(paragraphs).encode())
+                want += paragraphs
+            assert corpus.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect() == want, repr(sep)
+    finally:
+        conf.unset(key) if before is None else conf.set(key, before)
+
+
 def test_files_with_either_line_end_in_one_corpus(spark, tmp_path):
     d = tmp_path / "mixed"
     d.mkdir()
