@@ -39,6 +39,19 @@ def test_spark_vocabulary_equals_the_local_one(spark, tmp_path):
     assert len(corpus.build_vocab(corpus.paragraphs(sc, TEXT, "line", "char"), "char")) == len(set(text)) + 1
 
 
+def test_a_byte_order_mark_is_no_token_to_either_trainer(spark, tmp_path):
+    """Hadoop's reader drops a UTF-8 file's leading byte order mark; the single-process trainer learnt the
+    word '\ufeffThe' and the character U+FEFF from it, so the two trainers' vocabularies differed."""
+    from rnnlm.core.single import read_text
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbfThe cat\nsat on\n\nthe mat.\n")
+    for level in ("word", "char"):          # (Spark's character paragraphs end with a blank line: other counts)
+        local = Vocab.build(read_text(str(f)), level)
+        paras = corpus.paragraphs(spark.sparkContext, str(f), "blank_line", level)
+        assert sorted(corpus.build_vocab(paras, level).tokens) == sorted(local.tokens), level
+        assert not any("\ufeff" in t for t in local.tokens), level
+
+
 def test_contiguous_partitions_keep_order(spark):
     sc = spark.sparkContext
     paras = sc.parallelize([f"p{i}" for i in range(23)], 5)

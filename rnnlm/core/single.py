@@ -33,7 +33,7 @@ def read_text(path: str, errors: str = "replace") -> str:
         raise ValueError(f"{path}: {e.held()} than the {most >> 20:,} MiB (a sixteenth of this "
                          "machine's memory) the single-process trainer reads: train it with Spark") from None
     try:
-        text = data.decode("utf-8", errors=errors)
+        text = data.decode("utf-8-sig", errors=errors)     # a leading byte order mark is no text, as to Hadoop
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
                          "reads such bytes as U+FFFD") from None
