@@ -72,7 +72,8 @@ def test_encoded_partitions(spark):
 
 def test_text_made_on_windows_reads_as_the_same_paragraphs(spark, tmp_path):
     """CRLF line ends: blank_line mode saw one paragraph (with two partitions, a misleading "1 paragraphs"
-    error; with one, \\r became a token). \\r\\n is a line end, as in the line mode and the one-machine trainer."""
+    error; with one, \\r became a token). \\r\\n is a line end, as in the line mode and the one-machine trainer,
+    and so is a lone \\r (blank_line mode read \\r\\r as no paragraph break and \\r as a character)."""
     raw = "First line,\nsecond line.\n\nAnother one.\n\n\nAfter two blank lines.\n\nLast.\n"
     lf, crlf = tmp_path / "lf.txt", tmp_path / "crlf.txt"
     lf.write_bytes(raw.encode())
@@ -84,6 +85,11 @@ def test_text_made_on_windows_reads_as_the_same_paragraphs(spark, tmp_path):
             assert got == corpus.paragraphs(sc, str(lf), mode, level).collect(), (mode, level, got)
             assert not any("\r" in p for p in got)
     assert len(corpus.paragraphs(sc, str(crlf), "blank_line", "word").collect()) == 4
+    cr = tmp_path / "cr.txt"                            # a lone \r ends a line too (classic Mac OS)
+    cr.write_bytes(raw.replace("\n", "\r").encode())
+    for level in ("char", "word"):
+        assert (corpus.paragraphs(sc, str(cr), "blank_line", level).collect()
+                == corpus.paragraphs(sc, str(lf), "blank_line", level).collect()), level
 
 
 def test_a_paragraph_after_a_split_boundary_in_a_run_of_blank_lines_is_read_once(spark, tmp_path):

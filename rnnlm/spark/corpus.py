@@ -261,9 +261,12 @@ def _too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str 
 
 
 def _paragraph_records(record: str) -> list:
-    """A record with ``\n`` line ends, cut at the blank lines its delimiter missed (in a corpus whose
-    files end their lines differently from the first)."""
-    return record.replace("\r\n", "\n").split("\n\n")
+    """A record with ``\n`` line ends (``\r\n`` and a lone ``\r`` are line ends, as to the line mode and
+    the single-process trainer), cut at the blank lines its delimiter missed (in a corpus whose files end
+    their lines differently from the first, or with ``\r`` alone)."""
+    if "\r" in record:
+        record = record.replace("\r\n", "\n").replace("\r", "\n")
+    return record.split("\n\n")
 
 
 def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1, name: str = "the corpus") -> Vocab:
