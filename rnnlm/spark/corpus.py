@@ -396,11 +396,14 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
 
 def _check_decodable(paras, path: str, errors: str) -> None:
     """Under ``data.encoding_errors = "strict"`` a text holding undecodable bytes is refused (Hadoop
-    decodes them as U+FFFD)."""
+    decodes them as U+FFFD, and hands Python no bytes: a valid U+FFFD is refused too, and the message
+    says so)."""
     if errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
         if bad:
-            raise CorpusError(f"{path}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict)")
+            raise CorpusError(f"{path}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict; "
+                              "Hadoop reads them as U+FFFD, so a text holding that character itself reads so "
+                              "too: 'replace' takes it)")
 
 
 def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
