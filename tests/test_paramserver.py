@@ -120,6 +120,29 @@ def test_staleness_divides_a_change_by_one_plus_the_versions_behind():
     assert ps.drain()["staleness"] == {0: 2, 2: 1}
 
 
+def test_staleness_counts_the_pushes_a_copy_lacks_not_those_landed_above_its_watermark():
+    """Worker 1's push is held mid-apply while worker 0's lands: worker 0's copy then holds its own push,
+    not worker 1's, and its version is the watermark 0 below both. Its next push is one push behind (divided
+    by 2), where counting from the watermark made it two (divided by 3): its own push counted as missing."""
+    ps = server(staleness="divide")
+    _, p0 = hello(ps, 0)
+    hello(ps, 1)
+    applying, release = hold_first_apply(ps)
+    one = np.ones(LAYOUT.size, np.float32)
+    th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one))
+    th.start()
+    assert applying.wait(5)
+    _, r, a = push(ps, 0, 1, 0, 0, one)
+    patch(LAYOUT, p0, r["pulled"], a)
+    assert r["version"] == 0 and (p0 == 1.0).all()      # the watermark below worker 1's claim; its own push held
+    release.set()
+    th.join()
+    assert ps.drain()["staleness"] == {0: 2}
+    push(ps, 0, 1, 1, r["version"], one * 6)
+    np.testing.assert_allclose(ps.params, 2.0 + 3.0, rtol=1e-6)
+    assert ps.drain()["staleness"] == {1: 1}
+
+
 def test_adagrad_on_the_server_follows_its_formula():
     ps = server(update="adagrad", lr=0.5, eps=1e-6)
     hello(ps, 0)
@@ -151,6 +174,37 @@ def test_a_push_whose_squares_overflow_is_refused_by_adagrad_before_it_is_reserv
     change[3] = 1e19                                # its square, 1e38, is a float32
     push(ps, 0, 1, 0, 0, change)
     assert ps.version == 1 and np.isfinite(ps.acc).all() and np.isfinite(ps.params).all()
+
+
+def test_a_float64_models_adagrad_sums_a_codecs_float32_values_in_float64():
+    """bf16 blocks decode to float32: their squares were taken in float32, so a change of 1e20 (below the
+    float64 bound the push was checked against) made the accumulator infinite and every later checkpoint
+    one the loader refuses."""
+    cfg = config.load(None, ["server.update=adagrad", "server.lr=0.5", "exchange.hidden=dense+bf16",
+                             "exchange.embed=dense+bf16", "exchange.softmax=dense+bf16", "model.dtype=float64"])
+    ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float64), cfg.server, 3, 1, log=lambda *_: None)
+    hello(ps, 0)
+    change = np.ones(LAYOUT.size, np.float64)
+    change[3] = 1e20
+    blocks, _, _ = plan.encode(LAYOUT, change, cfg.exchange, np.array([1, 2]), 1, 1, 0, 1)
+    fields, arrays = blocks_to_wire(blocks)
+    fields.update(pid=0, lease=1, window=0, version=0)
+    assert ps.handle("t", "push", fields, arrays)[1]["applied"]
+    assert np.isfinite(ps.acc).all() and ps.acc[3] == pytest.approx(1e40, rel=1e-2)
+    np.testing.assert_allclose(ps.params, 0.5 / (1 + 1e-8), rtol=1e-6)
+
+
+def test_pushes_that_add_up_past_the_types_range_stop_the_run_as_a_failure():
+    """Each push is finite, their sum is not: the parameters went infinite with no failure recorded, and the
+    next line's checkpoint held them. The push that overflows is now the run's failure, before any checkpoint."""
+    ps = server()
+    hello(ps, 0)
+    hello(ps, 1)
+    big = np.full(LAYOUT.size, 2e38, np.float32)
+    push(ps, 0, 1, 0, 0, big)
+    with pytest.raises(FloatingPointError, match="the server's parameters left float32's range"):
+        push(ps, 1, 1, 0, 0, big)
+    assert len(ps.failures) == 1 and "window 0 failed: embed: the server's parameters left" in ps.failures[0]
 
 
 def test_row_blocks_in_a_codec_arrive_as_the_worker_encoded_them():
@@ -214,6 +268,16 @@ def test_requests_naming_no_partition_are_refused():
         kind, f, _ = ps.handle("t", "hello", {"pid": pid}, {})
         assert kind == "refused" and "names no partition" in f["reason"] and ps.totals["refused_protocol"] == i + 1
     assert ps.lease == [0, 0]
+
+
+def test_refusals_past_the_logs_burst_are_counted_in_one_line_at_the_end():
+    lines = []
+    ps = ParameterServer(LAYOUT, np.zeros(LAYOUT.size, np.float32), config.Config().server, 3, 1, log=lines.append)
+    for _ in range(8):
+        assert ps.handle("peer", "heartbeat", {"pid": 7}, {})[0] == "refused"
+    assert len(lines) == 5 and ps.totals["refused_protocol"] == 8
+    ps.flush_log()
+    assert len(lines) == 6 and "3 more" in lines[-1], lines[-1]
 
 
 def test_a_silent_worker_is_reported_once_until_it_says_hello_again():

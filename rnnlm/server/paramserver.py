@@ -185,12 +185,19 @@ class ParameterServer:
         self.applied = self.version                               # pushes whose change has landed
         self.counted = self.version                               # pushes reported by drain()
         self._claims: set = set()                                 # claim numbers of pushes not yet landed
+        # per partition: (the version its copy was last given, the pushes landed in that copy): Hogwild! lands
+        # pushes out of order, so a copy can hold pushes claimed above its version (its own, say)
+        self._holds: dict = {}
         # per slot and row: the claim number of the last push that changed it, so a pull sends only
         # the rows changed since the worker's previous pull (it patches the copy it keeps)
         self.stamps = {slot.name: np.zeros(slot.shape[0], np.int64) for slot in layout}
         self.failures: list = []                                  # a worker's or an apply's error: the run stops
         self._params_lock = threading.Lock() if sv.lock else None
         self._say = LogLimit(log, "parameter server")             # refusals: a flood of them is not logged
+
+    def flush_log(self) -> None:
+        """Say how many refusal lines the log held back (at the end of a run: a flood's count is not lost)."""
+        self._say.flush()
 
     # ------------------------------------------------------------ protocol
     def handle(self, peer: str, kind: str, fields: dict, arrays: dict) -> tuple:
@@ -248,7 +255,11 @@ class ParameterServer:
             self.started[pid] = self.done[pid]
             self.last_seen[pid], self.lost[pid] = time.monotonic(), False
             lease, window = self.lease[pid], self.done[pid]
-        version, params = self._watermark(), self._copy()
+        with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
+            with self._book:
+                version = self._mark()
+                self._holds[pid] = (version, self.applied)
+            params = self.params.copy()
         return "hello", {"lease": lease, "window": window, "windows": self.windows, "version": version}, \
             {"params": params}
 
@@ -271,25 +282,24 @@ class ParameterServer:
             self._book.notify_all()
         return "ok", {}, {}
 
-    def _watermark(self) -> int:
-        """The largest n such that every push claimed as 1..n has landed (Hogwild! lands out of order)."""
-        with self._book:
-            return min(self._claims) - 1 if self._claims else self.version
+    def _mark(self) -> int:
+        """The watermark: the largest n such that every push claimed as 1..n has landed (Hogwild! lands
+        out of order). Under self._book."""
+        return min(self._claims) - 1 if self._claims else self.version
 
-    def _copy(self):
-        with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
-            return self.params.copy()
-
-    def _pull(self, since: int) -> tuple:
+    def _pull(self, pid: int, since: int) -> tuple:
         """(watermark, fields, arrays): the rows changed by pushes claimed after ``since``.
 
         The worker patches its copy with them; rows a push still in flight changes carry a
-        stamp above the watermark, so they are sent again by the next pull.
+        stamp above the watermark, so they are sent again by the next pull. The copy then holds every
+        push landed by now, some perhaps claimed above the watermark: its next push's staleness counts
+        from them (:meth:`_behind`).
         """
         meta, arrays = {}, {}
         with self._params_lock or _NO_LOCK:     # locked: whole pushes only; lock-free (Hogwild!): rows as they are
             with self._book:
-                mark = min(self._claims) - 1 if self._claims else self.version
+                mark = self._mark()
+                self._holds[pid] = (mark, self.applied)
                 changed = {slot.name: np.flatnonzero(self.stamps[slot.name] > since) for slot in self.layout}
             for slot in self.layout:
                 ids = changed[slot.name]
@@ -326,7 +336,7 @@ class ParameterServer:
                 self._in_flight += 1
         if applied:
             self._land(pid, w, base, decoded, claim, stats)
-        version, pulled, arrays = self._pull(base)
+        version, pulled, arrays = self._pull(pid, base)
         with self._book:
             self.window["pulls"] += 1
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays
@@ -363,7 +373,7 @@ class ParameterServer:
             lock = self._params_lock or _NO_LOCK
             with lock:
                 with self._book:
-                    stale = max(0, self.applied - base)
+                    stale = self._behind(pid, base)
                 self.apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
         except Exception as e:
             with self._book:
@@ -371,6 +381,13 @@ class ParameterServer:
             raise
         finally:
             self._landed(claim, decoded, stale, stats)
+
+    def _behind(self, pid: int, base: int) -> int:
+        """The pushes landed since the copy a push of ``pid`` computed on, given as ``base``: the copy held
+        those landed when it was given (the watermark alone would count pushes landed above it, its own
+        previous push among them, as missing from it). Under self._book."""
+        given, held = self._holds.get(pid, (None, base))
+        return max(0, self.applied - (held if given == base else base))
 
     def _landed(self, claim: int, decoded, stale: int, stats: PushStats):
         """Mark a push landed and count its statistics in one critical section, so a snapshot (which waits
@@ -396,21 +413,27 @@ class ParameterServer:
     def apply(self, decoded, scale: float):
         """The update rule (``server.update``: add, or AdaGrad's step) on the parameters, for a push's
         decoded rows (:func:`blocks_from_wire`) weighted by ``scale``; a reserved push lands through it,
-        under the parameters' lock where ``server.lock`` asks for one."""
+        under the parameters' lock where ``server.lock`` asks for one.
+
+        Raises FloatingPointError where the sum leaves the parameters' range (finite pushes can add up
+        past it): the push's failure stops the run before a checkpoint holds them."""
         for slot, ids, values in decoded:
             R = slot.shape[0]
             view = self.params[slot.offset:slot.end].reshape(R, -1)             # (R, C)
-            if self.sv.update == "add":
-                if ids is None:
-                    view += values * scale
-                else:
-                    view[ids] += values * scale
-                continue
-            acc = self.acc[slot.offset:slot.end].reshape(R, -1)
+            values = values.astype(view.dtype, copy=False)    # a codec's float32, in a float64 model's type
             rows = slice(None) if ids is None else ids
-            a = acc[rows] + values * values
-            acc[rows] = a
-            view[rows] += (self.sv.lr * scale) * values / (np.sqrt(a) + self.sv.eps)
+            with np.errstate(over="raise", invalid="raise"):
+                try:
+                    if self.sv.update == "add":
+                        view[rows] += values * scale
+                        continue
+                    acc = self.acc[slot.offset:slot.end].reshape(R, -1)
+                    a = acc[rows] + values * values
+                    acc[rows] = a
+                    view[rows] += (self.sv.lr * scale) * values / (np.sqrt(a) + self.sv.eps)
+                except FloatingPointError as e:
+                    raise FloatingPointError(f"{slot.name}: the server's parameters left {view.dtype.name}'s "
+                                             f"range ({e}): the run diverged") from None
 
     # -------------------------------------------------------------- driver
     def wait(self, pushes: int, timeout: float) -> int:

@@ -94,6 +94,7 @@ class AsyncTrainer(Driver):
                     job.cancel()
             finally:
                 frames.close()
+                server.flush_log()
         finally:
             # tear down: a run that ended waits for the executors' answers (the session may stop next)
             if owned:
