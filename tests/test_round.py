@@ -305,6 +305,20 @@ def _ck(position=None, optim=None, hidden=None):
                       hidden=hidden, optim_t=5)
 
 
+def test_a_run_started_from_a_checkpoint_with_its_optimizer_leaves_that_checkpoint_as_it_was():
+    """The outer momentum's velocity is updated in place: a run from ``--init-from`` with the optimizer kept
+    changed the checkpoint object's, so the next run of a sweep from the same Init started elsewhere."""
+    from rnnlm.spark.rundir import Init
+    velocity, m = np.ones(6, np.float32), np.full(6, 2.0, np.float32)
+    init = Init(_ck(optim={"outer.velocity": velocity, "m": m}), "ck", keep_optimizer=True)
+    for _ in range(2):
+        st = SyncState.start_from(init)
+        assert np.array_equal(st.velocity, np.ones(6)) and np.array_equal(st.opt["m"], m)
+        _round("momentum", momentum=0.5, lr=1.0).apply(st, _agg())
+        assert not np.array_equal(st.velocity, np.ones(6))
+    assert np.array_equal(velocity, np.ones(6)) and np.array_equal(m, np.full(6, 2.0))
+
+
 def test_a_resumed_state_takes_each_part_of_the_checkpoint_where_the_run_needs_it():
     view = np.full(6, 7.0, np.float32)
     plain = config.load(None, [])

@@ -10,6 +10,7 @@ it made. It holds the broadcasts (:mod:`rnnlm.spark.broadcasts`), the protocol's
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import time
@@ -51,7 +52,8 @@ class SyncState:
         kept = {}
         if init.keep_optimizer:
             kept = SyncRound.from_optim(init.checkpoint.optim, init.checkpoint.optim_t, init.checkpoint.optim_t_local)
-            kept = {k: kept[k] for k in ("opt", "opt_local", "velocity")}
+            # copies: the rounds update the velocity in place, and ``init`` may start another run (a sweep)
+            kept = copy.deepcopy({k: kept[k] for k in ("opt", "opt_local", "velocity")})
         return cls(params=np.array(init.checkpoint.params), **kept)
 
     @classmethod
