@@ -93,6 +93,22 @@ def test_each_round_takes_the_rate_of_the_epoch_it_starts_in_and_losses_are_per_
     assert 0 < m["wall_s"] <= wall
 
 
+def test_wall_s_counts_training_and_eval_s_the_evaluations(corpus, monkeypatch):
+    """Each evaluation made 0.5 s slower: wall_s (training alone, as Spark's trainer counts it) does not
+    grow with them, eval_s does (wall_s once took them in: 91% of a demo's last wall_s was evaluation)."""
+    from rnnlm.core import single
+    real = single.held_out_nll
+
+    def slow(*args):
+        time.sleep(0.5)
+        return real(*args)
+    monkeypatch.setattr(single, "held_out_nll", slow)
+    m, said = run(corpus, "train.rounds=3", "train.local_steps=2", "train.eval_every=1")
+    lines = [dict(f.rsplit(" ", 1) for f in s.split(" | ")) for s in said[1:4]]
+    assert [float(x["eval_s"]) >= 0.5 * (i + 1) for i, x in enumerate(lines)] == [True] * 3
+    assert m["wall_s"] < 0.5 and m["eval_s"] >= 1.5
+
+
 def test_a_short_validation_text_is_scored_and_one_too_short_is_refused_before_training(corpus):
     """The held-out text was scored in chunks of 100 tokens: one of 60 stopped the run at its first
     evaluation, after a round of training, with "60 tokens cannot fill 1 streams of 101 tokens"."""

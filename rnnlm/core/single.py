@@ -83,7 +83,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     K = t.local_steps or block.steps_per_pass          # 0: one pass per round
     rounds = t.rounds or rounds_for(t.epochs, block.steps_per_pass, K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
-    step, t0, metrics = 0, time.perf_counter(), {}
+    step, wall, eval_s, metrics = 0, 0.0, 0.0, {}       # wall_s: training alone, as Spark's trainer counts it
     unread = ignored(cfg)
     if unread:
         log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
@@ -94,15 +94,19 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
         epoch = step / block.steps_per_pass
         lr = sched.lr(epoch)
         drop_rng = backend.rng_for(xp, t.seed, r, 0) if cfg.model.dropout else None
+        t0 = time.perf_counter()
         res = train_steps(model, opt, params, opt_state, block.batches(step, K), state,
                           lr=lr, clip_norm=cfg.optim.clip_norm, clip_value=cfg.optim.clip_value,
                           grad_norm=t.grad_norm, dropout_rng=drop_rng)
+        wall += time.perf_counter() - t0
         state, step = res.state, step + res.steps
         metrics = {"round": r, "epoch": round(step / block.steps_per_pass, 4), "lr": lr,
-                   "train_loss": res.loss_sum / res.tokens, "wall_s": round(time.perf_counter() - t0, 3)}
+                   "train_loss": res.loss_sum / res.tokens, "wall_s": round(wall, 3)}
         if due(r, t.eval_every, rounds):
+            t0 = time.perf_counter()
             vl, vn = held_out_nll(model, params, [valid])        # one stream, however short
-            metrics.update(loss_fields(vl / vn, d.level, "valid"))
+            eval_s += time.perf_counter() - t0
+            metrics.update(loss_fields(vl / vn, d.level, "valid"), eval_s=round(eval_s, 3))
             sched.observe(vl / vn)
             log(log_line(metrics))
     if out:
