@@ -104,7 +104,7 @@ class Progress:
     def bar(self, m: dict, total: int, now: float) -> str:
         """The status line, fields dropped from the end until it fits the terminal."""
         r = m["round"]
-        frac = min(1.0, r / max(1, total))
+        done_of = min(r, total), max(1, total)      # rounded down: 199 of 200 rounds is 99%, its bar not full
         since = now - self.t0          # since the first round reported: the rate's span
         done = r - self.first
         eta = _clock(since / done * (total - r)) if done > 0 else "?"
@@ -119,8 +119,8 @@ class Progress:
         for keep in range(len(fields), -1, -1):
             rest = "".join(f" | {f}" for f in fields[:keep])
             width = max(4, min(self.width, room - len(f"round {r}/{total} [] 100%{rest}")))
-            fill = int(round(frac * width))
-            line = f"round {r}/{total} [{'#' * fill}{'.' * (width - fill)}] {100 * frac:3.0f}%{rest}"
+            fill = done_of[0] * width // done_of[1]
+            line = f"round {r}/{total} [{'#' * fill}{'.' * (width - fill)}] {100 * done_of[0] // done_of[1]:3d}%{rest}"
             if len(line) <= room:
                 return line
         return line[:room]

@@ -140,6 +140,9 @@ def test_the_bar_at_its_edges():
     bare = {"round": 12, "train_loss": 1.0}
     assert p.bar(bare, 10, 5.0) == "round 12/10 [####] 100% | 0:05 < 0:00 | loss - | 0.00 MB/round"
     assert p.bar({"round": 0}, 0, 0.0) == "round 0/0 [....]   0% | 0:00 < ? | loss - | 0.00 MB/round"
+    # rounded down: a run is at 100% and its bar full only at its end (199 of 200 rounds read 100%)
+    assert p.bar({"round": 199}, 200, 5.0).startswith("round 199/200 [###.]  99% |")
+    assert p.bar({"round": 29}, 100, 5.0).startswith("round 29/100 [#...]  29% |")     # 100 * 0.29 < 29
     tiny = Progress(io.StringIO(), tty=True, width=4, clock=Clock(), columns=12)
     tiny.t0 = tiny.first = 0.0
     assert tiny.bar(m(5), 10, 1.0) == "round 5/10 "                        # 11 of 12 columns
