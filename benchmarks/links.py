@@ -6,7 +6,7 @@ whose executors each have a host of their own (rnnlm.netcluster), links shaped t
                                (also dense20+ov, sparse+ov: with train.overlap = 1; sparse+eager;
                                dense20+direct: train.results = "direct")
                                [--converge 4] [--target-ppl 400] [--bytes-at 8] [--out runs/links.json]
-    python benchmarks/links.py --plot runs/links.json      # table and figure from a saved run
+    python benchmarks/links.py --plot runs/links.json [more.json ...]   # table and figure from saved runs
 
 Per P (a cluster of P+1 hosts: the driver and master on host 0, one 1-core worker per other host)
 and exchange, one driver process (in host 0) loads the corpus once, runs the dry run's probe
@@ -319,7 +319,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--out", default="runs/links.json")
     ap.add_argument("--figure", default="docs/figures/links.png")
-    ap.add_argument("--plot", default=None, help="only print the table and draw the figure from this saved run")
+    ap.add_argument("--plot", nargs="+", default=None,
+                    help="only print the table and draw the figure from these saved runs (their rows in one list)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -328,8 +329,10 @@ def main(argv=None) -> int:
             json.dump(rows, f)
         return 0
     if a.plot:
-        with open(a.plot) as f:
-            rows = json.load(f)
+        rows = []
+        for name in a.plot:
+            with open(name) as f:
+                rows += json.load(f)
     else:
         from rnnlm.netcluster import NetCluster, unavailable
         problem = unavailable()
