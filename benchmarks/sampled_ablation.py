@@ -68,7 +68,7 @@ def main(argv=None):
             p = m.init_params(1)
             st = opt.init_state(p)
             ex = ExchangeConfig(frequent=a.frequent, random=0.02, seed_groups="one", sampled_softmax=True, mu=mu,
-                                sampled_variant="literal" if variant == "sampling" else "corrected")
+                                sampled_variant="literal" if variant == "literal" else "corrected")
             state, losses, t0 = m.zero_state(10), [], time.perf_counter()
             for r in range(math.ceil(a.steps / K)):
                 sampler = SoftmaxSampler(V, ex, 1, r + 1, 0, 1, presence=freq)

@@ -192,6 +192,10 @@ class NotRegular(ValueError):
     """What :func:`read_regular` refuses: a FIFO, a device, a socket (a directory is IsADirectoryError)."""
 
 
+# the codecs Hadoop reads, by a file's name, that Python's standard library does not (fast); gzip it does
+HADOOP_CODECS = (".bz2", ".deflate", ".lz4", ".snappy", ".zst")
+
+
 class TooLarge(ValueError):
     """What :func:`read_regular` refuses: a regular file of more than ``limit`` bytes; ``size`` is what
     it said it held, or None where it said no more and held more (it grew, or is one of /proc's)."""

@@ -4,8 +4,11 @@ The quality reference for the distributed trainer and the engine of the demo.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import time
+import zlib
 
 from . import backend, checkpoint, files
 from .. import config
@@ -25,8 +28,13 @@ def read_text(path: str, errors: str = "replace") -> str:
     take ~12 times the text: the trainer of one process is for texts that fit; Spark's reads any). Every
     message names the file."""
     most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 16
+    if path.endswith(files.HADOOP_CODECS):
+        raise ValueError(f"{path}: the single-process trainer reads plain or gzip text (Hadoop reads this "
+                         "codec): train it with Spark, or decompress it")
     try:
         data = files.read_regular(path, most)
+        if path.endswith(".gz"):              # as Hadoop reads it: by its name
+            data = _inflated(path, data, most)
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory") from None
     except files.TooLarge as e:
@@ -38,6 +46,18 @@ def read_text(path: str, errors: str = "replace") -> str:
         raise ValueError(f"{path} is not UTF-8 text ({e.reason}; data.encoding_errors = 'strict'): 'replace' "
                          "reads such bytes as U+FFFD") from None
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text   # universal newlines
+
+
+def _inflated(path: str, data: bytes, most: int) -> bytes:
+    """A gzip file's text, at most ``most`` bytes of it (a small file can inflate without bound)."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            text = f.read(most + 1)
+    except (OSError, EOFError, zlib.error) as e:      # BadGzipFile is an OSError
+        raise ValueError(f"{path} is not gzip text ({e})") from None
+    if len(text) > most:
+        raise files.TooLarge(path, None, most)
+    return text
 
 
 # what Spark's trainers read that this one does not: a key set to other than its default is named at the start

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import config
+from ..core.files import HADOOP_CODECS
 from ..core.schedule import rounds_for
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 from .executor import eval_task, probe_task
@@ -28,7 +29,6 @@ _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
 # killed the driver's JVM with OutOfMemoryError in Text.decode)
 MAX_LINE = "mapreduce.input.linerecordreader.line.maxlength"
 MAX_RECORD_MB = 16            # data.max_record_mb's default
-_UNSCANNED = (".bz2", ".deflate", ".lz4", ".snappy", ".zst")     # codecs Hadoop reads and Python does not (fast)
 
 
 class CorpusError(ValueError):
@@ -164,7 +164,7 @@ def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> 
     """
     limit, corpus_end = max_record_mb << 20, None
     for name in _local_files(path):
-        opener = gzip.open if name.endswith(".gz") else None if name.endswith(_UNSCANNED) else open
+        opener = gzip.open if name.endswith(".gz") else None if name.endswith(HADOOP_CODECS) else open
         if opener is None:
             continue
         try:
