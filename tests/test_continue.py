@@ -378,6 +378,7 @@ def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_
     schedule); so is an asynchronous one with one worker (its windows of 3 steps are the rounds' 3 local
     steps, as in test_async)."""
     from rnnlm.spark.corpus import load_corpus, unpersist_corpus
+    from rnnlm.spark.dryrun import dry_run
     one = ("data.partitions=1", "train.rounds=2")
     vocab = Vocab.build(open(HARBOUR).read() + "\u00e6\u00f8\u00e5", "char")
     cfg = config.resolve(cfg_of(*one, "train.seed=7"), len(vocab))
@@ -399,6 +400,11 @@ def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_
         assert np.array_equal(a.params, ref.params)
     finally:
         unpersist_corpus(data, blocking=True)
+    said = []                   # a dry run reads the text with the checkpoint's vocabulary too (it built its own)
+    dry_run(spark, cfg_of(*one, "train.seed=1234"), log=said.append, init=init)
+    assert [x for x in said if x.startswith("vocab ")] == [f"vocab 50 | params {tr.params.size:,} "
+                                                           f"({tr.params.size * 4 / 1e6:.2f} MB as float32) | "
+                                                           f"train tokens {data.tokens:,}"]
     assert [m["round"] for m in metrics(tmp_path / "sync")] == [1, 2]
     assert "initialised from init (round 0 of its run; its vocabulary of 50 tokens; optimizer state fresh)" in logs
     info = json.loads((tmp_path / "sync" / "run.json").read_text())

@@ -84,7 +84,9 @@ def train(a) -> int:
     if a.dry_run:
         from ..spark.dryrun import dry_run
         with spark_session("rnnlm-dry-run", a.master, a.verbose) as spark:
-            dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms")
+            if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
+                init = Init(read_checkpoint(spark.sparkContext, init_from), init_from, keep)
+            dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms", init=init)
         return 0
     done = finished_run(cfg, a.out, a.resume, getattr(a, "overwrite", False))
     if done is not None:        # nothing to do, said without Spark

@@ -60,14 +60,15 @@ def estimate(layout, cfg, words: list) -> dict:
     return {"sent": sent, "dense": P * layout.size * 4, "model": layout.size * 4}
 
 
-def probe(spark, cfg: config.Config, data, rounds: int = 4) -> list:
+def probe(spark, cfg: config.Config, data, rounds: int = 4, init=None) -> list:
     """The metrics lines of the run's first ``rounds`` rounds, trained in a scratch directory
-    (deleted) without evaluation: exactly what those rounds move and how long they take."""
+    (deleted) without evaluation, from ``init``'s weights where given (``--init-from``): exactly
+    what those rounds move and how long they take."""
     cfg = config.replace(cfg, "train", rounds=rounds, eval_every=0, checkpoint_every=0)
     with tempfile.TemporaryDirectory(prefix="rnnlm-dry-run-") as scratch:
         tr = Trainer(spark, cfg, f"file://{scratch}", log=lambda s: None)
         try:
-            tr.run(data=dataclasses.replace(data, valid=None, test=None))
+            tr.run(data=dataclasses.replace(data, valid=None, test=None), init=init)
         except Interrupted as e:        # its checkpoint is in the scratch directory, deleted now
             raise Interrupted(f"dry run stopped after {len(tr.metrics)} of its {rounds} rounds; nothing was "
                               "written", e.exit_code - 128) from None
@@ -85,19 +86,22 @@ def measured(lines: list, partitions: int, params: int) -> dict:
             "overhead_s": statistics.median(max(0.0, m["round_s"] - m["compute_s"]) for m in later)}
 
 
-def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, latency: str = "0ms") -> dict:
-    """Read the corpus as training would (every check included), print what the run would be."""
+def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, latency: str = "0ms",
+            init=None) -> dict:
+    """Read the corpus as training would (every check included; ``init``: a run from a checkpoint's
+    weights, :class:`rnnlm.spark.rundir.Init`, reads it with that checkpoint's vocabulary), print what
+    the run would be."""
     link = (parse_rate(bandwidth), parse_latency(latency)) if bandwidth else None
     sc, sync = spark.sparkContext, cfg.train.mode != "async"
     steps = cfg.train.local_steps if sync else cfg.train.push_every
-    data = load_corpus(sc, config.replace(cfg, "train", local_steps=steps))
+    data = load_corpus(sc, config.replace(cfg, "train", local_steps=steps), vocab=init and init.checkpoint.vocab)
     ended = False
     try:
         cfg = config.resolve(cfg, len(data.vocab))
         probe_cfg = config.replace(cfg, "train", local_steps=steps)
         layout = build_model(cfg.model).layout
         if sync:
-            est = measured(probe(spark, probe_cfg, data), cfg.data.partitions, layout.size)
+            est = measured(probe(spark, probe_cfg, data, init=init), cfg.data.partitions, layout.size)
         else:
             words = data.train.mapPartitions(round_words_task(probe_cfg)).collect()
             est = estimate(layout, probe_cfg, words)
