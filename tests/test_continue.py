@@ -19,7 +19,7 @@ from rnnlm.core.models import build as build_model
 from rnnlm.core.vocab import Vocab
 from rnnlm.spark import runinfo
 from rnnlm.spark.async_trainer import AsyncTrainer
-from rnnlm.spark.rundir import Init, TrainingError, check_init, check_longer, check_resume, resume_keys
+from rnnlm.spark.rundir import Init, TrainingError, check_init, check_kept, check_longer, check_resume, resume_keys
 from rnnlm.spark.trainer import Trainer
 
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY, metrics
@@ -120,6 +120,32 @@ def test_init_from_needs_the_vocabulary_level_and_the_shape_and_kept_state_the_s
     with pytest.raises(TrainingError, match="data.partitions is 3 here but 2"):         # one per partition
         check_init(differs(local, "data", partitions=3), differs(saved, "train", optim_state="local"), "ck",
                    keep_optimizer=True)
+
+
+def test_kept_optimizer_state_must_be_in_the_checkpoint():
+    """A single-process trainer's checkpoint holds one Adam state (m, v) whatever its configuration's
+    train.optim_state says: a run keeping per-partition state (local) started fresh and said "kept"; an
+    async AdaGrad run from a checkpoint without the server's accumulator did the same."""
+    cfg = config.resolve(cfg_of(), 47)
+    zeros = np.zeros(4, np.float32)
+
+    def ck(**optim):
+        return checkpoint.Checkpoint(params=zeros, config=cfg, vocab=Vocab.build("ab", "char"), optim=optim)
+    check_kept(cfg, ck(m=zeros, v=zeros), "ck")                                   # averaged: one state
+    local = differs(cfg, "train", optim_state="local")
+    with pytest.raises(TrainingError, match=r"^--keep-optimizer: ck holds no p0/m \(4 of the 4 arrays"):
+        check_kept(local, ck(m=zeros, v=zeros), "ck")
+    check_kept(local, ck(**{f"p{p}/{s}": zeros for p in range(2) for s in "mv"}), "ck")
+    with pytest.raises(TrainingError, match="holds no p1/v"):
+        check_kept(local, ck(**{"p0/m": zeros, "p0/v": zeros, "p1/m": zeros}), "ck")
+    with pytest.raises(TrainingError, match="holds no m"):
+        check_kept(cfg, ck(), "ck")
+    check_kept(differs(cfg, "optim", name="sgd"), ck(), "ck")                    # SGD keeps no state
+    check_kept(differs(cfg, "train", optim_state="reset"), ck(), "ck")           # reset each round: none
+    adagrad = config.load(None, ["train.mode=async", "server.update=adagrad"])
+    with pytest.raises(TrainingError, match="holds no server.acc"):
+        check_kept(adagrad, ck(m=zeros, v=zeros), "ck")
+    check_kept(adagrad, ck(**{"server.acc": zeros}), "ck")
 
 
 def test_run_json_keeps_where_the_weights_came_from_across_resumes(spark):

@@ -17,8 +17,8 @@ from ..core import checkpoint
 from ..core.files import LocalFS
 from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
-from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_longer, check_out, check_resume,
-                            resume_keys)
+from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_kept, check_longer, check_out,
+                            check_resume, resume_keys)
 from ..spark.session import is_local_master
 
 DATA_KEYS = ("train", "valid", "test")
@@ -185,6 +185,8 @@ def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init
         return None
     ck = checkpoint.load(local)
     check_init(cfg, ck.config, path, keep_optimizer)
+    if keep_optimizer:
+        check_kept(cfg, ck, path)
     return Init(ck, path, keep_optimizer)
 
 

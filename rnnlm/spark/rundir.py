@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .. import config
 from ..core import checkpoint
 from ..core.metrics import MAX_METRICS, json_table
+from ..core.optim import make_optimizer
 from . import runinfo
 from .hfs import HadoopFS, default_fs, read_checkpoint, resolve
 
@@ -138,6 +139,22 @@ def check_init(cfg: config.Config, saved: config.Config, where: str, keep_optimi
         sec, k, mine, theirs = found
         raise TrainingError(f"--keep-optimizer: {sec}.{k} is {mine!r} here but {theirs!r} in {where}, whose "
                             "optimizer state would not mean the same here (without --keep-optimizer: fresh state)")
+
+
+def check_kept(cfg: config.Config, ck: checkpoint.Checkpoint, where: str) -> None:
+    """With ``--keep-optimizer``: refuse a checkpoint that lacks the optimizer state a run of ``cfg``
+    reads (a single-process trainer's holds one state whatever its configuration's
+    ``train.optim_state`` says), which the run would otherwise start fresh while saying it kept it."""
+    if cfg.train.mode == "async":
+        need = ["server.acc"] if cfg.server.update == "adagrad" else []
+    else:
+        slots = list(make_optimizer(cfg.optim).slots)
+        need = ([f"p{pid}/{s}" for pid in range(cfg.data.partitions) for s in slots]
+                if cfg.train.optim_state == "local" else slots if cfg.train.optim_state == "average" else [])
+    missing = [k for k in need if k not in ck.optim]
+    if missing:
+        raise TrainingError(f"--keep-optimizer: {where} holds no {missing[0]} ({len(missing)} of the {len(need)} "
+                            "arrays of optimizer state this run reads); without --keep-optimizer it starts fresh")
 
 
 @dataclass(frozen=True)
@@ -378,6 +395,8 @@ class Driver:
             if resume:
                 raise TrainingError("--init-from starts a new run; --resume continues the one in --out: not both")
             check_init(self.cfg_in, init.checkpoint.config, init.path, init.keep_optimizer)
+            if init.keep_optimizer:
+                check_kept(self.cfg_in, init.checkpoint, init.path)
         self.dir.prepare(resume, overwrite)
 
     @property
