@@ -2,6 +2,7 @@ import hashlib
 import io
 import json
 import struct
+import dataclasses
 import os
 import pickle
 import zipfile
@@ -117,14 +118,32 @@ def _fresh(ck):
     return ckpt.Checkpoint(params=RNNLM(ck.config.model).init_params(0), config=ck.config, vocab=ck.vocab)
 
 
+def test_a_checkpoint_read_while_it_is_saved_leaves_the_save_to_finish(tmp_path, ck, monkeypatch):
+    """``rnnlm generate`` on a running run: a load between the save's two renames moved the backup back,
+    and the save's rename of the new checkpoint into place failed (ENOTEMPTY): the run stopped."""
+    path = str(tmp_path / "checkpoint")
+    ckpt.save(path, ck)
+    newer = dataclasses.replace(ck, params=ck.params + 1)
+    real, seen = os.rename, []
+
+    def rename(src, dst):
+        real(src, dst)
+        if str(dst).endswith("checkpoint.old"):
+            seen.append(ckpt.load(path).params)
+    monkeypatch.setattr(os, "rename", rename)
+    ckpt.save(path, newer)
+    assert len(seen) == 1 and np.array_equal(seen[0], ck.params)
+    assert np.array_equal(ckpt.load(path).params, newer.params) and not os.path.exists(path + ".old")
+
+
 def test_a_run_directory_loads_its_checkpoint_even_one_left_as_old(tmp_path, ck):
     run = tmp_path / "run"
     ckpt.save(str(run / "checkpoint"), ck)
     (run / "metrics.jsonl").write_text("{}\n")
     assert np.array_equal(ckpt.load(str(run)).params, ck.params)
-    os.rename(run / "checkpoint", run / "checkpoint.old")      # a save cut between its two renames
+    os.rename(run / "checkpoint", run / "checkpoint.old")      # a save cut (or under way) between its two renames
     assert np.array_equal(ckpt.load(str(run)).params, ck.params)
-    assert (run / "checkpoint").is_dir() and not (run / "checkpoint.old").exists()
+    assert not (run / "checkpoint").exists() and (run / "checkpoint.old").is_dir()    # read where it lies
     with pytest.raises(ckpt.CheckpointError, match="not a checkpoint"):
         ckpt.load(str(tmp_path))                                # neither a checkpoint nor a run's
 

@@ -243,7 +243,9 @@ def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
     assert replace_old_by_new(Dying(after=backup(path)))
     assert not fs.exists(path) and fs.exists(backup(path))
     assert float(cli.read_checkpoint(sc, path).params[0]) == 1.0
-    assert fs.exists(path) and not fs.exists(backup(path))
+    assert not fs.exists(path) and fs.exists(backup(path))             # read where it lies, moved by no reader
+    fs.write_dir_atomic(path, checkpoint.to_files(cks[1]))               # the next save completes
+    assert float(cli.read_checkpoint(sc, path).params[0]) == 2.0 and not fs.exists(backup(path))
     # dead after the new one is in place, before its backup is dropped: the new one is read
     assert replace_old_by_new(Dying(after=path))
     assert fs.exists(path) and fs.exists(backup(path))

@@ -114,13 +114,39 @@ def store(request, spark, tmp_path):
     return _store(request.param, spark, tmp_path)
 
 
-def test_read_recovers_file_from_backup(store):
+def test_read_finds_a_cut_replacements_backup_where_it_lies(store):
+    """A reader reads ``<p>.old`` and moves nothing (the writer's next write, or a run's start, does)."""
     fs, root = store
     p = f"{root}/metrics.jsonl"
     fs.write_atomic(p, b"old")
     fs.rename(p, f"{p}.old")              # the state a crash between the two renames leaves
-    assert fs.read(p) == b"old"
-    assert fs.exists(p) and not fs.exists(f"{p}.old")
+    assert fs.read(p) == b"old" and fs.read_at_most(p, 10) == b"old" and fs.readable(p) == f"{p}.old"
+    assert not fs.exists(p) and fs.exists(f"{p}.old")
+    fs.write_atomic(p, b"new")
+    assert fs.read(p) == b"new" and not fs.exists(f"{p}.old")
+
+
+def test_a_reader_between_a_writers_two_renames_leaves_the_write_to_finish(store, monkeypatch):
+    """A reader that moved the backup back (``rnnlm generate`` or ``plot`` on a running run) made the
+    writer's rename of its new checkpoint into place fail (on HDFS: moved it into the old directory)."""
+    fs, root = store
+    d, p = f"{root}/checkpoint", f"{root}/metrics.jsonl"
+    fs.write_dir_atomic(d, {"a": b"1"})
+    fs.write_atomic(p, b"1")
+    real, seen = fs.rename, []
+
+    def rename(src, dst):
+        real(src, dst)
+        if dst == f"{d}.old":                         # between the two renames a reader comes, as
+            seen.append(fs.read(f"{fs.readable(d)}/a"))     # rnnlm.cli.session.read_checkpoint reads
+        elif dst == f"{p}.old":
+            seen.append(fs.read(p))
+    monkeypatch.setattr(fs, "rename", rename)
+    fs.write_dir_atomic(d, {"a": b"2"})
+    fs.write_atomic(p, b"2")                          # (Python's I/O replaces a file in one os.replace)
+    assert seen == [b"1"] * (1 if fs.local else 2)
+    assert fs.read(f"{d}/a") == b"2" and fs.read(p) == b"2"
+    assert not fs.exists(f"{d}.old") and not fs.exists(f"{p}.old")
 
 
 def test_restore_recovers_directory_from_backup(store):

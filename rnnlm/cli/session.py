@@ -47,7 +47,7 @@ def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
     try:
         fs, path = HadoopFS(sc, path), path.rstrip("/")
         path = checkpoint.in_run(path, fs)
-        fs.restore(path)
+        path = fs.readable(path) or path          # <path>.old where a save is cut between its renames
         if not fs.exists(path):
             raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
         return hfs_checkpoint(fs, path)

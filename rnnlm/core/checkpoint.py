@@ -607,9 +607,10 @@ def load(path: str, expect: config_mod.ModelConfig | None = None, resume: bool =
     CheckpointError
         Missing, truncated, corrupt, pickled, linked, oversized or mismatched content (one line).
     """
-    path = in_run(os.path.abspath(path), LocalFS())
-    # a save that died between its two renames left the last checkpoint as <path>.old
-    LocalFS().restore(path)
+    fs = LocalFS()
+    path = in_run(os.path.abspath(path), fs)
+    # a save cut (or under way) between its two renames has the last checkpoint as <path>.old: read there
+    path = fs.readable(path) or path
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     return _load(_Directory(path), path, expect, resume)

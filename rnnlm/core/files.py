@@ -48,7 +48,10 @@ class ReplaceSafely:
     """
 
     def restore(self, p: str) -> bool:
-        """Finish an interrupted replacement of ``p``: move ``<p>.old`` back if ``p`` is missing.
+        """Finish an interrupted replacement of ``p``: move ``<p>.old`` back if ``p`` is missing. The
+        writer's (a run's start): readers read a backup where it lies (:meth:`readable`), since one that
+        moved it back while its writer was between the two renames made the writer's second rename fail
+        (on HDFS, where a rename onto a directory moves into it, put the new checkpoint inside the old).
 
         Returns
         -------
@@ -65,22 +68,34 @@ class ReplaceSafely:
             pass            # another reader restored it first
         return self.exists(p)
 
+    def readable(self, p: str) -> str | None:
+        """``p``, or ``<p>.old`` where a replacement of ``p`` was cut (or is under way) between its two
+        renames: the last whole content, read where it lies; None when neither exists. (``p`` is asked
+        again last: a replacement that ended meanwhile removed the backup.)"""
+        for q in (p, backup(p), p):
+            if self.exists(q):
+                return q
+        return None
+
     def read(self, p: str) -> bytes | None:
-        """The file's bytes (restored from ``<p>.old`` if need be), or None when it does not exist."""
-        data = self._read(p)
-        if data is None and self.restore(p):
-            data = self._read(p)
-        return data
+        """The file's bytes (``<p>.old``'s where a replacement is cut: :meth:`readable`), or None when it
+        does not exist."""
+        for q in (p, backup(p), p):
+            data = self._read(q)
+            if data is not None:
+                return data
+        return None
 
     def read_at_most(self, p: str, limit: int) -> bytes | None:
         """:meth:`read`, refused (ValueError, one line) before a byte is read when ``p`` holds more than
         ``limit`` bytes or is not a regular file (a FIFO, /dev/zero: read forever)."""
-        if not self.restore(p):
+        q = self.readable(p)
+        if q is None:
             return None
-        n = self.size(p)
+        n = self.size(q)
         if n is not None and n > limit:
-            raise ValueError(f"{p}: {n:,} bytes, more than the {limit >> 20} MiB it is read up to")
-        return self._read(p)
+            raise ValueError(f"{q}: {n:,} bytes, more than the {limit >> 20} MiB it is read up to")
+        return self._read(q)
 
     def delete(self, p: str) -> None:
         """Delete file or directory ``p``, its backup (or :meth:`read` would bring it back) and
@@ -167,16 +182,17 @@ class LocalFS(ReplaceSafely):
     def read_at_most(self, p: str, limit: int) -> bytes | None:
         """:meth:`ReplaceSafely.read_at_most` through :func:`read_regular`: checked on the file it reads, so
         one that grows while read or is swapped for a FIFO after the check is refused too."""
-        if not self.restore(p):
+        q = self.readable(p)
+        if q is None:
             return None
         try:
-            return read_regular(p, limit)
+            return read_regular(q, limit)
         except FileNotFoundError:
             return None
         except IsADirectoryError:
-            raise NotRegular(f"{p} is not a regular file") from None
+            raise NotRegular(f"{q} is not a regular file") from None
         except TooLarge as e:
-            raise ValueError(f"{p}: {e.held()} than the {limit >> 20} MiB it is read up to") from None
+            raise ValueError(f"{q}: {e.held()} than the {limit >> 20} MiB it is read up to") from None
 
 
 def read_file(p: str) -> bytes | None:
