@@ -81,7 +81,7 @@ def sweep(master, partitions, steps, rounds, data_path, out_json, exchange="dens
                          "round_s": statistics.median(m["round_s"] for m in ms),
                          "compute_s": statistics.median(m["compute_s"] for m in ms),
                          "sync_fraction": frac, "tokens_per_s": tok_s,
-                         "bytes_per_round": ms[-1]["round_bytes_sent"],
+                         "bytes_per_round": statistics.median(m["round_bytes_sent"] for m in ms),
                          "broadcast_per_round": statistics.median(m["round_bytes_broadcast"] for m in ms),
                          "unique_words": statistics.median(m["unique_words"] for m in ms),
                          **{k: statistics.median(m[k] for m in ms) for k in PHASES if all(k in m for m in ms)}})
