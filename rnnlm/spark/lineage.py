@@ -196,7 +196,9 @@ class Lineage:
         partitions = self.partitions
 
         def recompute(missing: set) -> list:
-            return recomputed(self.sc, src, task(None), missing)
+            # the contributions alone: the files what partitions hold lie in are the cached output's (saved
+            # again, a file's new identity would make the next round replay the partition's whole lineage)
+            return recomputed(self.sc, src, lambda it: make_task(None)(_resolve(it, seed, base, chain)), missing)
 
         def go():
             try:
