@@ -4,7 +4,7 @@ rnnlm (NumPy) next to PyTorch CPU on identical models, shapes and thread count.
     python benchmarks/kernels.py [--threads N] [--seconds S] [--shapes a,b]
     python benchmarks/kernels.py --device gpu --batch 128   # CuPy vs PyTorch CUDA
     python benchmarks/kernels.py --sampled 0.05             # full vs sampled softmax
-    python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time
+    python benchmarks/kernels.py --profile --shapes char-lstm   # where rnnlm's step spends its time, its products
     python benchmarks/kernels.py --torch-onednn off         # against PyTorch's LSTM without oneDNN
     python benchmarks/kernels.py --heap default             # glibc's malloc as it starts (see steady_heap)
 
@@ -328,6 +328,35 @@ def profile_main(a, xp, steps=20):
                        for func, (_, _, tt, _, _) in stats.items()), reverse=True)
         for own, label in rows[:12]:
             print(f"  {own:7.2f} ms  {label}")
+        products(xp, step, steps)
+
+
+def products(np, step, steps):
+    """``step``'s matrix products by their operands' shapes, timed one by one (no profiler): ms a step,
+    calls a step and GFLOP/s, then their sum beside the step's own time."""
+    import collections
+    real, seen = np.matmul, collections.defaultdict(lambda: [0, 0.0, 0.0])
+
+    def timed(a, b, out=None):
+        t0 = time.perf_counter()
+        r = real(a, b, out=out)
+        row = seen[(a.shape, b.shape)]
+        row[0] += 1
+        row[1] += time.perf_counter() - t0
+        row[2] += 2.0 * a.size * (b.size // b.shape[-2] if b.ndim > 1 else 1)     # 2 M K N (a batch: each)
+        return r
+    np.matmul = timed
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        ms = (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        np.matmul = real
+    total = sum(t for _, t, _ in seen.values()) / steps * 1e3
+    print(f"  products, one by one: {total:.1f} ms of a {ms:.1f} ms step")
+    for (sa, sb), (n, t, flops) in sorted(seen.items(), key=lambda kv: -kv[1][1])[:8]:
+        print(f"  {t / steps * 1e3:7.2f} ms  {n / steps:4.0f} a step  {flops / t / 1e9:5.0f} GFLOP/s  {sa} @ {sb}")
 
 
 def make_torch_step(torch, shape, B, device):
