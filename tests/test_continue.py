@@ -142,6 +142,10 @@ def test_kept_optimizer_state_must_be_in_the_checkpoint():
         check_kept(cfg, ck(), "ck")
     check_kept(differs(cfg, "optim", name="sgd"), ck(), "ck")                    # SGD keeps no state
     check_kept(differs(cfg, "train", optim_state="reset"), ck(), "ck")           # reset each round: none
+    nesterov = differs(cfg, "train", outer="nesterov")                           # its velocity too
+    with pytest.raises(TrainingError, match="holds no outer.velocity"):
+        check_kept(nesterov, ck(m=zeros, v=zeros), "ck")
+    check_kept(nesterov, ck(m=zeros, v=zeros, **{"outer.velocity": zeros}), "ck")
     adagrad = config.load(None, ["train.mode=async", "server.update=adagrad"])
     with pytest.raises(TrainingError, match="holds no server.acc"):
         check_kept(adagrad, ck(m=zeros, v=zeros), "ck")

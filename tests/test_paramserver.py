@@ -143,6 +143,40 @@ def test_staleness_counts_the_pushes_a_copy_lacks_not_those_landed_above_its_wat
     assert ps.drain()["staleness"] == {1: 1}
 
 
+def test_a_superseded_attempts_pull_does_not_stand_for_the_new_attempts_copy():
+    """Attempt A's push, reserved before attempt B's hello, lands after it: A's pull once recorded its copy
+    as the partition's, and B's first push, from a copy lacking A's landed push, was charged nothing."""
+    ps = server(staleness="divide")
+    hello(ps, 0)                                            # attempt A (lease 1)
+    hello(ps, 1)
+    gates, entered, scales, original = [threading.Event(), threading.Event()], [threading.Event(), threading.Event()], \
+        [], ps.apply
+
+    def held(decoded, scale):
+        i = len(scales)
+        scales.append(scale)
+        if i < 2:
+            entered[i].set()
+            gates[i].wait(5)
+        original(decoded, scale)
+    ps.apply = held
+    one = np.ones(LAYOUT.size, np.float32)
+    t1 = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one))
+    t1.start()
+    assert entered[0].wait(5)                               # worker 1's push held mid-apply: the watermark stays 0
+    ta = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, one))
+    ta.start()
+    assert entered[1].wait(5)                               # A's push held mid-apply
+    f, copy = hello(ps, 0)                                  # attempt B (lease 2): its copy holds neither
+    assert f["lease"] == 2 and f["version"] == 0 and not copy.any()
+    gates[1].set()
+    ta.join()                                               # A's push lands, and A pulls
+    push(ps, 0, 2, 1, f["version"], one)                    # B's first push: one landed push behind
+    gates[0].set()
+    t1.join()
+    assert scales[2] == 0.5
+
+
 def test_adagrad_on_the_server_follows_its_formula():
     ps = server(update="adagrad", lr=0.5, eps=1e-6)
     hello(ps, 0)

@@ -10,7 +10,7 @@ from .. import config
 from ..spark import corpus
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
-from ..spark.rundir import Init, TrainingError
+from ..spark.rundir import TrainingError
 from ..spark.session import job_errors, job_failure, release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
@@ -56,7 +56,7 @@ def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=
 
 def train(a) -> int:
     from ..core.files import LocalFS
-    from .checks import check_device, check_init_from, check_train, finished_run
+    from .checks import check_device, check_init_from, check_train, checked_init, finished_run
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -85,7 +85,7 @@ def train(a) -> int:
         from ..spark.dryrun import dry_run
         with spark_session("rnnlm-dry-run", a.master, a.verbose) as spark:
             if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
-                init = Init(read_checkpoint(spark.sparkContext, init_from), init_from, keep)
+                init = checked_init(read_checkpoint(spark.sparkContext, init_from), cfg, init_from, keep)
             dry_run(spark, cfg, bandwidth=bandwidth, latency=latency or "0ms", init=init)
         return 0
     done = finished_run(cfg, a.out, a.resume, getattr(a, "overwrite", False))
@@ -98,7 +98,7 @@ def train(a) -> int:
         with spark_session("rnnlm-train", a.master, a.verbose, progress=bar) as spark:
             try:
                 if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
-                    init = Init(read_checkpoint(spark.sparkContext, init_from), init_from, keep)
+                    init = checked_init(read_checkpoint(spark.sparkContext, init_from), cfg, init_from, keep)
                 log = bar.message if bar else print
                 sinks = trackers.start(logs, cfg, a.out, log)
                 tr = make_trainer(spark, cfg, a.out, log=log, progress=bar, sinks=sinks)

@@ -183,7 +183,12 @@ def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init
     local = _local(path)
     if local is None:
         return None
-    ck = checkpoint.load(local)
+    return checked_init(checkpoint.load(local), cfg, path, keep_optimizer)
+
+
+def checked_init(ck: checkpoint.Checkpoint, cfg: config.Config, path: str, keep_optimizer: bool) -> Init:
+    """``--init-from``'s checkpoint ``ck``, read from ``path``, checked against ``cfg`` (its vocabulary's
+    level and its shape, and with ``keep_optimizer`` the state the run reads) before the corpus is read."""
     check_init(cfg, ck.config, path, keep_optimizer)
     if keep_optimizer:
         check_kept(cfg, ck, path)

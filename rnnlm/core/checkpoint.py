@@ -109,7 +109,7 @@ def save(path: str, ck: Checkpoint) -> None:
 
     The directory is written by :meth:`rnnlm.core.files.LocalFS.write_dir_atomic`, as the
     trainer's local checkpoints are: a crash leaves the old or the new checkpoint,
-    the old one possibly as ``<path>.old``, which :func:`load` moves back.
+    the old one possibly as ``<path>.old``, which :func:`load` reads where it lies.
     """
     LocalFS().write_dir_atomic(os.path.abspath(path), to_files(ck))
 

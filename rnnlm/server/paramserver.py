@@ -287,7 +287,7 @@ class ParameterServer:
         out of order). Under self._book."""
         return min(self._claims) - 1 if self._claims else self.version
 
-    def _pull(self, pid: int, since: int) -> tuple:
+    def _pull(self, pid: int, lease: int, since: int) -> tuple:
         """(watermark, fields, arrays): the rows changed by pushes claimed after ``since``.
 
         The worker patches its copy with them; rows a push still in flight changes carry a
@@ -299,7 +299,8 @@ class ParameterServer:
         with self._params_lock or _NO_LOCK:     # locked: whole pushes only; lock-free (Hogwild!): rows as they are
             with self._book:
                 mark = self._mark()
-                self._holds[pid] = (mark, self.applied)
+                if lease == self.lease[pid]:        # a superseded attempt's copy is not the partition's
+                    self._holds[pid] = (mark, self.applied)
                 changed = {slot.name: np.flatnonzero(self.stamps[slot.name] > since) for slot in self.layout}
             for slot in self.layout:
                 ids = changed[slot.name]
@@ -336,7 +337,7 @@ class ParameterServer:
                 self._in_flight += 1
         if applied:
             self._land(pid, w, base, decoded, claim, stats)
-        version, pulled, arrays = self._pull(pid, base)
+        version, pulled, arrays = self._pull(pid, lease, base)
         with self._book:
             self.window["pulls"] += 1
         return "pushed", dict(pulled, applied=applied, version=version, next=self.done[pid]), arrays

@@ -151,6 +151,8 @@ def check_kept(cfg: config.Config, ck: checkpoint.Checkpoint, where: str) -> Non
         slots = list(make_optimizer(cfg.optim).slots)
         need = ([f"p{pid}/{s}" for pid in range(cfg.data.partitions) for s in slots]
                 if cfg.train.optim_state == "local" else slots if cfg.train.optim_state == "average" else [])
+        if cfg.train.outer != "average":                       # momentum's velocity ("auto" is resolved)
+            need.append("outer.velocity")
     missing = [k for k in need if k not in ck.optim]
     if missing:
         raise TrainingError(f"--keep-optimizer: {where} holds no {missing[0]} ({len(missing)} of the {len(need)} "
