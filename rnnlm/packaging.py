@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -15,10 +16,22 @@ class PackagingError(RuntimeError):
     """The environment cannot be built; the message is one line."""
 
 
+def _replaceable(dest: str) -> None:
+    """Refuse a ``dest`` that exists and is not a regular file: the rename would replace a directory
+    entry such as ``/dev/full`` (as root) or a FIFO by the archive."""
+    try:
+        st = os.lstat(dest)
+    except OSError:                 # missing, or under a file: the write says so
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):      # a directory: the callers say so
+        raise PackagingError(f"cannot write {dest}: not a regular file (not replaced)")
+
+
 def build_pyfiles(dest: str) -> str:
     """Write ``rnnlm`` (code and its small data files) to the zip ``dest``; return its path."""
     pkg = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(pkg)
+    _replaceable(dest)
     tmp = f"{dest}.{os.getpid()}.tmp"       # this process's: two builds of one dest never write one file
     try:
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
@@ -65,6 +78,7 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
         raise PackagingError(f"cannot write {dest}: {e.strerror}") from None
     if os.path.isdir(dest):     # known now, not after minutes of building the environment
         raise PackagingError(f"cannot write {dest}: a directory")
+    _replaceable(dest)
     work = tempfile.mkdtemp(prefix="rnnlm-env.")
     try:
         env = os.path.join(work, "env")
@@ -85,6 +99,7 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
         try:
             if os.path.isdir(dest):
                 raise IsADirectoryError(21, "a directory")
+            _replaceable(dest)
             shutil.copyfile(tmp, beside)
             os.replace(beside, dest)
         except OSError as e:

@@ -227,7 +227,7 @@ def sync_fractions(runs) -> dict:
     for run in runs:
         f = sync_fraction(run)
         k = run.config.get("train", {}).get("local_steps", 0)
-        if f is not None and type(k) is int and k >= 0:
+        if f is not None and type(k) is int and 0 <= k <= 2 ** 53:     # a damaged run.json's 2**64 is no K
             out.setdefault(codec(run.config), {}).setdefault(k, []).append(f)
     return {c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())] for c, v in sorted(out.items())}
 

@@ -1,5 +1,6 @@
 """The command line's small edges: help text, a prime the model cannot read, a metric name mistyped,
 the corpora's file mode."""
+import dataclasses
 import hashlib
 import json
 import os
@@ -346,6 +347,28 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
     with open("/dev/full", "w") as full:
         r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert (r.returncode, r.stderr) == (2, "error: cannot write to standard output: No space left on device\n")
+
+
+def test_text_the_terminal_cannot_encode_is_escaped_and_weights_that_overflow_are_one_line(checkpoint_dir):
+    """A prime holding bytes that were not UTF-8 (surrogates) ended in UnicodeEncodeError's traceback where
+    standard output encodes strictly; a model whose weights overflow on the text printed three NumPy
+    warnings, then "Probabilities contain NaN"."""
+    import subprocess
+    import sys
+    import numpy as np
+    from conftest import ROOT
+    from rnnlm.core import checkpoint
+    cmd = [sys.executable, os.path.join(ROOT, "jobs", "generate.py"), "--length", "3", "--seed", "1"]
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    r = subprocess.run(cmd + ["--checkpoint", checkpoint_dir, "--prime", "ab\udcff"], env=env, timeout=120,
+                       capture_output=True, text=True, errors="surrogateescape")
+    assert r.returncode == 0 and r.stdout.startswith("ab\\udcff"), (r.stdout, r.stderr)
+    ck = checkpoint.load(checkpoint_dir)
+    huge = os.path.join(os.path.dirname(checkpoint_dir), "huge")
+    checkpoint.save(huge, dataclasses.replace(ck, params=np.full_like(ck.params, 3e38)))
+    r = subprocess.run(cmd + ["--checkpoint", huge], timeout=120, capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (2, "error: the model's next-token scores are not finite (its weights "
+                                           "overflow float32's range on this text): nothing to sample\n")
 
 
 @pytest.mark.parametrize("command, option, value, said", [

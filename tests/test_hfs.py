@@ -336,6 +336,20 @@ def test_a_checkpoint_read_through_hadoops_paths_is_checked_before_its_bytes_are
         read_checkpoint(fs, path)
 
 
+def test_a_spark_defaults_file_that_is_a_fifo_is_skipped_not_waited_on(tmp_path, monkeypatch):
+    """A FIFO as spark-defaults.conf (or as a --properties-file) blocked every command's start for good."""
+    import threading
+    os.mkfifo(tmp_path / "spark-defaults.conf")
+    for var in ("SPARK_HOME", "YARN_CONF_DIR", "HADOOP_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    got = []
+    th = threading.Thread(target=lambda: got.append(default_fs()), daemon=True)
+    th.start()
+    th.join(10)
+    assert got == ["file:///"]
+
+
 def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp_path, monkeypatch):
     """Spark copies ``spark.hadoop.*`` over Hadoop's configuration: a default filesystem named in
     spark-defaults.conf, a --properties-file or a --conf in $PYSPARK_SUBMIT_ARGS is where a scheme-less

@@ -1,6 +1,8 @@
 """``jobs/package.py --env``'s last step without building an environment (test_yarn builds one for real):
 the packed archive replaces ``dest`` whole or not at all."""
 import errno
+import os
+import stat
 import shutil
 import subprocess
 import sys
@@ -55,6 +57,15 @@ def test_the_archive_replaces_dest_and_a_directory_is_refused(tmp_path, packed):
     with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
         packaging.build_env(str(tmp_path / "dir"), ["numpy"])
     assert list((tmp_path / "dir").iterdir()) == []
+
+
+def test_a_destination_that_is_not_a_regular_file_is_not_replaced(tmp_path):
+    """As root, ``package --out /dev/full`` replaced the device node by the zip; a FIFO went the same way."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/fifo: not a regular file \(not replaced\)$"):
+        packaging.build_pyfiles(str(fifo))
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
 def test_a_directory_is_refused_before_the_environment_is_built(tmp_path, monkeypatch):

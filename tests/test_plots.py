@@ -422,6 +422,7 @@ def test_rounds_without_both_timings_are_left_out_of_the_sync_fraction():
     assert plots.sync_fraction(_run(lines)) == 0.75
     old = _run(lines, {"train": {}})                                   # a configuration without local_steps: K = 0
     assert plots.sync_fractions([old]) == {"dense": [(0, 0.75)]}
+    assert plots.sync_fractions([_run(lines, {"train": {"local_steps": 2 ** 64}})]) == {}     # once a traceback
     ax = plots.plot_sync_fraction([old])
     assert ax.get_ylim() == (0.0, 1.0)
 

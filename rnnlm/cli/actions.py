@@ -127,7 +127,10 @@ def _report(tr, last: dict, samples: int) -> int:
     model = build_model(tr.cfg.model)
     for s in range(samples):
         print(f"--- sample {s + 1} ---")
-        print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=tr.cfg.train.seed + s))
+        try:
+            print(generate(model, tr.params, tr.vocab, length=300, temperature=0.8, seed=tr.cfg.train.seed + s))
+        except ValueError as e:          # weights that overflow on the text: the run is done, its sample is not
+            return error(f"no sample: {e}")
     return 0
 
 

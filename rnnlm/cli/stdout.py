@@ -31,7 +31,12 @@ class _Guarded:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:      # what the stream's encoding cannot say (bytes of an argument that
+                enc = getattr(self._stream, "encoding", None) or "utf-8"       # were not UTF-8): escaped
+                self._stream.write(text.encode(enc, "backslashreplace").decode(enc))
+                return len(text)
         except OSError as e:
             self._fail(e)
             return len(text)

@@ -42,8 +42,12 @@ def generate(model, params, vocab, prime: str = "", length: int = 200,
     x = xp.asarray(ids.reshape(-1, 1))
     out = []
     for _ in range(length):
-        logits, state = model.next_logits(params, x, state)
+        with np.errstate(over="ignore", invalid="ignore"):        # checked below, in one line
+            logits, state = model.next_logits(params, x, state)
         lg = backend.to_numpy(logits[0]).astype(np.float64)
+        if not np.isfinite(lg).all():
+            raise ValueError("the model's next-token scores are not finite (its weights overflow float32's "
+                             "range on this text): nothing to sample")
         if argmax:
             nxt = int(lg.argmax())
         else:
