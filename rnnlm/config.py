@@ -484,7 +484,7 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
     d: dict = {}
     if path is not None:
         try:
-            d = tomllib.loads(_read_config_file(path).decode("utf-8"))
+            d = tomllib.loads(_read_config_file(path).decode("utf-8-sig"))   # an editor's byte order mark: no text
         except ConfigError:
             raise
         except FileNotFoundError:
@@ -514,6 +514,8 @@ def from_json(text: str) -> Config:
         d = json.loads(text)
     except RecursionError:
         raise ConfigError("the configuration nests too deeply to be one") from None
+    except ValueError as e:             # not JSON, or an integer of more digits than Python converts
+        raise ConfigError(f"config.json is not a configuration's JSON ({str(e).split(':')[0]})") from None
     if not isinstance(d, dict) or not all(isinstance(v, dict) for v in d.values()):
         raise ConfigError("the configuration is not a table of sections, each a table of keys")
     return from_dict(d)

@@ -231,6 +231,20 @@ def test_an_unknown_name_is_shown_escaped_and_cut(tmp_path, text, shown):
     assert not any(c in str(e.value) for c in "\n\x1b\u202e")
 
 
+def test_a_config_file_saved_with_a_byte_order_mark_loads_and_a_damaged_saved_one_is_one_line(tmp_path):
+    """Windows editors write a BOM: "not valid TOML: Invalid statement (at line 1, column 1)". A checkpoint's
+    config.json that is not JSON, or holds a 5,000-digit number, said Python's words without naming the file."""
+    f = tmp_path / "bom.toml"
+    f.write_bytes(b"\xef\xbb\xbf[train]\nrounds = 7\n")
+    assert config.load(str(f)).train.rounds == 7
+    for text, said in (("{x", "Expecting property name enclosed in double quotes"),
+                       ('{"train": ' + "1" * 5000 + "}", "Exceeds the limit (4300 digits) for integer string "
+                                                         "conversion")):
+        with pytest.raises(ConfigError) as e:
+            config.from_json(text)
+        assert str(e.value) == f"config.json is not a configuration's JSON ({said})"
+
+
 def test_a_config_file_is_a_regular_file_of_at_most_1_mib_checked_before_it_is_read(tmp_path):
     """``--config /dev/zero`` read until memory ran out; a FIFO blocked the command for ever."""
     os.mkfifo(tmp_path / "fifo.toml")
