@@ -86,6 +86,12 @@ def smoothed(xs, ys, window: int) -> tuple:
     return xs[window - 1:], np.convolve(ys, np.ones(window) / window, "valid")
 
 
+def plain(label: str) -> str:
+    """``label`` as matplotlib draws it verbatim: a ``$`` (a run's name, ``--labels``) starts math text,
+    whose parse error stopped the figure."""
+    return label.replace("$", r"\$")
+
+
 def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=None, log_x: bool = False,
                 marker: str | None = None, smooth: int = 1):
     """One line per run: ``y`` (any metrics key, or ``train_ppl``) against ``x``
@@ -95,7 +101,7 @@ def plot_metric(runs, x: str = "tokens", y: str = "train_loss", ax=None, labels=
     for run, label in zip(runs, labels or run_labels(runs)):
         xs, ys = smoothed(*series(run, x, y), smooth)
         if xs.size:
-            ax.plot(xs, ys, label=label, marker=marker or ("o" if xs.size < 12 else None), markersize=3)
+            ax.plot(xs, ys, label=plain(label), marker=marker or ("o" if xs.size < 12 else None), markersize=3)
     ax.set_xlabel(X_AXES[x][1])
     ax.set_ylabel(Y_LABELS.get(y, y))
     if log_x:
@@ -181,7 +187,7 @@ def plot_frontier(runs, y: str = "valid_ppl", pick: str = "best", ax=None, label
     for r in rows:
         ax.scatter(r["bytes_per_token"], r["value"], s=28, zorder=3,
                    edgecolors="black" if r["pareto"] else "none", linewidths=1.2)
-        ax.annotate(r["label"], (r["bytes_per_token"], r["value"]), fontsize=7, xytext=(4, 3),
+        ax.annotate(plain(r["label"]), (r["bytes_per_token"], r["value"]), fontsize=7, xytext=(4, 3),
                     textcoords="offset points")
     front = sorted((r["bytes_per_token"], r["value"]) for r in rows if r["pareto"])
     if front:
@@ -239,7 +245,7 @@ def plot_sync_fraction(runs, ax=None, names: dict | None = None):
     fractions = sync_fractions(runs)
     for name, pts in fractions.items():
         label = (names or {}).get(name) or textwrap.fill(name, 48)
-        ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=label)
+        ax.plot([k for k, _ in pts], [f for _, f in pts], marker="o", label=plain(label))
     ax.set_xscale("symlog", linthresh=1)       # K = 0 (one pass per round) stays on the axis
     from matplotlib.ticker import NullLocator
     ks = sorted({k for pts in fractions.values() for k, _ in pts})

@@ -347,6 +347,17 @@ def _run(lines, cfg=None):
     return types.SimpleNamespace(metrics=lines, config=cfg)
 
 
+def test_a_label_holding_a_dollar_sign_is_drawn_as_written(tmp_path):
+    """``--labels '$x^$'`` (or a run folder so named) started matplotlib's math text, whose parse error
+    stopped the figure."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in LINES))
+    ax = plots.plot_metric(runs.load_all([str(d)]), labels=["$x^$ run"])
+    ax.legend()
+    assert plots.save(ax, str(tmp_path / "p.png")) == str(tmp_path / "p.png")
+
+
 def test_smoothing_takes_trailing_windows_and_leaves_short_series_alone():
     xs, ys = np.arange(4.0), np.array([4.0, 2.0, 6.0, 0.0])
     assert [a.tolist() for a in plots.smoothed(xs, ys, 4)] == [[3.0], [3.0]]          # one whole window
