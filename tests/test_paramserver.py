@@ -54,6 +54,16 @@ def hold_first_apply(ps, seconds=5.0):
     return applying, release
 
 
+def held_push(ps, pid, window, version, change):
+    """Partition ``pid``'s push started on a thread of its own and held mid-apply (the server's first
+    apply): ``(thread, release)``."""
+    applying, release = hold_first_apply(ps)
+    th = threading.Thread(target=push, args=(ps, pid, 1, window, version, change))
+    th.start()
+    assert applying.wait(5)
+    return th, release
+
+
 def test_a_window_is_applied_at_most_once_and_a_retry_resumes_after_it():
     ps = server()
     f, p0 = hello(ps, 0)
@@ -127,11 +137,8 @@ def test_staleness_counts_the_pushes_a_copy_lacks_not_those_landed_above_its_wat
     ps = server(staleness="divide")
     _, p0 = hello(ps, 0)
     hello(ps, 1)
-    applying, release = hold_first_apply(ps)
     one = np.ones(LAYOUT.size, np.float32)
-    th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one))
-    th.start()
-    assert applying.wait(5)
+    th, release = held_push(ps, 1, 0, 0, one)
     _, r, a = push(ps, 0, 1, 0, 0, one)
     patch(LAYOUT, p0, r["pulled"], a)
     assert r["version"] == 0 and (p0 == 1.0).all()      # the watermark below worker 1's claim; its own push held
@@ -504,11 +511,8 @@ def test_a_push_in_flight_during_a_pull_is_sent_by_the_next_pull():
     ps = server()
     f0, p0 = hello(ps, 0)
     hello(ps, 1)
-    applying, release = hold_first_apply(ps)
     one = np.ones(LAYOUT.size, np.float32)
-    th = threading.Thread(target=push, args=(ps, 1, 1, 0, 0, one * 2))
-    th.start()
-    assert applying.wait(5)
+    th, release = held_push(ps, 1, 0, 0, one * 2)
     kind, r, a = push(ps, 0, 1, 0, 0, one)             # lands while worker 1's push is held mid-apply
     patch(LAYOUT, p0, r["pulled"], a)
     assert r["version"] == 0                           # claim 1 (worker 1's) has not landed: watermark 0
@@ -896,11 +900,8 @@ def test_a_snapshot_holds_new_pushes_back_until_it_is_taken_and_drains_only_when
     ps = server()
     hello(ps, 0)
     hello(ps, 1)
-    applying, release = hold_first_apply(ps)
     one = np.ones(LAYOUT.size, np.float32)
-    first = threading.Thread(target=push, args=(ps, 0, 1, 0, 0, one))
-    first.start()
-    assert applying.wait(5)
+    first, release = held_push(ps, 0, 0, 0, one)
     snaps = []
     taker = threading.Thread(target=lambda: snaps.append(ps.snapshot()))
     taker.start()

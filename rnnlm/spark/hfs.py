@@ -101,10 +101,10 @@ def launcher_property(key: str) -> str | None:
         return value
     home = os.environ.get("SPARK_HOME") or _pyspark_home()
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
-    files = [props] if props else []
+    paths = [props] if props else []
     if defaults and conf_dir:
-        files.append(os.path.join(conf_dir, "spark-defaults.conf"))
-    for f in files:                    # the properties file's value wins over spark-defaults.conf's
+        paths.append(os.path.join(conf_dir, "spark-defaults.conf"))
+    for f in paths:                    # the properties file's value wins over spark-defaults.conf's
         found = _properties(f).get(key)
         if found is not None:
             return found
