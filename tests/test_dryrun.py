@@ -6,19 +6,38 @@ import pytest
 
 from rnnlm import config
 from rnnlm.core.models import build as build_model
-from rnnlm.spark.dryrun import estimate, measured, round_words_task
+from rnnlm.spark.dryrun import estimate, measured, merge_levels, round_words_task
 from rnnlm.spark.executor import make_source
 
 
-def test_the_probe_reads_round_1s_bytes_round_2s_broadcast_and_later_rounds_medians():
+def test_the_probe_reads_round_1s_bytes_and_later_rounds_medians():
     lines = [{"round_bytes_sent": 1000, "round_bytes_broadcast": 5000, "block_bytes.embed": 300,
               "block_bytes.softmax": 400, "compute_s": 9.0, "round_s": 20.0},
              {"round_bytes_sent": 990, "round_bytes_broadcast": 700, "compute_s": 1.0, "round_s": 1.5},
              {"round_bytes_sent": 980, "round_bytes_broadcast": 800, "compute_s": 2.0, "round_s": 2.2},
              {"round_bytes_sent": 970, "round_bytes_broadcast": 900, "compute_s": 3.0, "round_s": 2.5}]
     got = measured(lines, partitions=3, params=1000)
-    assert got == {"sent": 1000, "broadcast": 700, "blocks": 700, "first_broadcast": 5000, "dense": 12000,
+    assert got == {"sent": 1000, "broadcast": 800, "blocks": 700, "first_broadcast": 5000, "dense": 12000,
                    "model": 4000, "compute_s": 2.0, "overhead_s": pytest.approx(0.2)}    # 0.5, 0.2, and 0 (not -0.5)
+
+
+def test_under_overlap_the_broadcast_is_not_round_2s_which_carries_no_change():
+    """Round 2's job is defined from round 1's parameters under train.overlap (its broadcast holds
+    the round message alone, as a probe of AllReduce measured: 104 bytes against 20,784)."""
+    lines = [{"round_bytes_sent": 900, "round_bytes_broadcast": b, "compute_s": 1.0, "round_s": 1.0}
+             for b in (20784, 104, 20784, 20784)]
+    assert measured(lines, partitions=2, params=5138)["broadcast"] == 20784
+
+
+def test_the_link_note_counts_executor_merges_only_where_treeaggregate_carries_the_results():
+    def levels(*sets):
+        return merge_levels(config.load(None, ["data.partitions=8", "train.tree_depth=2", *sets]))
+    assert levels() == 1 and levels("train.tree_depth=1") == 0
+    assert levels("data.partitions=4") == 0
+    # error feedback and overlap keep results in Spark's lineage, the direct channel sends them as frames:
+    # every partition's result reaches the driver itself
+    assert levels("exchange.feedback=true", "exchange.embed=rows") == 0
+    assert levels("train.overlap=1") == 0 and levels("train.results=direct") == 0
 
 
 def _async_cfg(*sets):

@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -207,16 +208,18 @@ def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path
     # Spark's start-up INFO lines are silenced; --verbose brings them back
     assert "INFO" not in d.stderr and "log4j profile" not in d.stderr, d.stderr
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "real"), "--samples", "0",
-            "--verbose", *sets("data.partitions=2", "train.rounds=2", *sparse))
+            "--verbose", *sets("data.partitions=2", "train.rounds=4", *sparse))
     assert r.returncode == 0 and " INFO " in r.stderr
     header = next(x for x in r.stdout.splitlines() if x.startswith("vocab "))   # "vocab 47 | params 1,234 | ..."
     assert header.split(" | ")[1] in d.stdout             # the same parameter count
-    m, m2 = metrics(tmp_path / "real")
+    m, *later = metrics(tmp_path / "real")
     # everything that travels, exactly: round 1's results (blocks, Adam's averaged state, hidden
-    # states, pickling) and round 2's broadcast (the rows round 1 changed, Adam's averaged state)
+    # states, pickling) and the broadcasts of rounds 2-4 (the rows the round before changed, Adam's
+    # averaged state), their median
+    broadcast = statistics.median(x["round_bytes_broadcast"] for x in later)
     assert f"partitions send {m['round_bytes_sent']:,} bytes" in d.stdout, (d.stdout, m)
-    assert (f"the driver broadcasts {m2['round_bytes_broadcast']:,} bytes (round 1: "
-            f"{m['round_bytes_broadcast']:,})") in d.stdout, (d.stdout, m2)
+    assert (f"the driver broadcasts {broadcast:,} bytes (the median of rounds 2-4; round 1: "
+            f"{m['round_bytes_broadcast']:,})") in d.stdout, (d.stdout, later)
     params = int(header.split("params ")[1].split(" ")[0].replace(",", ""))
     assert _mb("dense float32's", d.stdout) == round(2 * params * 4 / 1e6, 3)
     # the link: 96% of 100 Mbit/s carries payload; all results come in, (P + 1) / 2 = 1.5 broadcasts go out
@@ -224,7 +227,7 @@ def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path
     line = d.stdout.splitlines()[-1]
     assert line.startswith("at 100mbit (latency 2ms) per host link: sync "), line
     assert f"results into the driver {m['round_bytes_sent'] / payload:.2f} s" in line, line
-    assert f"broadcast out {1.5 * m2['round_bytes_broadcast'] / payload:.2f} s" in line, line
+    assert f"broadcast out {1.5 * broadcast / payload:.2f} s" in line, line
     # the parts add up: what is coded and the rest; sync is the larger of the overhead and half of it + the wire
     blocks = sum(v for k, v in m.items() if k.startswith("block_bytes."))
     assert (f"the change as coded here {blocks:,} bytes, the rest {m['round_bytes_sent'] - blocks:,} "

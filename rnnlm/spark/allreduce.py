@@ -352,6 +352,13 @@ def overlapped(train) -> bool:
     return train.overlap > 0
 
 
+def tree_aggregated(cfg) -> bool:
+    """Whether a round's results reach the driver through ``treeAggregate`` (merged on executors
+    first beyond 4 partitions at depth 2): not where they stay in Spark's lineage (error feedback,
+    overlap) nor where the direct channel carries them."""
+    return not (cfg.exchange.feedback or overlapped(cfg.train)) and cfg.train.results != "direct"
+
+
 def steps_label(t) -> str:
     """What a partition trains per round (``t``: the train section), for log lines."""
     return f"{t.local_steps} local steps" if t.local_steps else "one pass per round"

@@ -4,7 +4,7 @@ moves under the chosen exchange, and with ``--bandwidth`` what that costs in sec
 A synchronous run's figures are measured, not estimated: its first four rounds run for real on
 the configured master in a scratch directory that is then deleted (nothing is kept or written
 where the run would write), so the bytes are exactly what round 1 sends (blocks, averaged
-optimizer state, carried hidden states, pickling) and what round 2 broadcasts, and the compute
+optimizer state, carried hidden states, pickling) and what rounds 2-4 broadcast, and the compute
 and per-round overhead are this master's. An async run's bytes are estimated from round 1's
 batches (its pushes depend on timing).
 """
@@ -23,6 +23,7 @@ from .executor import make_source
 from .linkcost import parse_latency, parse_rate, predict, tree_levels
 from .stop import Interrupted
 from .corpus import load_corpus, total_rounds, unpersist_corpus
+from .allreduce import tree_aggregated
 from .trainer import Trainer, steps_label
 
 
@@ -60,6 +61,12 @@ def estimate(layout, cfg, words: list) -> dict:
     return {"sent": sent, "dense": P * layout.size * 4, "model": layout.size * 4}
 
 
+def merge_levels(cfg: config.Config) -> int:
+    """The levels a round's results are merged on executors before the driver: ``treeAggregate``'s,
+    and none where they reach the driver one by one (lineage or the direct channel)."""
+    return tree_levels(cfg.data.partitions, cfg.train.tree_depth) if tree_aggregated(cfg) else 0
+
+
 def probe(spark, cfg: config.Config, data, rounds: int = 4, init=None) -> list:
     """The metrics lines of the run's first ``rounds`` rounds, trained in a scratch directory
     (deleted) without evaluation, from ``init``'s weights where given (``--init-from``): exactly
@@ -76,10 +83,12 @@ def probe(spark, cfg: config.Config, data, rounds: int = 4, init=None) -> list:
 
 
 def measured(lines: list, partitions: int, params: int) -> dict:
-    """Round 1's bytes sent, round 2's broadcast (round 1's is the whole model), and the median
-    compute and overhead of the rounds after the first (which starts the executors' Python)."""
-    first, second, later = lines[0], lines[1], lines[1:]
-    return {"sent": first["round_bytes_sent"], "broadcast": second["round_bytes_broadcast"],
+    """Round 1's bytes sent, and the median broadcast, compute and overhead of the rounds after the
+    first (round 1 broadcasts the whole model and starts the executors' Python; under
+    ``train.overlap`` round 2's job is defined from round 1's parameters, so it broadcasts no change)."""
+    first, later = lines[0], lines[1:]
+    return {"sent": first["round_bytes_sent"],
+            "broadcast": statistics.median(m["round_bytes_broadcast"] for m in later),
             "blocks": sum(v for k, v in first.items() if k.startswith("block_bytes.")),
             "first_broadcast": first["round_bytes_broadcast"], "dense": partitions * params * 4,
             "model": params * 4, "compute_s": statistics.median(m["compute_s"] for m in later),
@@ -128,14 +137,14 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
         f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
         f"{est['dense'] / 1e6:.3f} MB, every partition's change of the weights uncoded): the change as coded "
         f"here {est['blocks']:,} bytes, the rest {est['sent'] - est['blocks']:,} (optimizer state, carried "
-        f"hidden states, framing); the driver broadcasts {est['broadcast']:,} bytes (round 1: "
-        f"{est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
+        f"hidden states, framing); the driver broadcasts {est['broadcast']:,} bytes (the median of rounds "
+        f"2-4; round 1: {est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
         f"overhead {est['overhead_s']:.2f} s on {sc.master}")
     if link:
         pr = predict(est["sent"], est["broadcast"], P, *link, overhead_s=est["overhead_s"],
                      compute_s=est["compute_s"])
         est["predicted"] = pr
-        levels = tree_levels(P, t.tree_depth)
+        levels = merge_levels(cfg)
         if levels:
             log(f"note: at {P} partitions treeAggregate (train.tree_depth = {t.tree_depth}) merges on executors "
                 f"first ({levels} level{'s' if levels > 1 else ''}): the bytes above count every hop, and the "
