@@ -52,9 +52,11 @@ def parse(specs: list, out: str, overwrite: bool = False) -> list:
     return parsed
 
 
-def start(parsed: list, cfg: config.Config, out: str, log=print) -> list:
-    """The trackers of ``parsed`` (:func:`parse`), started for a run of ``cfg`` in ``out``."""
-    return [TensorBoard(*arg, log=log) if kind == "tensorboard" else MLflow(cfg, out, log) for kind, arg in parsed]
+def start(parsed: list, cfg: config.Config, out: str, log=print, resume: bool = False) -> list:
+    """The trackers of ``parsed`` (:func:`parse`), started for a run of ``cfg`` in ``out`` (``resume``:
+    the run in ``out`` goes on)."""
+    return [TensorBoard(*arg, log=log) if kind == "tensorboard" else MLflow(cfg, out, log, resume)
+            for kind, arg in parsed]
 
 
 def scalars(m: dict) -> dict:
@@ -207,32 +209,62 @@ class TensorBoard(Tracker):
             self._write(event(time.time(), step, session_start=True))
         self._write(event(time.time(), step, scalars(m)))
 
-    def _close(self, ok: bool) -> None:
-        self.f.close()
+    def close(self, ok: bool) -> None:
+        """Close the event file, also after a failed write stopped its lines (its descriptor stayed open
+        for the rest of the process: a notebook's, a sweep's)."""
+        try:
+            self.f.close()
+        except OSError:             # the write that broke it, flushed again: said once already
+            pass
 
 
 # ----------------------------------------------------------------------- MLflow
 class MLflow(Tracker):
     """An MLflow run named after ``out`` (in ``MLFLOW_EXPERIMENT_NAME``, default ``rnnlm``): the
-    configuration as parameters, each metrics line's numbers as metrics at the round's step."""
+    configuration as parameters, each metrics line's numbers as metrics at the round's step.
+
+    ``resume``: the latest run tagged with ``out`` goes on (a resumed run's rounds in one MLflow run; the
+    rounds it trains again are logged again at their steps, where MLflow keeps both values: the same
+    training numbers, as a resume reproduces them, and new times); a key the resume changed is the tag
+    ``rnnlm.resumed.KEY``."""
 
     name = "mlflow"
 
-    def __init__(self, cfg: config.Config, out: str, log=print):
+    def __init__(self, cfg: config.Config, out: str, log=print, resume: bool = False):
         super().__init__(log)
         import mlflow
         # a tracking server that does not answer costs seconds, not MLflow's default minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         self.mlflow, self.run = mlflow, None
-        self._guard(self._start, cfg, out)
+        self._guard(self._start, cfg, out, resume)
 
-    def _start(self, cfg, out: str) -> None:
+    def _start(self, cfg, out: str, resume: bool) -> None:
         self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
-        self.run = self.mlflow.start_run(run_name=os.path.basename(out.rstrip("/")) or out)
-        flat = {f"{s}.{k}": v for s, sec in cfg.to_dict().items() for k, v in sec.items()}
-        self.mlflow.log_params(flat)
-        self.mlflow.set_tag("rnnlm.out", out)
+        flat = {f"{s}.{k}": str(v) for s, sec in cfg.to_dict().items() for k, v in sec.items()}
+        earlier = self._earlier(out) if resume else None
+        if earlier is None:
+            self.run = self.mlflow.start_run(run_name=os.path.basename(out.rstrip("/")) or out)
+            self.mlflow.log_params(flat)
+            self.mlflow.set_tag("rnnlm.out", out)
+            return
+        # MLflow refuses a parameter's second value: the keys a resume may change are tagged instead
+        self.run = self.mlflow.start_run(run_id=earlier.info.run_id)
+        kept = earlier.data.params
+        self.mlflow.log_params({k: v for k, v in flat.items() if k not in kept})
+        changed = {f"rnnlm.resumed.{k}": v for k, v in flat.items() if k in kept and kept[k] != v}
+        if changed:
+            self.mlflow.set_tags(changed)
+
+    def _earlier(self, out: str):
+        """The latest MLflow run of this experiment tagged with ``out``, or None."""
+        client = self.mlflow.MlflowClient()
+        exp = self.mlflow.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
+        quote = next((q for q in "'\"" if q not in out), None)
+        where = f"tags.`rnnlm.out` = {quote}{out}{quote}" if quote else ""
+        runs = client.search_runs([exp.experiment_id], where, order_by=["attributes.start_time DESC"],
+                                  max_results=1 if quote else 1000)
+        return next((r for r in runs if r.data.tags.get("rnnlm.out") == out), None)
 
     def _line(self, m: dict) -> None:
         self.mlflow.log_metrics(scalars(m), step=int(m["round"]))

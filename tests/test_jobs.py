@@ -97,10 +97,10 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30
 
 
-def signalled_after_three_rounds(out, sig, *items):
+def signalled_after_three_rounds(out, sig, *items, args=()):
     """Train into ``out``, send ``sig`` once three rounds are written; (exit code, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
-                             "--samples", "0", *sets(*items)],
+                             "--samples", "0", *args, *sets(*items)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
     try:
@@ -116,10 +116,13 @@ def signalled_after_three_rounds(out, sig, *items):
     return proc.returncode, log, err
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
+def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    store = f"file:{tmp_path / 'mlruns'}"           # MLflow's own store, on disk: both starts log there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     out = tmp_path / "run"
     rc, _, err = signalled_after_three_rounds(out, signal.SIGINT, "train.rounds=400", "train.checkpoint_every=50",
-                                              "data.valid=")
+                                              "data.valid=", args=("--log", "mlflow"))
     assert rc == 130, err[-2000:]
     lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
     assert len(lines) == 1 and "interrupted after round" in lines[0] and "--resume continues" in lines[0], err
@@ -130,9 +133,16 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path):
     assert f"interrupted after round {done[-1]};" in lines[0]
     # and the run resumes from it
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(out), "--samples", "0", "--resume",
-            *sets(f"train.rounds={ck.position['round'] + 1}", "train.checkpoint_every=1", "data.valid="))
+            "--log", "mlflow", *sets(f"train.rounds={ck.position['round'] + 1}", "train.checkpoint_every=1",
+                                     "data.valid="))
     assert r.returncode == 0, r.stderr[-2000:]
     assert checkpoint.load(str(out / "checkpoint")).position["round"] == ck.position["round"] + 1
+    # one MLflow run holds both starts' rounds (a resume started a second one)
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=store)
+    (logged,) = client.search_runs([client.get_experiment_by_name("rnnlm").experiment_id])
+    steps = {h.step for h in client.get_metric_history(logged.info.run_id, "train_loss")}
+    assert logged.info.status == "FINISHED" and steps == set(range(1, ck.position["round"] + 2)), (logged, steps)
     info = json.loads((out / "run.json").read_text())       # one record: the first start, then the resume
     assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]
     assert info["config"]["train"]["rounds"] == ck.position["round"] + 1

@@ -173,6 +173,18 @@ def test_a_tracker_that_fails_says_so_once_and_the_run_goes_on(spark, tmp_path):
                                                  "(metrics.jsonl has them): ValueError: ")
 
 
+def test_a_tensorboard_tracker_broken_by_a_full_disk_still_closes_its_file(tmp_path):
+    said = []
+    tb = trackers.TensorBoard(str(tmp_path / "tb"), log=said.append)
+
+    def full(data):
+        raise OSError(28, "No space left on device")
+    tb.f.write = full
+    tb.line({"round": 1, "train_loss": 3.0})
+    tb.close(True)
+    assert tb.broken and len(said) == 1 and tb.f.closed
+
+
 def test_a_tensorboard_file_whose_first_record_cannot_be_written_is_one_line(tmp_path):
     """A full disk or a quota at the first record (the file version) raised OSError through the command as a
     traceback, once Spark had started. A process that may write no byte (RLIMIT_FSIZE 0) shows it."""
@@ -205,6 +217,38 @@ def test_a_broken_mlflow_tracker_still_ends_its_run_with_the_trainings_status(tm
     finally:
         if t.mlflow.active_run() is not None:      # not left to this process's other tests
             t.mlflow.end_run()
+
+
+@pytest.mark.parametrize("out", ["run", "it's", "both'\""])
+def test_a_resumed_run_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, out):
+    """A resume started a second MLflow run of the same name: the first, FAILED, held the rounds up to
+    the interruption, the second those from the checkpoint on."""
+    from mlflow import MlflowClient
+    store = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    out, other = str(tmp_path / out), str(tmp_path / "other")
+
+    def session(where, rounds, losses, resume, ok):
+        t = trackers.MLflow(config.load(None, [f"train.rounds={rounds}"]), where, log=pytest.fail, resume=resume)
+        for r, loss in losses:
+            t.line({"round": r, "train_loss": loss})
+        t.close(ok)
+        return t.run.info.run_id
+
+    first = session(out, 3, [(1, 4.0), (2, 3.0), (3, 2.0)], resume=False, ok=False)     # interrupted after round 3
+    session(other, 3, [(1, 9.0)], resume=False, ok=True)                                  # another run, started later
+    again = session(out, 4, [(2, 3.0), (3, 2.0), (4, 1.0)], resume=True, ok=True)       # from round 1's checkpoint
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("rnnlm").experiment_id])
+    assert again == first and len(runs) == 2
+    run = client.get_run(first)
+    assert run.info.status == "FINISHED" and run.data.tags["rnnlm.out"] == out
+    assert run.data.params["train.rounds"] == "3" and run.data.tags["rnnlm.resumed.train.rounds"] == "4"
+    assert [k for k in run.data.tags if k.startswith("rnnlm.resumed.")] == ["rnnlm.resumed.train.rounds"]
+    history = sorted((h.step, h.value) for h in client.get_metric_history(first, "train_loss"))
+    assert history == [(1, 4.0), (2, 3.0), (2, 3.0), (3, 2.0), (3, 2.0), (4, 1.0)]
+    assert session(out, 4, [(1, 5.0)], resume=False, ok=True) != first     # started again (--overwrite): a new run
 
 
 @pytest.mark.parametrize("args,message", [

@@ -100,7 +100,7 @@ def train(a) -> int:
                 if init_from and init is None:           # a Hadoop path, read by this session's Hadoop client
                     init = checked_init(read_checkpoint(spark.sparkContext, init_from), cfg, init_from, keep)
                 log = bar.message if bar else print
-                sinks = trackers.start(logs, cfg, a.out, log)
+                sinks = trackers.start(logs, cfg, a.out, log, resume=a.resume and not getattr(a, "overwrite", False))
                 tr = make_trainer(spark, cfg, a.out, log=log, progress=bar, sinks=sinks)
                 last, ok = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init), True
             except (Interrupted, KeyboardInterrupt):
