@@ -1,5 +1,6 @@
 """Distributed training in Spark local mode (one shared session)."""
 import math
+import time
 
 import numpy as np
 import pytest
@@ -413,6 +414,35 @@ def crashed_at(spark, cfg, out, r):
     with pytest.raises(_Crash):
         Trainer(spark, cfg, str(out), log=lambda s: None, progress=_CrashAt(r)).run()
     return checkpoint.load(str(out / "checkpoint")).position["round"]
+
+
+def test_checkpoint_s_counts_from_the_start_of_training_not_from_the_trainers(spark, tiny_cfg, tmp_path):
+    """The clock started when the Trainer was built: a corpus read longer than train.checkpoint_s (HDFS, a
+    large text) made round 1 write a checkpoint by time."""
+    cfg = config.replace(tiny_cfg, "train", rounds=3, checkpoint_every=0, checkpoint_s=3.0)
+    tr = Trainer(spark, cfg, str(tmp_path / "run"), log=lambda s: None, progress=_CrashAt(2))
+    time.sleep(3.5)                                  # a read this long before round 1
+    with pytest.raises(_Crash):
+        tr.run()                                     # rounds 1 and 2 take well under 3 s
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_a_close_that_fails_still_gives_the_signal_handlers_back(spark, tiny_cfg, tmp_path, monkeypatch):
+    """A raise in the round's close skipped the release: in a shared session (a notebook) the next Ctrl-C
+    only said "stopping after this round"."""
+    import signal
+    from rnnlm.spark.allreduce import AllReduce
+
+    close = AllReduce.close
+
+    def dead(self, blocking=True):
+        close(self, blocking=blocking)              # (its resources go, not to leak into the shared session)
+        raise RuntimeError("the SparkContext is gone")
+    monkeypatch.setattr(AllReduce, "close", dead)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="SparkContext is gone"):
+        Trainer(spark, config.replace(tiny_cfg, "train", rounds=1), str(tmp_path / "run"), log=lambda s: None).run()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 VALID = "data.valid=rnnlm/data/harbour_valid.txt"

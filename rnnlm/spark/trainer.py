@@ -61,8 +61,8 @@ class Trainer(Driver):
     def __init__(self, *args, **kwargs):         # the Driver's arguments
         super().__init__(*args, **kwargs)
         self.cfg = self.params = self.vocab = None
-        # when the last checkpoint was written, the last round ended, and its slowest task ended
-        self.ck_time, self.round_end, self.last_task_end = time.monotonic(), None, None
+        # when the last checkpoint was written (or training started), the last round ended, and its slowest task ended
+        self.ck_time, self.round_end, self.last_task_end = None, None, None
 
     # ------------------------------------------------------------- set-up
     def _resume(self) -> tuple:
@@ -119,6 +119,7 @@ class Trainer(Driver):
             stop = StopRequest(self.log)
             try:
                 sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
+                self.ck_time = time.monotonic()     # train.checkpoint_s counts training, not the corpus's read
                 # the loop: a round, its evaluation when due, a checkpoint when due
                 while at.round < rounds:
                     save, best = self._round(cfg, model.layout, data, per.epoch, sync, at, rounds, stop)
@@ -135,9 +136,11 @@ class Trainer(Driver):
             finally:
                 # tear down: a run that ended waits for the executors to answer its releases (the session may
                 # stop next); the last round's broadcasts and evaluation went without waiting, answered long before
-                if sync is not None:
-                    sync.close(blocking=ended)
-                stop.release()
+                try:
+                    if sync is not None:
+                        sync.close(blocking=ended)
+                finally:
+                    stop.release()          # the signal handlers go back, whatever the close raised
         finally:
             if owned:          # a shared session keeps nothing of this run's corpus, whatever stopped it
                 unpersist_corpus(data, blocking=ended)
