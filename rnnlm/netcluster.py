@@ -233,7 +233,7 @@ class NetCluster:
 
     def measure(self, src: int, dst: int, nbytes: int, timeout: float = 120) -> float:
         """Bits per second of one TCP transfer of ``nbytes`` from host ``src`` to host ``dst``,
-        timed by the receiver from its first byte to its last."""
+        timed by the receiver from its first chunk to its last (the bytes after the first)."""
         host, port = self.address(dst), 5999
         recv = subprocess.Popen(self.command(dst, [sys.executable, "-c", _RECEIVER, host, str(port), str(nbytes)]),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -249,8 +249,10 @@ class NetCluster:
                 recv.wait()
         if recv.returncode != 0 or not out.strip():
             raise NetClusterError(f"the receiver failed: {err.strip() or send.stderr.strip()}")
-        got, seconds = out.split()
-        return int(got) * 8 / float(seconds)
+        got, timed, seconds = out.split()
+        if int(got) != nbytes:
+            raise NetClusterError(f"the transfer ended after {got} of its {nbytes} bytes")
+        return int(timed) * 8 / float(seconds)
 
     # ---- Spark standalone
     def spark_standalone(self, cores: int = 1, memory: str = "1500m", timeout: float = 90) -> str:
@@ -287,14 +289,15 @@ import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(1)
 s.settimeout(60); c, _ = s.accept(); c.settimeout(60)
-buf, got, t0 = bytearray(1 << 20), 0, None
+buf, got, t0, first = bytearray(1 << 20), 0, None, 0
 while got < n:
     k = c.recv_into(buf)
     if not k:
         break
-    t0 = t0 or time.perf_counter()
+    if t0 is None:                         # the clock starts at the first chunk: its bytes came before it
+        t0, first = time.perf_counter(), k
     got += k
-print(got, time.perf_counter() - t0); c.sendall(b"k")
+print(got, got - first, time.perf_counter() - t0); c.sendall(b"k")
 """
 
 _SENDER = """

@@ -188,6 +188,19 @@ def test_a_task_on_the_gpu_uses_the_first_address_spark_assigned_it(monkeypatch)
     assert executor.task_xp("cpu") is np and used == [5]
 
 
+@pytest.mark.parametrize("address", ["GPU-5b2e1c4d", "-1", ""])
+def test_a_gpu_address_that_is_no_device_index_is_the_partitions_answer_not_a_task_failure(monkeypatch, address):
+    """int() raised ValueError in the task: Spark retried it, and the run failed with a Python traceback."""
+    monkeypatch.setattr(executor.backend, "get_xp", lambda device: types.SimpleNamespace())
+    monkeypatch.setattr(executor.backend, "use_gpu", lambda index: pytest.fail("no device to use"))
+    monkeypatch.setattr(executor, "assigned_gpus", lambda: [address])
+    part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))
+    (pid, *_, error, device), = executor.probe_task(cfg_for(20, "train.device=gpu"))(iter([part]))
+    assert error == (f"Spark assigned the GPU address {address!r}, not a CUDA device index: the discovery script "
+                     "(spark.*.resource.gpu.discoveryScript) must print indices, as nvidia-smi's")
+    assert device == {"ran": None, "assigned": [address]}
+
+
 def test_a_partition_that_cannot_run_expects_no_tokens_and_says_why():
     cfg = cfg_for(20, "train.device=gpu")
     part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))

@@ -46,8 +46,21 @@ def task_xp(device: str):
     if xp is not np:
         gpus = assigned_gpus()
         if gpus:
-            backend.use_gpu(int(gpus[0]))
+            backend.use_gpu(gpu_index(gpus[0]))
     return xp
+
+
+def gpu_index(address: str) -> int:
+    """The CUDA device index of a GPU address Spark assigned (RuntimeError, the task's one-line answer,
+    where the discovery script gave something else: a retry would meet the same)."""
+    try:
+        index = int(address)
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise RuntimeError(f"Spark assigned the GPU address {address!r}, not a CUDA device index: the discovery "
+                           "script (spark.*.resource.gpu.discoveryScript) must print indices, as nvidia-smi's")
+    return index
 
 
 def device_label(xp) -> str:
