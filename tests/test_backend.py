@@ -120,3 +120,11 @@ def test_get_xp_without_a_gpu(monkeypatch):
         backend.get_xp("gpu")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         backend.get_xp("tpu")
+
+
+def test_rng_for_draws_one_stream_per_seed_and_keys():
+    """Each (seed, round, partition, purpose) its own stream, and the same one again for a retry."""
+    draw = lambda *key: backend.rng_for(np, *key).random(4).tolist()           # noqa: E731
+    streams = [draw(1234), draw(1234, 1, 0), draw(1234, 2, 0), draw(1234, 1, 1), draw(1234, 0, 1), draw(1235, 1, 0)]
+    assert len({tuple(s) for s in streams}) == len(streams)
+    assert draw(1234, 1, 0) == streams[1]

@@ -30,6 +30,9 @@ def test_momentum_and_nesterov():
     p, _ = run("momentum", [[1.0, 0.0], [1.0, 0.0]], momentum=0.9, nesterov=True)
     # step1: v=1, p -= .1*(1 + .9) ; step2: v=1.9, p -= .1*(1 + 1.71)
     assert np.allclose(p, [1 - 0.19 - 0.271, -2.0])
+    # a momentum other than Adam's beta1 (0.9): v = 1, 1.5, 1.75; p = 1 - .1 (1 + 1.5 + 1.75)
+    p, st = run("momentum", [[1.0, 0.0]] * 3, momentum=0.5)
+    assert np.allclose(p, [1 - 0.425, -2.0]) and np.allclose(st["velocity"], [1.75, 0])
 
 
 @pytest.mark.parametrize("eps", [1e-12, 0.5])     # eps large enough to count, and where it cannot
@@ -79,6 +82,8 @@ def test_epoch_decay_matches_zaremba():
     s = Schedule(OptimConfig(lr=1.0, schedule="epoch_decay", decay=0.5, decay_after=4))
     # epochs are 0-based fractions: the first four run at lr, then halve each epoch
     assert [s.lr(e) for e in (0, 2.5, 3.9, 4.0, 5.2, 12.0)] == [1, 1, 1, 0.5, 0.25, 0.5 ** 9]
+    floor = Schedule(OptimConfig(lr=1.0, schedule="epoch_decay", decay=0.5, decay_after=1, min_lr=0.1))
+    assert [floor.lr(e) for e in range(7)] == [1, 0.5, 0.25, 0.125, 0.1, 0.1, 0.1]
 
 
 def test_plateau_halves_when_validation_stalls():
@@ -89,6 +94,10 @@ def test_plateau_halves_when_validation_stalls():
     restored = Schedule(s.cfg, s.state)
     assert restored.lr(0) == 0.5
     assert Schedule(OptimConfig(lr=0.3)).lr(99) == 0.3
+    floored = Schedule(OptimConfig(lr=1.0, schedule="plateau", decay=0.5, min_lr=0.3))
+    for v in (5.0, 6.0, 7.0, 8.0):                          # halves at each stall, down to the floor
+        floored.observe(v)
+    assert floored.lr(0) == 0.3
 
 
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])

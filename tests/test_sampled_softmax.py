@@ -555,3 +555,9 @@ def test_padded_rows_compute_the_unpadded_step(xp, bucket, sets):
     assert np.allclose(padded[3], plain[3], rtol=1e-11, atol=1e-14)
     for name in ("Wo", "bo"):                           # the pads' rows get no gradient
         assert np.all(_slot(m, padded[3], name)[pads] == 0)
+
+
+def test_gamma_size_reads_mu_as_a_share_of_v_without_float_noise():
+    """0.07 * 100 is 7.000000000000001 in floats: its ceiling took an eighth word."""
+    assert [sampled.gamma_size(mu, V) for mu, V in ((0.07, 100), (0.14, 10000), (0.05, 10000))] == [7, 1400, 500]
+    assert sampled.gamma_size(0.071, 100) == 8 and sampled.gamma_size(1.0, 7) == 7 and sampled.gamma_size(2.0, 7) == 7

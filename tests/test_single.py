@@ -159,3 +159,45 @@ def test_a_plateau_that_would_see_one_loss_after_the_last_round_is_refused(corpu
         run(corpus, "optim.schedule=plateau", "train.eval_every=0", "train.rounds=2")
     m, _ = run(corpus, "optim.schedule=plateau", "train.eval_every=1", "train.rounds=2")
     assert m["round"] == 2
+
+
+def test_the_rounds_are_the_core_steps_written_out(corpus):
+    """Rounds of 50 steps in epochs of 145: each round's rate is its starting epoch's (not its number's),
+    its dropout masks its own stream (seed, round, 0), its train_loss the mean NLL per token, and the
+    checkpoint holds the parameters and the streams' hidden state where the last round left them."""
+    from rnnlm.core import backend
+    from rnnlm.core.local import train_steps
+    from rnnlm.core.models import build as build_model
+    from rnnlm.core.optim import make_optimizer
+    from rnnlm.core.strategies import StreamBlock
+    sets = ("train.rounds=4", "train.local_steps=50", "train.eval_every=1", "model.dropout=0.3", "optim.name=sgd",
+            "optim.lr=1", "optim.schedule=epoch_decay", "optim.decay_after=1", "optim.decay=0.5", "train.seed=5")
+    m, said = run(corpus, *sets)
+    lines = [dict(f.rsplit(" ", 1) for f in s.split(" | ")) for s in said if s.startswith("round ")]
+    ck = checkpoint.load(str(corpus / "ck"))
+    ids = m["vocab"].encode(TEXT)[:int(len(TEXT) * 0.9)]
+    block = StreamBlock(ids, 2, 5)
+    assert block.steps_per_pass == 145                         # rounds start at epochs 0, .34, .69, 1.03
+    rates = [1.0, 1.0, 1.0, 0.5]
+    model, cfg = build_model(ck.config.model), ck.config
+    params = model.init_params(5)
+    opt = make_optimizer(cfg.optim)
+    opt_state, state = opt.init_state(params), model.zero_state(2)
+    for r, lr in enumerate(rates, 1):
+        res = train_steps(model, opt, params, opt_state, block.batches(50 * (r - 1), 50), state, lr=lr,
+                          clip_norm=cfg.optim.clip_norm, grad_norm=cfg.train.grad_norm,
+                          dropout_rng=backend.rng_for(np, 5, r, 0))
+        state = res.state
+    assert [float(x["lr"]) for x in lines] == rates
+    assert np.array_equal(ck.params, params) and np.array_equal(ck.hidden, state)
+    assert m["train_loss"] == res.loss_sum / res.tokens and res.tokens == 50 * 5 * 2
+
+
+def test_a_plateau_schedule_keeps_the_best_loss_per_token(corpus):
+    """The checkpoint's schedule, which a resumed run's evaluations are compared with, holds the best
+    validation loss per token (the log lines round it to 3 decimals)."""
+    said = run(corpus, "train.rounds=3", "train.local_steps=20", "train.eval_every=1", "optim.schedule=plateau")[1]
+    losses = [float(dict(f.rsplit(" ", 1) for f in s.split(" | "))["valid_loss"]) for s in said
+              if s.startswith("round ")]
+    assert len(losses) == 3
+    assert checkpoint.load(str(corpus / "ck")).schedule["best"] == pytest.approx(min(losses), abs=5e-4)
