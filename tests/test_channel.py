@@ -88,6 +88,12 @@ ALONE = "partition 0: an error is a string of 1 to 2000 characters, sent alone"
     (lambda f, a: f["blocks"].pop("opt.m"), "partition 0: blocks must be exactly ['opt.m', 'params.E', 'params.b']..."),
     (_array("params.E.ids", np.array([4, 1, 6], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
     (_array("params.E.ids", np.array([1, 4, 8], np.int32)), "params.E: row ids must be sorted unique int32 in [0, 8)"),
+    (_array("params.E.ids", np.array([-1, 4, 6], np.int32)),      # -1 would index the last row, never sent
+     "params.E: row ids must be sorted unique int32 in [0, 8)"),
+    (_array("carry.state", np.full((1, 2, 4, 2), np.nan, np.float32)),
+     "partition 0: the hidden state holds non-finite values"),
+    (_array("opt.m.data", np.full((29, 1), np.nan, np.float32)), "partition 0: opt.m holds non-finite values"),
+    (_field("t", -5), "partition 0: its optimizer state must name ['m'] and a step count"),
     (_array("params.E.data", np.zeros((3, 2), np.uint8)), "params.E: onebit data must be a uint8[3, 1] array"),
     (_array("params.E.scale", np.full((3, 2), np.nan, np.float32)), "params.E: onebit scale must hold finite values"),
     (_array("opt.m.data", np.zeros((29, 1), np.float64)), "opt.m: f32 data must be a float32[29, 1] array"),

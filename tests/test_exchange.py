@@ -1,6 +1,7 @@
 """The exchange layer: codecs, row blocks and their merge, row selection, and sparse training on Spark."""
 import os
 import pickle
+import types
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ def merge(a, b):
     return a.merge(b)
 
 
-@pytest.mark.parametrize("top", [1e-35, 1e-8, 3e-3, 1.0, 7e4, 1e9])   # 1e-35: its scale 2^131 was inf
+@pytest.mark.parametrize("top", [1e-35, 1e-8, 3e-3, 1.0, 1.9999, 65535.0, 7e4, 1e9])   # 1e-35: its scale 2^131 was inf
 def test_fp16_scaling_round_trips_within_its_bound_and_never_overflows(top):
     rng = np.random.default_rng(1)
     v = (rng.standard_normal((50, 7)) * top / 4).astype(np.float32)
@@ -107,7 +108,7 @@ def test_a_tree_node_merges_its_inputs_in_partition_order_whatever_order_they_ar
     fetched in any order. Folded as they came, float64 sums of three are not associative: 2^53, -2^53 and 1
     make 1 or 0, and so did a round's mean and its loss. Gathered, they fold in partition order as
     the node's value leaves it, and at the driver."""
-    values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0, 3: 0.5, 4: 0.25}
+    values = {0: 1.0, 1: 2.0 ** 53, 2: -(2.0 ** 53), 3: 0.5, 4: 0.25}    # in partition order 1 is lost: 0
     leaf = lambda pid: Aggregate.contribution(1.0, {"b": np.full(3, values[pid], np.float64)}, {pid: {}},  # noqa: E731
                                               loss_sum=values[pid])
     results = set()
@@ -121,7 +122,18 @@ def test_a_tree_node_merges_its_inputs_in_partition_order_whatever_order_they_ar
         results.add((agg.mean("b", np.float64).tobytes(), agg.stats["loss_sum"]))
     assert len(results) == 1
     [(mean, loss)] = results
-    assert np.frombuffer(mean, np.float64).tolist() == [1.75 * (1 / 5)] * 3 and loss == 1.75   # 2^53 - 2^53 + 1.75
+    assert np.frombuffer(mean, np.float64).tolist() == [0.75 * (1 / 5)] * 3 and loss == 0.75   # (1 + 2^53) - 2^53 + .75
+
+
+def test_a_merge_keeps_the_first_start_the_union_of_words_and_errors_in_partition_order():
+    def leaf(pid, start, words, error=None):
+        local = {pid: types.SimpleNamespace(error=error)}
+        return Aggregate.contribution(1.0, {"b": np.zeros(2)}, local, words=words, task_start=start, compute_s=start)
+    a = merge(leaf(2, 12.0, [5, 7], "loss nan"), leaf(1, 10.0, [1, 5], "out of memory"))
+    a = merge(a, leaf(0, 11.0, [2]))
+    assert a.stats["task_start"] == 10.0 and a.stats["compute_s"] == 12.0     # the first start, the slowest phase
+    assert a.words.tolist() == [1, 2, 5, 7]
+    assert a.errors() == ["partition 1: out of memory", "partition 2: loss nan"]
 
 
 def test_the_zero_value_shipped_in_every_tasks_closure_is_not_counted_as_result_bytes():
@@ -285,7 +297,14 @@ def test_softmax_rows_are_words_frequent_and_seeded_random_shared_within_a_seed_
     assert [plan.seed_groups(h, 8) for h in ("one", "partition", "log2", "pow064")] == [1, 8, 3, 4]
     assert [plan.seed_groups(h, 1) for h in ("one", "partition", "log2", "pow064")] == [1, 1, 1, 1]
     change[[2, 9]] = 1.0
-    assert plan.select_rows("embed", 0, change, ex, words, 3, 2, 0).tolist() == [2, 9]   # exactly what changed
+    change[4, 1] = -1.0                                   # a row changed in one column is a changed row
+    assert plan.select_rows("embed", 0, change, ex, words, 3, 2, 0).tolist() == [2, 4, 9]   # exactly what changed
+    # shares that are no whole number of rows round up: 1% of 1,001 words is 11, 25% of 10 rows 3, 5% 1
+    top = plan.select_rows("softmax", 7, np.zeros((1001, 4)), Ex(frequent=0.01, random=0.0), words[:0], 3, 2, 0)
+    assert top.tolist() == list(range(11))
+    for fraction, n in ((0.25, 3), (0.05, 1)):
+        drawn = plan.select_rows("hidden", 1, np.zeros((10, 4)), Ex(random=fraction), words, 3, 2, 0)
+        assert len(drawn) == n, fraction
 
 
 def test_encode_shares_random_rows_within_a_seed_group_and_counts_each_group_in_full():

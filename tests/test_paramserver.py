@@ -629,9 +629,13 @@ def test_requests_from_a_partition_that_never_said_hello_are_refused():
     ("push", {"lease": None}, "request 'push' needs a lease (an integer from hello), not None"),
     ("push", {"lease": True}, "request 'push' needs a lease (an integer from hello), not True"),
     ("push", {"lease": 2}, "lease 2 of partition 0 was never issued"),
+    ("push", {"lease": 0}, "lease 0 of partition 0 was never issued"),          # not superseded: never issued
+    ("heartbeat", {"lease": -3}, "lease -3 of partition 0 was never issued"),
     ("heartbeat", {"window": 4}, "heartbeat: window 4 is not in [0, 3]"),
     ("heartbeat", {"window": 10 ** 400}, "heartbeat: window 1000"),
     ("failed", {"error": ["x"]}, "failed: the error must be a string"),
+    # a line break and a terminal escape would become the run's stop line, as written
+    ("failed", {"error": "loss nan\n\x1b[31mFAKE LOG LINE"}, "failed: the error must be a string of 1 to 2000"),
 ])
 def test_malformed_requests_of_a_known_partition_are_refused(kind, fields, reason):
     ps = server()

@@ -291,6 +291,8 @@ def test_a_recorded_conversation_replayed_on_a_new_connection(server, secret, re
     ([["x", "float32", [3]]], bytes(8), "header"),           # sizes do not add up to the body
     ([["x", "float32", [1]]], bytes(8), "header"),
     ([["x", "float32", [-1]]], b"", "header"),
+    # a negative size in the middle: the sizes add up to the body, b takes -16 bytes and c overlaps a
+    ([["a", "float32", [8]], ["b", "float32", [-1, 4]], ["c", "float32", [4]]], bytes(32), "header"),
     ([["x", "float32", [1]], ["x", "float32", [1]]], bytes(8), "header"),
     ([["x", "float32", [0, 1 << 70]]], b"", "header"),
     ([["x", "float32"]], b"", "header"),
