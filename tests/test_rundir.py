@@ -50,6 +50,21 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
     again = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=logs.append)
     with pytest.raises(TrainingError, match=f"^{re.escape(str(tmp_path))}/run already holds a run "):
         again.prepare(resume=False)
+    # a folder holding what a run writes, but no run: checkpoint/ and best/ were replaced whole, run.json too
+    for names in (["checkpoint"], ["best"], ["run.json"], ["checkpoint", "best", "run.json"]):
+        mine = tmp_path / f"mine-{len(names)}-{names[0]}"
+        mine.mkdir()
+        for name in names:
+            if name == "run.json":
+                (mine / name).write_text('{"mine": 1}')
+            else:
+                (mine / name).mkdir()
+                (mine / name / "photo.jpg").write_bytes(b"keep")
+        with pytest.raises(TrainingError) as e:
+            RunDir(str(mine), fs=LocalFS()).prepare(resume=False)
+        assert str(e.value) == (f"{mine} holds {', '.join(names)} but no run to resume: this run would replace "
+                                "them (--overwrite to replace them, or another --out)")
+    RunDir(str(tmp_path / "mine-1-checkpoint"), fs=LocalFS()).prepare(resume=False, overwrite=True)   # as asked
     again.prepare(resume=True)
     assert again.read_checkpoint(cfg).position == position
     assert again.saved_lines() == [{"round": 1}, {"round": 2}, {"round": 3}]
