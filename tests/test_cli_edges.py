@@ -433,3 +433,23 @@ def test_a_namenode_that_never_answers_stops_the_read_not_the_plot(tmp_path, cap
     err = capsys.readouterr().err
     assert err.startswith(f"error: webhdfs://127.0.0.1:{port}/runs/x") and err.count("\n") == 1, err
     assert "timed out" in err.lower(), err
+
+
+@pytest.mark.parametrize("master, taken", [
+    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 3]", True), ("local-cluster[2,1,1024]", True),
+    ("yarn", True), ("spark://a:7077,b:7077", True), ("k8s://https://api:6443", True),
+    ("bogus", False), ("local2", False), ("local[x]", False), ("local[0]", False), ("local[2] ", False),
+    ("spark://", False), ("yarn-client", False), ("local-cluster[2,1]", False)])
+def test_a_master_spark_cannot_parse_is_refused_before_its_jvm_starts(capsys, master, taken):
+    """A typo printed Spark's Java stack trace, and then a line naming the JVM gateway or 'a Spark job'."""
+    for command in ("train", "evaluate"):
+        args = ["--config", "c.toml"] if command == "train" else ["--checkpoint", "ck", "--data", "d"]
+        if taken:
+            assert parser(command, prog=command).parse_args([*args, "--master", master]).master == master
+            continue
+        with pytest.raises(SystemExit) as e:
+            parser(command, prog=command).parse_args([*args, "--master", master])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"{command}: error: argument --master: {master!r} is not a Spark master: local, local[N], local[*], "
+            "local[N,F], local-cluster[W,C,MB], yarn, spark://HOST:PORT or k8s://URL")

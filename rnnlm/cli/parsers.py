@@ -6,6 +6,7 @@ value, as ``--resume``, is off unless given).
 from __future__ import annotations
 
 import argparse
+import re
 
 TRAIN_OUT = "runs/latest"
 
@@ -44,8 +45,26 @@ MAX_LENGTH = 1_000_000          # tokens generate samples: 10x a novel, well wit
 MAX_SAMPLES = 1000
 
 
+_MASTERS = re.compile(r"local|local\[([0-9]+|\*)(\s*,\s*[0-9]+)?\]"
+                      r"|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]|yarn|spark://.+|k8s://.+")
+
+
+def master_url(text: str) -> str:
+    """A master URL Spark takes (what ``spark-submit`` and ``SparkContext`` parse), checked before its JVM
+    starts: a typo there was a Java stack trace and a one-line error naming something else."""
+    m = _MASTERS.fullmatch(text)
+    if m is None or (m.group(1) or "1").strip("0") == "":             # local[0]: no thread to run on
+        raise argparse.ArgumentTypeError(
+            f"{text!r:.60} is not a Spark master: local, local[N], local[*], local[N,F], local-cluster[W,C,MB], "
+            "yarn, spark://HOST:PORT or k8s://URL")
+    return text
+
+
+master_url.__name__ = "master"
+
+
 def _spark(ap) -> None:
-    ap.add_argument("--master", default=None,
+    ap.add_argument("--master", default=None, type=master_url,
                     help="Spark master when not run by spark-submit (default: local[2]; under spark-submit, "
                          "its --master)")
     ap.add_argument("--verbose", action="store_true", help="Spark's INFO logging (silenced by default)")
