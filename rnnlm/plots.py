@@ -131,11 +131,15 @@ def shared_exchange(runs) -> str | None:
 
 
 def plain_numbers(axis) -> None:
-    """Tick labels on a log ``axis`` as plain numbers (400, 500, 700; not 4x10^2), major and minor."""
-    from matplotlib.ticker import FuncFormatter
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(plain)
-    axis.set_minor_formatter(plain)
+    """Tick labels on a log ``axis`` as plain numbers (400, 500, 700; not 4x10^2): within a decade
+    its minor ticks too, over one or more decades the decades alone (every minor label ran together)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:.0f}" if x >= 1 else f"{x:g}"
+    axis.set_major_formatter(Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def bytes_formatter():

@@ -453,3 +453,19 @@ def test_a_master_spark_cannot_parse_is_refused_before_its_jvm_starts(capsys, ma
         assert capsys.readouterr().err.splitlines()[-1] == (
             f"{command}: error: argument --master: {master!r} is not a Spark master: local, local[N], local[*], "
             "local[N,F], local-cluster[W,C,MB], yarn, spark://HOST:PORT or k8s://URL")
+
+
+@pytest.mark.parametrize("spread", [(40_000, 70_000), (1_300, 200_700), (1_300, 9_000_000)])
+def test_the_frontiers_byte_labels_never_run_together(tmp_path, spread):
+    """Over two decades (13 to 2,007 bytes a token) every minor tick was labelled: "30 40506070809100"."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from rnnlm import plots, runs
+    rs = runs.load_all([run_dir(tmp_path, n, 10, sent) for n, sent in zip("ab", spread)])
+    ax = plots.plot_frontier(rs)
+    ax.figure.canvas.draw()
+    shown = [t for t in ax.get_xticklabels() + ax.get_xticklabels(minor=True) if t.get_text()]
+    texts = [t.get_text() for t in shown]
+    assert len(texts) >= 2 and all(t.replace(".", "").isdigit() for t in texts), texts
+    boxes = sorted((t.get_window_extent().x0, t.get_window_extent().x1) for t in shown)
+    assert all(b[0] > a[1] for a, b in zip(boxes, boxes[1:])), texts
