@@ -469,3 +469,31 @@ def test_the_frontiers_byte_labels_never_run_together(tmp_path, spread):
     assert len(texts) >= 2 and all(t.replace(".", "").isdigit() for t in texts), texts
     boxes = sorted((t.get_window_extent().x0, t.get_window_extent().x1) for t in shown)
     assert all(b[0] > a[1] for a, b in zip(boxes, boxes[1:])), texts
+
+
+def test_an_empty_corpus_or_a_directory_holding_one_is_refused_before_spark(tmp_path):
+    """Both were said by Spark's read, after its JVM's 8-9 s; a missing path already was not."""
+    import gzip
+    from rnnlm.cli.checks import check_train
+    from rnnlm.spark.corpus import CorpusError
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "empty.txt.gz").write_bytes(gzip.compress(b""))      # 20 bytes, none of them text
+    (tmp_path / "none").mkdir()
+    (tmp_path / "nested" / "sub").mkdir(parents=True)
+    (tmp_path / "nested" / "a.txt").write_text("x\n")
+    (tmp_path / "nested" / "_hidden").mkdir()                         # as _temporary: Hadoop skips it
+    for key, name, said in (("train", "empty.txt", "data.train: {p} is empty"),
+                            ("valid", "empty.txt.gz", "data.valid: {p} is empty"),
+                            ("train", "none", "data.train: {p} is empty"),
+                            ("train", "empty*", "data.train: {p} is empty"),
+                            ("valid", "nested", f"{{p}}: {tmp_path}/nested/sub is a directory: a corpus directory is "
+                                                f"read as its files, not its subdirectories (name them with a glob, "
+                                                f"such as {tmp_path}/nested/*/*)")):
+        p = str(tmp_path / name)
+        cfg = config.load(None, [f"data.train={HARBOUR}", "data.valid=", f"data.{key}={p}"])
+        with pytest.raises(CorpusError) as e:
+            check_train(cfg, None, str(tmp_path / "run"), False, False, False)
+        assert str(e.value) == said.format(p=p)
+    (tmp_path / "nested" / "sub").rmdir()
+    cfg = config.load(None, [f"data.train={tmp_path / 'nested'}", "data.valid="])
+    assert check_train(cfg, None, str(tmp_path / "run"), False, False, False) == cfg    # a file with text

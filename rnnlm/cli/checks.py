@@ -215,10 +215,12 @@ def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:
 
 
 def check_records(path: str, data: config.DataConfig, what: str) -> None:
-    """A local corpus must hold no record (line or paragraph, as ``data`` reads it) longer than
-    ``data.max_record_mb`` (:func:`rnnlm.spark.corpus.check_local_records`)."""
+    """A local corpus must hold text, no subdirectory (:func:`rnnlm.spark.corpus.check_local_input`) and
+    no record (line or paragraph, as ``data`` reads it) longer than ``data.max_record_mb``
+    (:func:`rnnlm.spark.corpus.check_local_records`)."""
     local = _local(path) if path else None
     if local is not None:
+        corpus.check_local_input(local, what)
         corpus.check_local_records(local, data.paragraphs, data.max_record_mb, what)
 
 

@@ -192,6 +192,34 @@ def _blank_line(head: bytes) -> bytes | None:
     return None if i < 0 else b"\r\n\r\n" if head[i - 1:i] == b"\r" else b"\n\n"
 
 
+def check_local_input(path: str, what: str) -> None:
+    """Refuse, before Spark's JVM starts, a local corpus that :func:`check_path` or the read would refuse
+    after it: a directory holding a subdirectory, or files that hold no byte (inflated)."""
+    if "{" in path:                 # Hadoop's own glob syntax: left to Hadoop
+        return
+    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.exists(path) else []
+    for match in matches:
+        subs = sorted(n for n in os.listdir(match) if not n.startswith(("_", ".")) and
+                      os.path.isdir(os.path.join(match, n))) if os.path.isdir(match) else []
+        if subs:
+            raise CorpusError(f"{path}: {os.path.join(match, subs[0])} is a directory: a corpus directory is read as "
+                              f"its files, not its subdirectories (name them with a glob, such as "
+                              f"{path.rstrip('/')}/*/*)")
+    if matches and all(_holds_nothing(f) for f in _local_files(path)):
+        raise CorpusError(f"{what}: {path} is empty")
+
+
+def _holds_nothing(name: str) -> bool:
+    """Whether a corpus file holds no byte as Hadoop reads it (a gzip one inflated; another codec's: unknown)."""
+    try:
+        if name.endswith(".gz"):
+            with gzip.open(name, "rb") as f:
+                return f.read(1) == b""
+        return not name.endswith(HADOOP_CODECS) and os.path.getsize(name) == 0
+    except (OSError, EOFError):          # unreadable, or a broken gzip: Hadoop says so in its own words
+        return False
+
+
 def _local_files(path: str) -> list:
     """The files Hadoop reads for a local ``path``: a glob's matches, a directory's visible files."""
     if "{" in path:                 # Hadoop's own glob syntax: left to Hadoop
