@@ -19,7 +19,7 @@ from ..progress import Progress
 from .. import trackers
 from . import signals
 from .tools import error
-from .session import read_checkpoint, spark_session
+from .session import read_checkpoint, spark_session, stop_now
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
             VocabError, FileNotFoundError, LinkError, trackers.TrackerError, PathError)
@@ -104,7 +104,7 @@ def train(a) -> int:
                 tr = make_trainer(spark, cfg, a.out, log=log, progress=bar, sinks=sinks)
                 last, ok = tr.run(resume=a.resume, overwrite=getattr(a, "overwrite", False), init=init), True
             except (Interrupted, KeyboardInterrupt):
-                spark.stop()          # cancels what runs and releases the executors before the process exits
+                stop_now(spark)       # cancels what runs and releases the executors before the process exits
                 raise
     finally:
         for t in sinks:

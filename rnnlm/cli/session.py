@@ -37,7 +37,22 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
         yield spark
     finally:
         if owned:
-            spark.stop()
+            if signals.stopped() is not None:
+                stop_now(spark)
+            else:
+                spark.stop()
+
+
+def stop_now(spark) -> None:
+    """Stop the session under running jobs (a signal, a training interrupted): Spark's log silenced and
+    its jobs cancelled first, as what it logs of the tasks it drops is no news (a WARN and an ERROR per
+    task whose Python worker went with it, a broadcast gone under a task's completion listener)."""
+    try:
+        spark.sparkContext.setLogLevel("OFF")
+        spark.sparkContext.cancelAllJobs()
+    except Exception:       # the JVM going too: the stop that follows says nothing more
+        pass
+    spark.stop()
 
 
 def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
