@@ -80,10 +80,12 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     # a checkpoint, or the run directory holding it, this one through a bare spark-submit (no properties
     # file: Spark's own INFO profile, whose 44 start-up lines the job turns down to the SparkContext's first 3)
     submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
-    *evaluated, two = run_all(*([*launcher, "jobs/evaluate.py", "--checkpoint", str(tmp_path / w), "--data", str(held)]
-                                for launcher, w in (([sys.executable], "moved"), ([submit], "run"))),
-                              [sys.executable, "jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"),
-                               "--data", str(held), "--streams", "2"])
+    *evaluated, two, one = run_all(*([*launcher, "jobs/evaluate.py", "--checkpoint", str(tmp_path / w), "--data",
+                                      str(held)] for launcher, w in (([sys.executable], "moved"), ([submit], "run"))),
+                                   [sys.executable, "jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"),
+                                    "--data", str(held), "--streams", "2"],
+                                   [sys.executable, "jobs/evaluate.py", "--checkpoint", str(tmp_path / "moved"),
+                                    "--data", "rnnlm/data/harbour_valid.txt", "--streams", "3"])
     for e in evaluated:
         assert e.returncode == 0, e.stderr[-2000:]
         last = e.stdout.strip().splitlines()[-1]
@@ -92,6 +94,9 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
         assert f"{held}: {scored}" in e.stdout, e.stdout
     assert len([x for x in (e.stdout + e.stderr).splitlines() if " INFO " in x]) <= 3, e.stderr   # spark-submit's
     assert two.returncode == 0 and two.stdout.strip().splitlines()[-1] != last   # two streams, two zero states
+    # a text of one paragraph is one stream, whatever was asked: said, not silently
+    assert one.returncode == 0 and ("note: --streams 3: rnnlm/data/harbour_valid.txt holds 1 paragraph, scored as "
+                                    "1 stream") in one.stdout, one.stdout
     samples = [run("jobs/generate.py", "--checkpoint", str(tmp_path / where), "--length", "40", "--seed", "2")
                for where in ("run", "run/checkpoint")]
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30

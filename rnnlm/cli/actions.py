@@ -157,6 +157,12 @@ def evaluate(a) -> int:
         if a.streams is not None:
             cfg = config.replace(cfg, "data", eval_streams=a.streams)
         rdd, loss = corpus.load_held_out(sc, cfg, a.data, sc.broadcast(ck.vocab)), None
+        streams = rdd.getNumPartitions()       # one per paragraph where the text holds fewer than asked
+        if streams < cfg.data.eval_streams:
+            asked = (f"--streams {a.streams}" if a.streams is not None
+                     else f"data.eval_streams = {cfg.data.eval_streams}")
+            print(f"note: {asked}: {a.data} holds {streams} paragraph{'s' * (streams != 1)}, scored as "
+                  f"{streams} stream{'s' * (streams != 1)}")
         try:
             loss = corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
         finally:        # the session stops next: a release that ended well waits for the executors' answers
