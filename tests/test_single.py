@@ -201,3 +201,12 @@ def test_a_plateau_schedule_keeps_the_best_loss_per_token(corpus):
               if s.startswith("round ")]
     assert len(losses) == 3
     assert checkpoint.load(str(corpus / "ck")).schedule["best"] == pytest.approx(min(losses), abs=5e-4)
+
+
+def test_loss_fields_are_the_loss_its_perplexity_and_bits_per_character():
+    from rnnlm.core.metrics import loss_fields
+    assert loss_fields(2.0, "char", "v") == {"v_loss": 2.0, "v_ppl": math.exp(2.0), "v_bpc": 2.0 / math.log(2)}
+    assert loss_fields(4.5, "word", "test") == {"test_loss": 4.5, "test_ppl": math.exp(4.5)}
+    assert loss_fields(700.0, "word", "v")["v_ppl"] == math.exp(700.0)          # large, still finite
+    assert loss_fields(710.0, "word", "v")["v_ppl"] == math.inf                 # past float64's range
+    assert math.isnan(loss_fields(math.nan, "word", "v")["v_ppl"])              # not an overflow: NaN said as NaN
