@@ -234,6 +234,12 @@ def test_a_checkpoint_file_that_is_not_a_regular_file_is_not_read(tmp_path, ck):
     ("optim name", "optimizer slot name 'px/m' is not one a trainer writes"),
     ("object array", "hidden.npy contains pickled data, refused"),
     ("manifest lacks", "manifest lacks vocab.json"),
+    ("manifest lacks config.json", "manifest lacks config.json"),
+    ("manifest lacks state.json", "manifest lacks state.json"),
+    ("manifest lacks params.npy", "manifest lacks params.npy"),
+    ("manifest lacks optim.npz", "manifest lacks optim.npz"),
+    ("vocab size", "vocabulary has 5 tokens, model.vocab_size is 6"),
+    ("trailing bytes", "params.npy declares {nbytes} bytes of float32 in a {total}-byte file"),
     ("vocab count", "vocabulary counts must be a list of integers in [0, 2**63)"),
     ("optim member name", "optim.npz holds 'm.bin' ("),
     ("optim member size", "optim.npz holds 'm.npy' ("),
@@ -276,11 +282,17 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     elif what == "object array":
         np.save(b, np.array([None, {"evil": 1}], dtype=object), allow_pickle=True)
         path = _crafted(tmp_path, ck, **{"hidden.npy": b.getvalue()})
-    elif what == "manifest lacks":
+    elif what.startswith("manifest lacks"):
         path = _saved(tmp_path, ck)
         man = json.load(open(os.path.join(path, ckpt.MANIFEST)))
-        del man["vocab.json"]
+        del man[what.split()[2] if len(what.split()) > 2 else "vocab.json"]
         open(os.path.join(path, ckpt.MANIFEST), "w").write(json.dumps(man))
+    elif what == "vocab size":                     # a vocabulary of another model: ids past the table
+        vocab = json.loads(ck.vocab.to_json())
+        vocab = {k: v[:-2] + v[-1:] if isinstance(v, list) else v for k, v in vocab.items()}
+        path = _crafted(tmp_path, ck, **{"vocab.json": json.dumps(vocab).encode()})
+    elif what == "trailing bytes":                 # junk after the array: not the file a save writes
+        path = _crafted(tmp_path, ck, **{"params.npy": _save(ck.params) + b"\0" * 64})
     elif what == "vocab count":                    # was an OverflowError's traceback
         vocab = json.loads(ck.vocab.to_json())
         vocab["counts"][0] = 10 ** 30
@@ -300,7 +312,8 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
         path = _crafted(tmp_path, ck, **{"optim.npz": b.getvalue()})
     with pytest.raises(ckpt.CheckpointError) as e:
         ckpt.load(path)
-    assert str(e.value).startswith(f"{path}: {needle.format(size=size)}") and "\n" not in str(e.value), str(e.value)
+    needle = needle.format(size=size, nbytes=size * 4, total=len(_save(ck.params)) + 64)
+    assert str(e.value).startswith(f"{path}: {needle}") and "\n" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("field, value, needle", [
@@ -318,6 +331,10 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     ("position", {"best": [1]}, "state.json: position: best must be a table or null"),
     ("schedule", {"lr": "0.5", "best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
     ("schedule", {"best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("schedule", {"lr": 0.5, "best": float("nan")}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("position", {"round": True, "tokens": 10}, "state.json: position: round must be an integer >= 0, not True"),
+    ("position", {"round": 3, "wall_s": float("inf")}, "state.json: position: wall_s must be a finite number"),
+    ("optim_t_local", {"2": 4}, "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
 ])
 def test_state_json_fields_are_typed_by_the_loader(tmp_path, ck, field, value, needle):
     """``"round": "3"`` passed the loader and the pre-Spark checks, and failed in trainer._resume with a
@@ -463,6 +480,16 @@ def test_a_link_in_a_checkpoint_is_refused_without_following_it(tmp_path, ck):
         assert "environ" not in str(e.value) and str(len(environ)) not in str(e.value)
         os.remove(os.path.join(path, name))
         os.replace(os.path.join(tmp_path, name), os.path.join(path, name))
+
+
+def test_a_manifest_larger_than_any_checkpoints_is_refused_before_it_is_parsed(tmp_path, ck):
+    path = _saved(tmp_path, ck)
+    with open(os.path.join(path, ckpt.MANIFEST), "a") as f:
+        f.write(" " * (2 << 20))                     # still the same JSON
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    n = os.path.getsize(os.path.join(path, ckpt.MANIFEST))
+    assert str(e.value) == f"{path}: MANIFEST.json has {n} bytes, more than a checkpoint's (1048576)"
 
 
 @pytest.mark.parametrize("name, pad, needle", [
