@@ -172,10 +172,11 @@ def test_a_damaged_run_json_is_replaced_on_resume_never_fatal(spark, tmp_path):
                                                     ["2026-01-01T00:00:00+00:00"])):
         info = runinfo.describe(sc, cfg, resume_of=damaged)
         assert info["resumed"][:-1] == kept and info["started"] is None and "init_from" not in info
-    (tmp_path / "run.json").write_text("[" * 100_000 + "]" * 100_000)
-    runinfo.write(LocalFS(), str(tmp_path), sc, cfg, resume=True)
-    info = json.loads((tmp_path / "run.json").read_text())
-    assert info["started"] is None and len(info["resumed"]) == 1
+    for text in ("[" * 100_000 + "]" * 100_000, "[1, 2]", "null"):       # too deep; JSON, not a table
+        (tmp_path / "run.json").write_text(text)
+        runinfo.write(LocalFS(), str(tmp_path), sc, cfg, resume=True)
+        info = json.loads((tmp_path / "run.json").read_text())
+        assert info["started"] is None and len(info["resumed"]) == 1, text
 
 
 # ------------------------------------------------------------ rnnlm train before the JVM starts (no Spark)

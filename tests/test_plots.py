@@ -499,6 +499,9 @@ def test_run_files_that_cannot_be_read_are_one_line_naming_them(tmp_path):
     deep = make_run(tmp_path, "deep", LINES)
     (deep / "run.json").write_text('{"config": ' + "[" * 100_000 + "]" * 100_000 + "}")
     assert runs.load(str(deep)).config == {}
+    for other in ("[1, 2]", "null", '"run"'):         # JSON, but not a table: as if it had none
+        (deep / "run.json").write_text(other)
+        assert runs.load(str(deep)).config == {}, other
 
 
 def test_runs_in_a_folder_that_cannot_be_read_are_said_to_be_left_out(tmp_path, capsys):

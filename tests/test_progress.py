@@ -38,11 +38,14 @@ def test_on_a_terminal_the_bar_is_redrawn_with_eta_loss_and_bytes():
     assert last == "round 3/10 [###.......]  30% | 0:20 < 1:10 | loss 2.250 | 41.2k tok/s | 2.00 MB/round"
     p.message("a warning")
     p.update(m(4, valid_ppl=9.5), 10, "round 4 | valid_ppl 9.5")
+    p.update(m(5, test_loss=1.5), 10, "round 5 | test_loss 1.5")
     p.close()
-    # the bar is wiped, the messages printed in full, the bar drawn again below them
-    assert out.getvalue().split("\r\033[K")[-1] == (
+    # the bar is wiped, the messages printed in full (an evaluation's lines too), the bar drawn again below them
+    assert out.getvalue().split("\r\033[K")[-2:] == [
         "a warning\nround 4 | valid_ppl 9.5\n"
-        "round 4/10 [####......]  40% | 0:20 < 0:40 | loss 2.500 | 41.2k tok/s | 2.00 MB/round\n")
+        "round 4/10 [####......]  40% | 0:20 < 0:40 | loss 2.500 | 41.2k tok/s | 2.00 MB/round",
+        "round 5 | test_loss 1.5\n"
+        "round 5/10 [#####.....]  50% | 0:20 < 0:25 | loss 2.500 | 41.2k tok/s | 2.00 MB/round\n"]
 
 
 def test_a_resumed_run_counts_its_eta_from_where_it_started():
@@ -62,6 +65,8 @@ def test_the_elapsed_time_is_the_runs_own_clock_its_first_round_included():
         p.update(m(r, wall_s=600.0 * r), 4, "")
         clock.t += 600.0
     assert out.getvalue().endswith("round 3/4 [###.]  75% | 30:00 < 10:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
+    p.update(m(4, wall_s=-5.0), 4, "")           # a clock that is none: the bar's own, since the first report
+    assert out.getvalue().endswith("round 4/4 [####] 100% | 30:00 < 0:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
 
 
 def test_a_line_without_a_training_loss_keeps_the_latest_one_on_the_bar():

@@ -284,3 +284,26 @@ def test_a_checkpoint_without_a_runs_position_is_not_resumed_and_the_quiet_lines
     out.say_evaluating("valid", 12345)
     out.say_evaluating("test", None)
     assert logs[-2:] == ["evaluating valid (12,345 tokens)...", "evaluating test..."]
+
+
+def test_a_crash_between_a_best_rounds_two_writes_leaves_best_ahead_not_behind(tmp_path, monkeypatch):
+    """checkpoint/ first would leave best/ behind the checkpoint whose best record names it: a resume
+    then never writes it again (its rounds are past)."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    params = RNNLM(cfg.model).init_params(1)
+    run = RunDir(str(tmp_path / "run"), fs=LocalFS())
+    at = lambda r: ckpt.Checkpoint(params=params, config=cfg, vocab=vocab, position={"round": r})   # noqa: E731
+    run.write_checkpoint(at(3), best=True)
+    real, writes = run.fs.write_dir_atomic, []
+
+    def dies_on_the_second(d, files):
+        writes.append(d)
+        if len(writes) == 2:
+            raise OSError("killed")
+        real(d, files)
+    monkeypatch.setattr(run.fs, "write_dir_atomic", dies_on_the_second)
+    with pytest.raises(OSError):
+        run.write_checkpoint(at(9), best=True)
+    assert ckpt.load(str(tmp_path / "run" / "best")).position["round"] == 9
+    assert ckpt.load(str(tmp_path / "run" / "checkpoint")).position["round"] == 3
