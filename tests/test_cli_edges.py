@@ -33,6 +33,11 @@ def test_a_prime_outside_the_vocabulary_is_said(tmp_path, capsys):
                  "--seed", "1"]) == 0
     err = capsys.readouterr().err
     assert err == "note: --prime has 2 chars outside the model's vocabulary, read as its unknown token: 'é', '☃'\n"
+    assert main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prime", "Thé", "--length", "5",
+                 "--argmax", "--temperature", "0.5"]) == 0
+    assert capsys.readouterr().err == (
+        "note: --prime has 1 char outside the model's vocabulary, read as its unknown token: 'é'\n"
+        "note: --temperature does not change --argmax's text (the likeliest token at any temperature)\n")
 
 
 def test_a_mistyped_metric_gets_a_did_you_mean(tmp_path, capsys):
@@ -167,7 +172,10 @@ def test_the_demo_names_the_text_it_could_not_read(capsys, tmp_path):
                         f"{tmp_path / 'bad.txt'} is not UTF-8 text (invalid start byte; data.encoding_errors = "
                         "'strict'): 'replace' reads such bytes as U+FFFD"),
                        ([f"data.train={tmp_path}"], f"{tmp_path} is a directory"),
-                       ([f"data.train={tmp_path / 'fifo.txt'}"], f"{tmp_path / 'fifo.txt'} is not a regular file")):
+                       ([f"data.train={tmp_path / 'fifo.txt'}"], f"{tmp_path / 'fifo.txt'} is not a regular file"),
+                       ([f"data.train={tmp_path / 'none.txt'}"],        # was "[Errno 2] No such file or directory: ..."
+                        f"{tmp_path / 'none.txt'}: No such file (rnnlm download fetches the corpora the presets "
+                        "name)")):
         assert main(["demo", *[a for x in sets for a in ("--set", x)]]) == 2
         assert capsys.readouterr().err == f"error: {said}\n"
 

@@ -44,8 +44,12 @@ def generate(a) -> int:
         return error(str(e))
     unknown = unknown_tokens(ck.vocab, a.prime)
     if unknown:
-        print(f"note: --prime has {len(unknown)} {ck.vocab.level}s outside the model's vocabulary, read as its "
+        print(f"note: --prime has {len(unknown)} {ck.vocab.level}{'s' * (len(unknown) != 1)} outside the model's "
+              "vocabulary, read as its "
               f"unknown token: {', '.join(map(repr, unknown[:10]))}{' ...' if len(unknown) > 10 else ''}",
+              file=sys.stderr)
+    if a.argmax and a.temperature != 1.0:
+        print("note: --temperature does not change --argmax's text (the likeliest token at any temperature)",
               file=sys.stderr)
     if a.seed is None and not a.argmax:
         print(f"seed {seed} (--seed {seed} repeats this sample)", file=sys.stderr)

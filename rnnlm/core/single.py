@@ -37,6 +37,8 @@ def read_text(path: str, errors: str = "replace") -> str:
             data = _inflated(path, data, most)
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory") from None
+    except FileNotFoundError:       # was "[Errno 2] No such file or directory: 'data/ptb.train.txt'"
+        raise ValueError(f"{path}: No such file (rnnlm download fetches the corpora the presets name)") from None
     except files.TooLarge as e:
         raise ValueError(f"{path}: {e.held()} than the {most >> 20:,} MiB (a sixteenth of this "
                          "machine's memory) the single-process trainer reads: train it with Spark") from None
