@@ -62,7 +62,7 @@ class Run:
 
 def _too_large(path: str, held: str, limit: int) -> RunError:
     """``held``: ``"N bytes, more"``, or ``"more"`` for a file that grew while read."""
-    return RunError(f"{path}: {held} than the {limit >> 20} MiB a run's {os.path.basename(path)} is read up to")
+    return RunError(f"{path}: {held} than the {files.amount(limit)} a run's {os.path.basename(path)} is read up to")
 
 
 class _Local:

@@ -95,7 +95,7 @@ class ReplaceSafely:
             return None
         n = self.size(q)
         if n is not None and n > limit:
-            raise ValueError(f"{q}: {n:,} bytes, more than the {limit >> 20} MiB it is read up to")
+            raise ValueError(f"{q}: {n:,} bytes, more than the {amount(limit)} it is read up to")
         return self._read(q)
 
     def delete(self, p: str) -> None:
@@ -193,7 +193,12 @@ class LocalFS(ReplaceSafely):
         except IsADirectoryError:
             raise NotRegular(f"{q} is not a regular file") from None
         except TooLarge as e:
-            raise ValueError(f"{q}: {e.held()} than the {limit >> 20} MiB it is read up to") from None
+            raise ValueError(f"{q}: {e.held()} than the {amount(limit)} it is read up to") from None
+
+
+def amount(nbytes: int) -> str:
+    """A limit in bytes as a message says it: ``16 MiB``, or ``100 bytes`` below a whole MiB."""
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 and nbytes % (1 << 20) == 0 else f"{nbytes:,} bytes"
 
 
 def read_file(p: str) -> bytes | None:
