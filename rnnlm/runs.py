@@ -193,6 +193,8 @@ def load(path: str) -> Run:
     if raw is None:           # a replace cut short by a crash leaves the previous file as .old
         raw = fs.read(f"{p}/metrics.jsonl.old", MAX_METRICS)
     if raw is None:
+        if fs.read(f"{p}/run.json", MAX_JSON) is not None:        # started, its first round not ended
+            raise RunError(f"{path}: a run with no metrics line yet (run.json, no metrics.jsonl)")
         what = "no such directory" if not fs.is_dir(p) else "no metrics.jsonl"
         raise NotARun(f"{path}: not a run ({what})")
     metrics = json_lines(raw)
@@ -210,27 +212,36 @@ def _sections(cfg) -> dict:
 
 def load_all(paths, skipped: list | None = None) -> list:
     """Read every run named: a run directory, or a directory whose subdirectories are runs
-    (``runs/strategies`` holding one run per strategy; searched two levels deep). A run found in a
-    directory that cannot be read (its metrics empty or damaged, a file refused) is left out, and
-    why is appended to ``skipped``.
+    (``runs/strategies`` holding one run per strategy; searched two levels deep). A run that cannot be
+    read (its metrics empty or damaged, a file refused, none yet), named or found in a directory, is
+    left out where others are read, and why is appended to ``skipped``.
 
     Raises
     ------
     RunError
         A path that is neither (one line naming it).
     """
-    out = []
+    out, unread = [], []
     for path in paths:
         fs, p, prefix = _fs(path)
         try:
             out.append(load(path))
             continue
-        except RunError as e:
+        except NotARun as e:
             first = e
+        except RunError as e:           # a run named that cannot be read (yet): left out beside others
+            if skipped is None:
+                raise
+            unread.append(e)
+            continue
         found = _find(fs, p.rstrip("/"), prefix, 2, [] if skipped is None else skipped)
         if not found:
             raise first
         out.extend(found)
+    if unread and not out:
+        raise unread[0]
+    if unread:
+        skipped.extend(str(e) for e in unread)
     return out
 
 

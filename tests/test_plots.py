@@ -518,6 +518,25 @@ def test_runs_in_a_folder_that_cannot_be_read_are_said_to_be_left_out(tmp_path, 
     assert capsys.readouterr().err == "".join(f"warning: left out {s}\n" for s in skipped)
 
 
+def test_a_run_named_beside_others_that_has_no_line_yet_is_left_out_and_said(tmp_path, capsys):
+    """A run still before its first line (run.json, no metrics.jsonl) stopped a plot of several runs,
+    though a run in progress can be plotted."""
+    make_run(tmp_path, "good", LINES)
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "run.json").write_text("{}")
+    make_run(tmp_path, "empty", [])
+    named = [str(tmp_path / n) for n in ("good", "started", "empty")]
+    assert main.main(["plot", "--runs", *named, "--out", str(tmp_path / "f.png")]) == 0
+    assert capsys.readouterr().err == (
+        f"warning: left out {tmp_path / 'started'}: a run with no metrics line yet (run.json, no metrics.jsonl)\n"
+        f"warning: left out {tmp_path / 'empty'}: metrics.jsonl holds no complete line yet\n")
+    assert main.main(["plot", "--runs", *named[1:], "--out", str(tmp_path / "g.png")]) == 2   # nothing to draw
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'started'}: a run with no metrics line yet (run.json, "
+                                       "no metrics.jsonl)\n")
+    with pytest.raises(runs.RunError):
+        runs.load_all(named)                                  # no list to say it in: refused, as before
+
+
 def test_values_too_far_apart_for_an_axis_are_one_line(tmp_path, capsys, recwarn):
     """Two finite x values at -1.7e308 and 1.7e308 (a damaged or hand-edited metrics file): matplotlib's
     tick locator raised "arange: cannot compute length" through the command as a traceback."""
