@@ -81,7 +81,7 @@ def train(ap) -> None:
     again.add_argument("--overwrite", action="store_true",
                        help="start again in an --out that holds a run (deletes its metrics, run.json, checkpoint)")
     ap.add_argument("--init-from", default=None, metavar="RUN|RUN/best|CHECKPOINT",
-                    help="start a new run (from round 0, in its own --out) from these weights and their "
+                    help="start a new run (round 1 on, in its own --out) from these weights and their "
                          "vocabulary, for fine-tuning or another learning rate; any Hadoop path "
                          "(default: fresh weights)")
     ap.add_argument("--keep-optimizer", action="store_true",

@@ -110,7 +110,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     if unread:
         log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
             f"ignores {', '.join(unread)} (Spark's trainer reads them)")
-    log(f"vocab {len(vocab)} | params {model.layout.size:,} | train tokens {len(ids):,} | "
+    log(f"vocab {len(vocab):,} | params {model.layout.size:,} | train tokens {len(ids):,} | "
         f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {K} steps")
     for r in range(1, rounds + 1):
         epoch = step / block.steps_per_pass

@@ -65,7 +65,7 @@ class AsyncTrainer(Driver):
             frames = self._listen(cfg, server, params, secret)
             try:
                 self.dir.say_start(
-                    f"vocab {len(data.vocab)} | params {params.size:,} | train tokens {data.tokens:,} | "
+                    f"vocab {len(data.vocab):,} | params {params.size:,} | train tokens {data.tokens:,} | "
                     f"{P} workers x {windows} windows of {t.push_every} steps | server {frames.address[0]}:"
                     f"{frames.address[1]} ({'locked' if cfg.server.lock else 'lock-free'}, {cfg.server.update}, "
                     f"staleness {cfg.server.staleness})", data.devices, cfg.train.device,

@@ -112,7 +112,7 @@ class Trainer(Driver):
             if state is None:
                 state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
             self.dir.write_info(self.sc, cfg, resume, data.devices, init)
-            size = (f"vocab {len(data.vocab)} | params {state.params.size:,} | train tokens {data.tokens:,} | "
+            size = (f"vocab {len(data.vocab):,} | params {state.params.size:,} | train tokens {data.tokens:,} | "
                     f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
             resumed = f"resumed from round {at.round}" if resume else None
             self.dir.say_start(size, data.devices, cfg.train.device, resumed, init)
