@@ -137,7 +137,7 @@ def plain_numbers(axis) -> None:
 
     class Plain(LogFormatter):
         def _num_to_string(self, x, vmin, vmax):
-            return f"{x:.0f}" if x >= 1 else f"{x:g}"
+            return f"{x:.0f}" if x == round(x) else f"{x:g}"      # 1000000, not 1e+06; 2.4, not 2
     axis.set_major_formatter(Plain(labelOnlyBase=False))
     axis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
