@@ -62,8 +62,14 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
                 (mine / name / "photo.jpg").write_bytes(b"keep")
         with pytest.raises(TrainingError) as e:
             RunDir(str(mine), fs=LocalFS()).prepare(resume=False)
+        them = "them" if len(names) > 1 else "it"
         assert str(e.value) == (f"{mine} holds {', '.join(names)} but no run to resume: this run would replace "
-                                "them (--overwrite to replace them, or another --out)")
+                                f"{them} (--overwrite to replace {them}, or another --out)")
+    # a run's own record alone: one that stopped before its first round ended, started again as before
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "started": "2026-11-28T00:00:00+00:00"}))
+    RunDir(str(stopped), fs=LocalFS()).prepare(resume=False)
     RunDir(str(tmp_path / "mine-1-checkpoint"), fs=LocalFS()).prepare(resume=False, overwrite=True)   # as asked
     again.prepare(resume=True)
     assert again.read_checkpoint(cfg).position == position

@@ -274,11 +274,15 @@ class RunDir:
             raise TrainingError(f"{self.out} already holds a run (use --resume to continue it, --overwrite to "
                                 "start it again, or another --out)")
         if not resume:      # names a run writes, held by something else: replaced whole by the first checkpoint
-            taken = [p for p in (self.ck_path, self.best_path, f"{self.out}/{runinfo.NAME}") if self.fs.exists(p)]
+            # (a run's own run.json alone: one stopped before its first round ended, started again here)
+            info = f"{self.out}/{runinfo.NAME}"
+            taken = [p for p in (self.ck_path, self.best_path) if self.fs.exists(p)]
+            taken += [info] if self.fs.exists(info) and not runinfo.is_record(self.fs, self.out) else []
             if taken:
                 names = ", ".join(p[len(self.out) + 1:] for p in taken)
                 raise TrainingError(f"{self.out} holds {names} but no run to resume: this run would replace "
-                                    "them (--overwrite to replace them, or another --out)")
+                                    f"{'them' if len(taken) > 1 else 'it'} (--overwrite to replace "
+                                    f"{'them' if len(taken) > 1 else 'it'}, or another --out)")
 
     def read_checkpoint(self, cfg: config.Config, keys: dict = RESUME_KEYS) -> checkpoint.Checkpoint:
         """The checkpoint to resume under ``cfg``, refused when one of ``keys`` differs (:func:`check_resume`)."""

@@ -24,6 +24,16 @@ def _versions() -> dict:
     return out
 
 
+def is_record(fs, out: str) -> bool:
+    """Whether ``<out>/run.json`` is a run's record (a table with its configuration and start, as
+    :func:`describe` writes it), not a file of the same name that something else left."""
+    try:
+        info = json.loads(fs.read_at_most(f"{out}/{NAME}", MAX_JSON) or b"null")
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(info, dict) and isinstance(info.get("config"), dict) and "started" in info
+
+
 def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None,
              init_from: dict | None = None) -> dict:
     """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
