@@ -212,13 +212,27 @@ class TensorBoard(Tracker):
     def close(self, ok: bool) -> None:
         """Close the event file, also after a failed write stopped its lines (its descriptor stayed open
         for the rest of the process: a notebook's, a sweep's)."""
+        if not self.broken:
+            super().close(ok)       # a close that fails is said, as a write is
+            return
         try:
             self.f.close()
         except OSError:             # the write that broke it, flushed again: said once already
             pass
 
+    def _close(self, ok: bool) -> None:
+        self.f.close()
+
 
 # ----------------------------------------------------------------------- MLflow
+def _where(out: str) -> str:
+    """``out`` as MLflow's tag names it: where Hadoop puts it, a local one as its absolute path, no
+    trailing slash (``runs/latest`` is every checkout's default: its relative name matched another's)."""
+    from .spark.hfs import default_fs, resolve
+    local, path = resolve(out, default_fs())
+    return os.path.abspath(path) if local else path.rstrip("/")
+
+
 class MLflow(Tracker):
     """An MLflow run named after ``out`` (in ``MLFLOW_EXPERIMENT_NAME``, default ``rnnlm``): the
     configuration as parameters, each metrics line's numbers as metrics at the round's step.
@@ -242,6 +256,7 @@ class MLflow(Tracker):
     def _start(self, cfg, out: str, resume: bool) -> None:
         self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
         flat = {f"{s}.{k}": str(v) for s, sec in cfg.to_dict().items() for k, v in sec.items()}
+        out = _where(out)
         earlier = self._earlier(out) if resume else None
         if earlier is None:
             self.run = self.mlflow.start_run(run_name=os.path.basename(out.rstrip("/")) or out)

@@ -227,7 +227,8 @@ def test_a_resumed_run_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, out):
     store = f"file:{tmp_path / 'mlruns'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    out, other = str(tmp_path / out), str(tmp_path / "other")
+    out = str(tmp_path / out)
+    monkeypatch.chdir(tmp_path)            # "other" named as runs/latest is: relative, matched by where it is
 
     def session(where, rounds, losses, resume, ok):
         t = trackers.MLflow(config.load(None, [f"train.rounds={rounds}"]), where, log=pytest.fail, resume=resume)
@@ -237,11 +238,11 @@ def test_a_resumed_run_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, out):
         return t.run.info.run_id
 
     first = session(out, 3, [(1, 4.0), (2, 3.0), (3, 2.0)], resume=False, ok=False)     # interrupted after round 3
-    session(other, 3, [(1, 9.0)], resume=False, ok=True)                                  # another run, started later
-    again = session(out, 4, [(2, 3.0), (3, 2.0), (4, 1.0)], resume=True, ok=True)       # from round 1's checkpoint
+    session("other", 3, [(1, 9.0)], resume=False, ok=True)                                # another run, started later
+    again = session(out + "/", 4, [(2, 3.0), (3, 2.0), (4, 1.0)], resume=True, ok=True)   # round 1's checkpoint
     client = MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("rnnlm").experiment_id])
-    assert again == first and len(runs) == 2
+    assert again == first and {r.data.tags["rnnlm.out"] for r in runs} == {out, str(tmp_path / "other")}
     run = client.get_run(first)
     assert run.info.status == "FINISHED" and run.data.tags["rnnlm.out"] == out
     assert run.data.params["train.rounds"] == "3" and run.data.tags["rnnlm.resumed.train.rounds"] == "4"
