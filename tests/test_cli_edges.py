@@ -491,10 +491,13 @@ def test_an_empty_corpus_or_a_directory_holding_one_is_refused_before_spark(tmp_
     (tmp_path / "nested" / "sub").mkdir(parents=True)
     (tmp_path / "nested" / "a.txt").write_text("x\n")
     (tmp_path / "nested" / "_hidden").mkdir()                         # as _temporary: Hadoop skips it
+    (tmp_path / ".hidden.txt").write_text("text\n")                   # text, but a name Hadoop skips
     for key, name, said in (("train", "empty.txt", "data.train: {p} is empty"),
                             ("valid", "empty.txt.gz", "data.valid: {p} is empty"),
                             ("train", "none", "data.train: {p} is empty"),
                             ("train", "empty*", "data.train: {p} is empty"),
+                            ("train", ".hidden.txt", "data.train: {p}: Hadoop reads no file whose name starts with "
+                                                     "_ or . (it takes them for its own, as _SUCCESS)"),
                             ("valid", "nested", f"{{p}}: {tmp_path}/nested/sub is a directory: a corpus directory is "
                                                 f"read as its files, not its subdirectories (name them with a glob, "
                                                 f"such as {tmp_path}/nested/*/*)")):

@@ -64,9 +64,7 @@ def check_path(sc, path: str) -> str:
     if matches is None or len(matches) == 0:
         raise CorpusError(f"input path does not exist: {path}")
     if sub is not None:
-        shown = sub.toString() if ":" in path else sub.toUri().getPath()
-        raise CorpusError(f"{path}: {shown} is a directory: a corpus directory is read as its files, not its "
-                          f"subdirectories (name them with a glob, such as {path.rstrip('/')}/*/*)")
+        raise _subdirectory(path, sub.toString() if ":" in path else sub.toUri().getPath())
     if not files or any(c in f for f in files for c in ",{}[]*?\\"):
         return path
     return ",".join(files)
@@ -202,11 +200,18 @@ def check_local_input(path: str, what: str) -> None:
         subs = sorted(n for n in os.listdir(match) if not n.startswith(("_", ".")) and
                       os.path.isdir(os.path.join(match, n))) if os.path.isdir(match) else []
         if subs:
-            raise CorpusError(f"{path}: {os.path.join(match, subs[0])} is a directory: a corpus directory is read as "
-                              f"its files, not its subdirectories (name them with a glob, such as "
-                              f"{path.rstrip('/')}/*/*)")
-    if matches and all(_holds_nothing(f) for f in _local_files(path)):
+            raise _subdirectory(path, os.path.join(match, subs[0]))
+    names = _local_files(path)
+    if matches and not names and any(os.path.isfile(m) for m in matches):
+        raise CorpusError(f"{what}: {path}: Hadoop reads no file whose name starts with _ or . (it takes them "
+                          "for its own, as _SUCCESS)")
+    if matches and all(_holds_nothing(f) for f in names):
         raise CorpusError(f"{what}: {path} is empty")
+
+
+def _subdirectory(path: str, shown: str) -> CorpusError:
+    return CorpusError(f"{path}: {shown} is a directory: a corpus directory is read as its files, not its "
+                       f"subdirectories (name them with a glob, such as {path.rstrip('/')}/*/*)")
 
 
 def _holds_nothing(name: str) -> bool:
