@@ -252,6 +252,8 @@ class NetCluster:
         got, timed, seconds = out.split()
         if int(got) != nbytes:
             raise NetClusterError(f"the transfer ended after {got} of its {nbytes} bytes")
+        if int(timed) == 0:
+            raise NetClusterError(f"{nbytes} bytes arrived in one chunk: too few to time a link (send more)")
         return int(timed) * 8 / float(seconds)
 
     # ---- Spark standalone

@@ -174,8 +174,9 @@ def test_the_demo_names_the_text_it_could_not_read(capsys, tmp_path):
                        ([f"data.train={tmp_path}"], f"{tmp_path} is a directory"),
                        ([f"data.train={tmp_path / 'fifo.txt'}"], f"{tmp_path / 'fifo.txt'} is not a regular file"),
                        ([f"data.train={tmp_path / 'none.txt'}"],        # was "[Errno 2] No such file or directory: ..."
-                        f"{tmp_path / 'none.txt'}: No such file (rnnlm download fetches the corpora the presets "
-                        "name)")):
+                        f"{tmp_path / 'none.txt'}: No such file"),
+                       (["data.train=data/none.txt"], "data/none.txt: No such file (rnnlm download fetches the "
+                                                      "corpora the presets name)")):
         assert main(["demo", *[a for x in sets for a in ("--set", x)]]) == 2
         assert capsys.readouterr().err == f"error: {said}\n"
 

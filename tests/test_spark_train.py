@@ -419,11 +419,11 @@ def crashed_at(spark, cfg, out, r):
 def test_checkpoint_s_counts_from_the_start_of_training_not_from_the_trainers(spark, tiny_cfg, tmp_path):
     """The clock started when the Trainer was built: a corpus read longer than train.checkpoint_s (HDFS, a
     large text) made round 1 write a checkpoint by time."""
-    cfg = config.replace(tiny_cfg, "train", rounds=3, checkpoint_every=0, checkpoint_s=3.0)
+    cfg = config.replace(tiny_cfg, "train", rounds=3, checkpoint_every=0, checkpoint_s=60.0)
     tr = Trainer(spark, cfg, str(tmp_path / "run"), log=lambda s: None, progress=_CrashAt(2))
-    time.sleep(3.5)                                  # a read this long before round 1
+    tr.ck_time = time.monotonic() - 61               # as if built 61 s before training: a read this long
     with pytest.raises(_Crash):
-        tr.run()                                     # rounds 1 and 2 take well under 3 s
+        tr.run()                                     # rounds 1 and 2 take well under a minute
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 

@@ -161,7 +161,8 @@ def evaluate(a) -> int:
         if streams < cfg.data.eval_streams:
             asked = (f"--streams {a.streams}" if a.streams is not None
                      else f"data.eval_streams = {cfg.data.eval_streams}")
-            print(f"note: {asked}: {a.data} holds {streams} paragraph{'s' * (streams != 1)}, scored as "
+            unit = "line" if cfg.data.paragraphs == "line" else "paragraph"
+            print(f"note: {asked}: {a.data} holds {streams} {unit}{'s' * (streams != 1)}, scored as "
                   f"{streams} stream{'s' * (streams != 1)}")
         try:
             loss = corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True)

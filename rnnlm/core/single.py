@@ -38,7 +38,9 @@ def read_text(path: str, errors: str = "replace") -> str:
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory") from None
     except FileNotFoundError:       # was "[Errno 2] No such file or directory: 'data/ptb.train.txt'"
-        raise ValueError(f"{path}: No such file (rnnlm download fetches the corpora the presets name)") from None
+        preset = path.split("/")[0] == "data"                   # where the presets name their corpora
+        raise ValueError(f"{path}: No such file" + (" (rnnlm download fetches the corpora the presets name)"
+                                                    if preset else "")) from None
     except files.TooLarge as e:
         raise ValueError(f"{path}: {e.held()} than the {most >> 20:,} MiB (a sixteenth of this "
                          "machine's memory) the single-process trainer reads: train it with Spark") from None

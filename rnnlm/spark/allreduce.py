@@ -142,7 +142,7 @@ class AllReduce:
         self.flight = []                    # submitted, not waited for
         try:
             # the partitions' carryover stays in Spark where it cannot pass through the driver
-            if cfg.exchange.feedback or self.overlap:
+            if in_lineage(cfg):
                 self.lineage = Lineage(sc, data, state.held, self._carries())
             retire = self.lineage.keep if self.lineage else None
             bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
@@ -352,11 +352,17 @@ def overlapped(train) -> bool:
     return train.overlap > 0
 
 
+def in_lineage(cfg) -> bool:
+    """Whether the partitions' carryover stays in Spark's lineage (error feedback, overlap), where it
+    cannot pass through the driver: each partition's result then reaches the driver on its own."""
+    return bool(cfg.exchange.feedback) or overlapped(cfg.train)
+
+
 def tree_aggregated(cfg) -> bool:
     """Whether a round's results reach the driver through ``treeAggregate`` (merged on executors
-    first beyond 4 partitions at depth 2): not where they stay in Spark's lineage (error feedback,
-    overlap) nor where the direct channel carries them."""
-    return not (cfg.exchange.feedback or overlapped(cfg.train)) and cfg.train.results != "direct"
+    first beyond 4 partitions at depth 2): not where they stay in Spark's lineage
+    (:func:`in_lineage`) nor where the direct channel carries them."""
+    return not in_lineage(cfg) and cfg.train.results != "direct"
 
 
 def steps_label(t) -> str:
