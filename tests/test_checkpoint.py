@@ -492,6 +492,23 @@ def test_a_manifest_larger_than_any_checkpoints_is_refused_before_it_is_parsed(t
     assert str(e.value) == f"{path}: MANIFEST.json has {n} bytes, more than a checkpoint's (1048576)"
 
 
+def test_a_link_swapped_in_after_the_files_look_is_not_followed(tmp_path, ck, monkeypatch):
+    """The race: vocab.json a regular file when looked at, a link to /proc/self/environ when opened."""
+    path = _saved(tmp_path, ck)
+    looked = ckpt._Directory.size
+
+    def then_swapped(self, name):
+        size = looked(self, name)
+        if name == "vocab.json":
+            os.replace(os.path.join(path, name), os.path.join(tmp_path, name))
+            os.symlink("/proc/self/environ", os.path.join(path, name))
+        return size
+    monkeypatch.setattr(ckpt._Directory, "size", then_swapped)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(path)
+    assert str(e.value) == f"{path}: vocab.json cannot be read (Too many levels of symbolic links)"
+
+
 @pytest.mark.parametrize("name, pad, needle", [
     ("config.json", 1 << 20, "config.json has {n} bytes, more than a checkpoint of its configuration holds (1048576)"),
     ("vocab.json", 2 << 20, "vocab.json has {n} bytes, more than a checkpoint of its configuration holds"),

@@ -268,3 +268,19 @@ def test_a_bad_log_option_is_one_line_before_spark_starts(tmp_path, args, messag
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_tensorboard_close_that_fails_is_said_once(tmp_path):
+    """A quota or an NFS server says so at close(): the last records were not written."""
+    said = []
+    tb = trackers.TensorBoard(str(tmp_path / "tb"), log=said.append)
+    tb.line({"round": 1, "train_loss": 3.0})
+    real = tb.f.close
+
+    def refused():
+        real()
+        raise OSError(122, "Disk quota exceeded")
+    tb.f.close = refused
+    tb.close(True)
+    assert tb.broken and said == ["warning: --log tensorboard failed, no more lines go there (metrics.jsonl has "
+                                  "them): OSError: [Errno 122] Disk quota exceeded"]
