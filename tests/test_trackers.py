@@ -81,6 +81,7 @@ def test_a_run_started_again_drops_its_earlier_event_files_and_nothing_else(tmp_
     named.mkdir()
     (named / "events.out.tfevents.1.h.1.rnnlm").write_text("another run's")
     [tb] = trackers.start(trackers.parse([f"tensorboard:{named}"], str(out), overwrite=True), None, str(out))
+    tb.line({"round": 1, "train_loss": 1.0})             # the run has started: still nothing of the user's goes
     tb.close(True)
     assert len(os.listdir(named)) == 2
 
@@ -121,6 +122,9 @@ def test_tensorboard_refuses_an_out_that_hadoop_puts_on_hdfs(tmp_path, monkeypat
     for out in ("hdfs:/user/me/run", "runs/x"):
         with pytest.raises(trackers.TrackerError, match=f"^--log tensorboard: --out {out} is not a local directory"):
             trackers.parse(["tensorboard"], out)
+        # a directory named is taken wherever the run writes
+        named = str(tmp_path / "tb")
+        assert trackers.parse([f"tensorboard:{named}"], out) == [("tensorboard", (named, False))]
 
 
 def _mlflow_run(store: str, name: str):
@@ -254,6 +258,7 @@ def test_a_resumed_run_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, out):
 
 @pytest.mark.parametrize("args,message", [
     (["--log", "wandb"], "error: --log 'wandb': expected one of tensorboard[:DIR], mlflow"),
+    (["--log", "mlflow:http://x"], "error: --log 'mlflow:http://x': expected one of tensorboard[:DIR], mlflow"),
     (["--log", "tensorboard", "--out", "hdfs://nn:8020/runs/x"],
      "error: --log tensorboard: --out hdfs://nn:8020/runs/x is not a local directory; name one: "
      "--log tensorboard:DIR"),
