@@ -33,6 +33,13 @@ def test_a_prime_outside_the_vocabulary_is_said(tmp_path, capsys):
                  "--seed", "1"]) == 0
     err = capsys.readouterr().err
     assert err == "note: --prime has 2 chars outside the model's vocabulary, read as its unknown token: 'é', '☃'\n"
+    for n, more in ((10, ""), (11, " ...")):            # ten are shown, and whether there are more
+        greek = "".join(chr(0x391 + i) for i in range(n))
+        assert main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prime", greek, "--length", "1",
+                     "--seed", "1"]) == 0
+        shown = ", ".join(repr(c) for c in greek[:10])
+        assert capsys.readouterr().err == (f"note: --prime has {n} chars outside the model's vocabulary, read as its "
+                                           f"unknown token: {shown}{more}\n")
     assert main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prime", "Thé", "--length", "5",
                  "--argmax", "--temperature", "0.5"]) == 0
     assert capsys.readouterr().err == (
@@ -396,6 +403,15 @@ def test_a_count_out_of_its_range_is_refused_naming_the_option(capsys, command, 
                                                  else [option, value])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"{command}: error: argument {option}: {said}")
+
+
+def test_a_count_at_its_ranges_edges_is_taken_and_generates_default_is_300_tokens():
+    for command, option, value in (("generate", "--length", 1_000_000), ("generate", "--length", 0),
+                                   ("train", "--samples", 1000), ("train", "--samples", 0)):
+        args = ["--checkpoint", "ck"] if command == "generate" else ["--config", "c.toml"]
+        got = parser(command, prog=command).parse_args([*args, option, str(value)])
+        assert getattr(got, option[2:]) == value, (option, value)
+    assert parser("generate", prog="generate").parse_args(["--checkpoint", "ck"]).length == 300
 
 
 def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch):

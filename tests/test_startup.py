@@ -129,9 +129,11 @@ def test_the_spark_sessions_install_keeps_a_signal_already_received():
             "try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    for _ in range(10 ** 6):\n        pass\n"
             "except signals.Stopped:\n    pass\n"
             "signals.install()\n"
+            "print(signals.stopped(), logging.root.manager.disable)\n"
+            "signals.install(command=True)\n"            # the next command in this process (a notebook's)
             "print(signals.stopped(), logging.root.manager.disable)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert (p.returncode, p.stdout) == (0, f"SIGTERM {logging.CRITICAL}\n"), p.stderr
+    assert (p.returncode, p.stdout) == (0, f"SIGTERM {logging.CRITICAL}\nNone {logging.NOTSET}\n"), p.stderr
 
 
 def test_a_plain_keyboard_interrupt_is_ctrl_c_and_a_sigterm_its_own_code():
