@@ -331,6 +331,15 @@ def test_demo_out_replaces_a_checkpoint_and_refuses_anything_else(tmp_path, caps
                                        "its --resume reads; the demo replaces only a checkpoint of its own (name a "
                                        "new directory)\n")
     assert os.listdir(run / "checkpoint") == ["MANIFEST.json"]
+    started = tmp_path / "started"                  # a run that has written its run.json, no metrics yet
+    (started / "checkpoint").mkdir(parents=True)
+    (started / "checkpoint" / "MANIFEST.json").write_text("{}")
+    (started / "run.json").write_text("{}")
+    assert main(["demo", "--out", str(started / "checkpoint"), *tiny]) == 2
+    assert "the checkpoint of the run in" in capsys.readouterr().err
+    os.symlink(tmp_path / "ck", tmp_path / "to-ck")  # a link to a checkpoint: the link would be replaced
+    assert main(["demo", "--out", str(tmp_path / "to-ck"), *tiny]) == 2
+    assert "exists and is not a checkpoint" in capsys.readouterr().err and os.path.islink(tmp_path / "to-ck")
 
 
 @pytest.fixture
