@@ -259,3 +259,7 @@ def test_plot_labels_name_the_runs(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main.main(["plot", "--runs", *runs_, "--labels", "one", "--out", str(tmp_path / "f.png")]) == 2
     assert capsys.readouterr().err == "error: --labels: 1 labels for 2 runs (a, b)\n"
+    # the sync fraction draws a line per codec, not per run: labels given for runs are refused, not dropped
+    assert main.main(["plot", "--runs", *runs_, "--kind", "sync", "--labels", "A", "B",
+                      "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == "error: --labels names runs; --kind sync draws one line per codec\n"

@@ -367,6 +367,8 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
         failed = subprocess.run(cmd[:2] + ["--checkpoint", "/nonexistent"], stdout=write, stderr=subprocess.PIPE,
                                 text=True, timeout=120)
         assert failed.returncode == 2 and failed.stderr.startswith("error: ")      # its own failure, not the pipe's
+        failed = subprocess.run(cmd[:2] + ["--checkpoint", "/nonexistent"], stdout=write, stderr=write, timeout=120)
+        assert failed.returncode == 2                       # its error line lost with the reader: still its code
     finally:
         os.close(write)
     with open("/dev/full", "w") as full:
