@@ -225,6 +225,10 @@ class TensorBoard(Tracker):
 
 
 # ----------------------------------------------------------------------- MLflow
+def _experiment() -> str:
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm"
+
+
 def _where(out: str) -> str:
     """``out`` as MLflow's tag names it: where Hadoop puts it, a local one as its absolute path, no
     trailing slash (``runs/latest`` is every checkout's default: its relative name matched another's)."""
@@ -254,12 +258,12 @@ class MLflow(Tracker):
         self._guard(self._start, cfg, out, resume)
 
     def _start(self, cfg, out: str, resume: bool) -> None:
-        self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
+        self.mlflow.set_experiment(_experiment())
         flat = {f"{s}.{k}": str(v) for s, sec in cfg.to_dict().items() for k, v in sec.items()}
         out = _where(out)
         earlier = self._earlier(out) if resume else None
         if earlier is None:
-            self.run = self.mlflow.start_run(run_name=os.path.basename(out.rstrip("/")) or out)
+            self.run = self.mlflow.start_run(run_name=os.path.basename(out) or out)
             self.mlflow.log_params(flat)
             self.mlflow.set_tag("rnnlm.out", out)
             return
@@ -274,7 +278,7 @@ class MLflow(Tracker):
     def _earlier(self, out: str):
         """The latest MLflow run of this experiment tagged with ``out``, or None."""
         client = self.mlflow.MlflowClient()
-        exp = self.mlflow.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "rnnlm")
+        exp = self.mlflow.get_experiment_by_name(_experiment())
         quote = next((q for q in "'\"" if q not in out), None)
         where = f"tags.`rnnlm.out` = {quote}{out}{quote}" if quote else ""
         runs = client.search_runs([exp.experiment_id], where, order_by=["attributes.start_time DESC"],

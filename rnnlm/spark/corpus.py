@@ -195,7 +195,7 @@ def check_local_input(path: str, what: str) -> None:
     after it: a directory holding a subdirectory, or files that hold no byte (inflated)."""
     if "{" in path:                 # Hadoop's own glob syntax: left to Hadoop
         return
-    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path] if os.path.exists(path) else []
+    matches = [m for m in _matches(path) if os.path.exists(m)]
     for match in matches:
         subs = sorted(n for n in os.listdir(match) if not n.startswith(("_", ".")) and
                       os.path.isdir(os.path.join(match, n))) if os.path.isdir(match) else []
@@ -225,12 +225,17 @@ def _holds_nothing(name: str) -> bool:
         return False
 
 
+def _matches(path: str) -> list:
+    """A local ``path``'s glob matches, or the path itself where it holds no glob."""
+    return sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+
+
 def _local_files(path: str) -> list:
     """The files Hadoop reads for a local ``path``: a glob's matches, a directory's visible files."""
     if "{" in path:                 # Hadoop's own glob syntax: left to Hadoop
         return []
     out = []
-    for match in sorted(glob.glob(path)) if glob.has_magic(path) else [path]:
+    for match in _matches(path):
         if os.path.isdir(match):
             out += [os.path.join(match, n) for n in sorted(os.listdir(match))
                     if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(match, n))]
