@@ -1,9 +1,13 @@
 """Array helpers of rnnlm.core.backend."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from rnnlm.core import backend
 
 
@@ -128,3 +132,27 @@ def test_rng_for_draws_one_stream_per_seed_and_keys():
     streams = [draw(1234), draw(1234, 1, 0), draw(1234, 2, 0), draw(1234, 1, 1), draw(1234, 0, 1), draw(1235, 1, 0)]
     assert len({tuple(s) for s in streams}) == len(streams)
     assert draw(1234, 1, 0) == streams[1]
+
+
+ARITHMETIC = """
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+from rnnlm.core import backend
+blas = [i for i in threadpool_info() if i["user_api"] == "blas"][0]
+print(backend.arithmetic(np))
+print(f"{blas['internal_api']} {blas['version']} {blas['architecture']} x{blas['num_threads']}")
+with threadpool_limits(1):
+    print(backend.arithmetic(np))
+"""
+
+
+@pytest.mark.parametrize("core, threads", [("Haswell", "2"), ("Sandybridge", "1")])
+def test_arithmetic_names_the_blas_its_kernels_and_threads_as_threadpoolctl_reads_them(core, threads):
+    """What a partition's numbers rest on besides the seed (``spark.task.cpus`` 1 and 2 end a PTB round in other
+    parameters), read from the loaded OpenBLAS without threadpoolctl, and live: a limit set later shows."""
+    env = dict(os.environ, OPENBLAS_CORETYPE=core, OPENBLAS_NUM_THREADS=threads, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", ARITHMETIC], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ours, theirs, limited = r.stdout.splitlines()
+    assert ours.lower() == theirs.lower() and ours.endswith(f" {core} x{threads}"), r.stdout
+    assert limited == ours[:-len(threads)] + "1", r.stdout

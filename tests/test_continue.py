@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -459,3 +460,28 @@ def test_kept_optimizer_state_continues_the_run_and_fresh_state_does_not(spark, 
     assert metrics(tmp_path / "kept")[0]["train_loss"] == metrics(tmp_path / "b")[1]["train_loss"]
     fresh = run(spark, cfg_of(*sets), tmp_path / "fresh", init=Init(ck, "a"), data=data)
     assert not np.array_equal(fresh.params, second.params)
+
+
+def test_a_resume_onto_other_blas_threads_says_its_numbers_may_differ(tmp_path):
+    """Executors' BLAS threads are part of a round's arithmetic (``spark.task.cpus`` 1 and 2 end a PTB round in
+    other parameters): run.json records each partition's, and a resume onto others says so. The threads come from
+    ``$PYSPARK_SUBMIT_ARGS`` here, whose ``spark.executorEnv`` the session overwrote with ``spark.task.cpus``."""
+    out = str(tmp_path / "run")
+
+    def train(threads, *more):
+        env = dict(os.environ, PYTHONPATH=ROOT,
+                   PYSPARK_SUBMIT_ARGS=f"--conf spark.executorEnv.OPENBLAS_NUM_THREADS={threads} pyspark-shell")
+        r = subprocess.run([sys.executable, "jobs/train.py", "--config", os.path.join(ROOT, "conf", "demo.toml"),
+                            "--out", out, "--samples", "0", "--set", "train.eval_every=0", *more],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        with open(os.path.join(out, runinfo.NAME)) as f:
+            return r.stdout, sorted(d["arithmetic"] for d in json.load(f)["devices"].values())
+
+    said, arithmetic = train(1, "--set", "train.rounds=1")
+    assert "note:" not in said and len(arithmetic) == 2 and arithmetic[0] == arithmetic[1], said
+    assert arithmetic[0].startswith("openblas ") and arithmetic[0].endswith(" x1"), arithmetic
+    said, again = train(2, "--resume", "--set", "train.rounds=2")
+    assert again == [a[:-1] + "2" for a in arithmetic], again
+    assert (f"note: this run resumes on other arithmetic than it last ran on (partition 0: {again[0]}, was x1; "
+            "1 more partition): its numbers from here may differ") in said, said

@@ -351,6 +351,31 @@ def test_the_driver_started_by_plain_python_has_4g_of_heap_unless_told_otherwise
     assert low < int(r.stdout.split()[-1]) < high, r.stdout
 
 
+DEFAULTS = """
+import os
+from rnnlm.spark.session import get_spark
+sc = get_spark("defaults").sparkContext
+print(sc.parallelize([0], 1).map(lambda _: os.environ.get("OPENBLAS_NUM_THREADS")).collect()[0])
+print(sc._jvm.System.getProperty("rnnlm.test.flag"), sc._jvm.System.getProperty("log4j2.configurationFile"))
+"""
+
+
+def test_a_users_spark_defaults_are_kept_for_the_keys_the_session_sets(tmp_path):
+    """Started by plain Python, the session set its keys over what the launcher read from ``spark-defaults.conf``:
+    executors' BLAS ran on 1 thread under ``spark.task.cpus 2``, and the user's driver options were dropped for
+    the log configuration. Both are kept now, the log configuration added to the user's options."""
+    (tmp_path / "spark-defaults.conf").write_text("spark.task.cpus 2\n"
+                                                  "spark.driver.extraJavaOptions -Drnnlm.test.flag=kept\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_HOME")}
+    env.update({"PYTHONPATH": ROOT, "SPARK_CONF_DIR": str(tmp_path)})
+    r = subprocess.run([sys.executable, "-c", DEFAULTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    threads, props = r.stdout.splitlines()[-2:]
+    flag, log4j = props.split()
+    assert threads == "2" and flag == "kept", r.stdout
+    assert log4j.endswith("/rnnlm/data/log4j2.properties"), log4j
+
+
 # the error of a PTB medium round (dense results through Spark) whose driver ran out of its 1g heap, 2026-11-26
 TASK_RESULT_LOST = """An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.
 : org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 96.0 failed 1 times, most \

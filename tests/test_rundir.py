@@ -11,8 +11,9 @@ from rnnlm.core import checkpoint as ckpt
 from rnnlm.core.files import LocalFS
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
-from rnnlm.spark.rundir import (ASYNC_RESUME_KEYS, RESUME_KEYS, Init, RunDir, TrainingError, best_record,
-                                check_init, check_longer, check_resume, devices_line, improves, resume_keys)
+from rnnlm.spark.rundir import (ASYNC_RESUME_KEYS, RESUME_KEYS, Init, RunDir, TrainingError, arithmetic_notes,
+                                best_record, check_init, check_longer, check_resume, devices_line, improves,
+                                resume_keys)
 
 
 def test_an_async_resume_also_refuses_another_push_size_or_server_rule():
@@ -272,6 +273,35 @@ def test_devices_line_says_where_partitions_ran():
                                            "(Spark assigned gpu 0, 1, 10; no CUDA device: auto runs on the CPU)")
     assert devices_line(given, "cpu") == "devices: cpu x 1, gpu 0 x 1, gpu 1 x 1 (Spark assigned gpu 0, 1, 10)"
     assert devices_line({0: {"ran": "gpu 0", "assigned": []}}, "gpu") == "devices: gpu 0 x 1"
+
+
+ONE = "openblas 0.3.31 Haswell x1"
+
+
+def test_arithmetic_notes_say_partitions_that_compute_differently_and_a_resume_onto_other_arithmetic():
+    """A round's bits rest on each executor's BLAS, its kernels and threads: ``spark.task.cpus`` 1 and 2 end the
+    same PTB round in other parameters (``docs/cluster.md``)."""
+    same = {0: {"ran": "cpu", "assigned": [], "arithmetic": ONE}, 1: {"ran": "cpu", "assigned": [], "arithmetic": ONE}}
+    record = {"0": same[0], "1": same[1]}                       # run.json's devices, its keys strings
+    assert arithmetic_notes(same) == [] and arithmetic_notes(same, record) == []
+    two = {p: dict(d, arithmetic="openblas 0.3.31 Haswell x2") for p, d in same.items()}
+    assert arithmetic_notes(two, record) == [
+        "note: this run resumes on other arithmetic than it last ran on (partition 0: openblas 0.3.31 Haswell x2, "
+        "was x1; 1 more partition): its numbers from here may differ from an uninterrupted run's (the same "
+        "spark.task.cpus and kind of executor as before reproduce them)"]
+    gpu = {0: dict(same[0], arithmetic="NVIDIA H100 cuda 13000 cupy 14.2.0"), 1: same[1]}
+    mixed = arithmetic_notes(gpu, record)
+    assert mixed[0] == ("note: the partitions compute with different arithmetic (NVIDIA H100 cuda 13000 cupy 14.2.0 "
+                        "on 1; openblas 0.3.31 Haswell x1 on 1): a task Spark runs again on an executor of another "
+                        "kind computes other numbers than its first try (executors of one CPU kind, or "
+                        "spark.executorEnv.OPENBLAS_CORETYPE set to one, reproduce a run)")
+    assert mixed[1].startswith("note: this run resumes on other arithmetic than it last ran on (partition 0: "
+                               "NVIDIA H100 cuda 13000 cupy 14.2.0, was openblas 0.3.31 Haswell x1): ")
+    # what an older or damaged run.json holds is no evidence either way
+    for before in (None, [], "x", {"0": "cpu"}, {"0": {"ran": "cpu"}}, {"0": {"arithmetic": 1}}, {"7": same[0]}):
+        assert arithmetic_notes(two, before) == []
+    # a partition whose probe failed has no arithmetic
+    assert arithmetic_notes({0: {"ran": None, "assigned": []}, 1: same[1]}, record) == []
 
 
 def test_a_checkpoint_without_a_runs_position_is_not_resumed_and_the_quiet_lines(tmp_path):

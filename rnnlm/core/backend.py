@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemm
+from . import blas, gemm
 
 try:  # CuPy is optional: the gpu extra installs it.
     import cupy as _cupy
@@ -100,6 +100,20 @@ def use_gpu(index: int) -> None:
     if _cupy is None:
         raise RuntimeError("CuPy is not installed")
     _cupy.cuda.Device(int(index)).use()
+
+
+def arithmetic(xp) -> str:
+    """What fixes a step's bits on ``xp`` beside the seed and the configuration: on NumPy the BLAS, its
+    kernels and threads (:func:`blas.describe`, ``openblas 0.3.31 Haswell x1``); on CuPy the GPU's model
+    and the CUDA and CuPy versions (cuBLAS is bitwise reproducible for one GPU model and toolkit)."""
+    if xp is np:
+        return blas.describe()
+    try:
+        props = _cupy.cuda.runtime.getDeviceProperties(_cupy.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return f"{name} cuda {_cupy.cuda.runtime.runtimeGetVersion()} cupy {_cupy.__version__}"
+    except Exception:                    # a label: never worth a task's failure
+        return f"cuda cupy {getattr(_cupy, '__version__', '?')}"
 
 
 def xp_of(a):

@@ -83,11 +83,12 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
 def probe_task(cfg: config.Config):
     """Per partition: (pid, tokens, expected tokens per round, tokens per epoch, error message or None,
     device), the device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU
-    addresses)."""
+    addresses), ``arithmetic`` (what else fixes its numbers: :func:`rnnlm.core.backend.arithmetic`)."""
     def run(it):
         device = {"ran": None, "assigned": assigned_gpus()}
         try:
-            device["ran"] = device_label(task_xp(cfg.train.device))
+            xp = task_xp(cfg.train.device)
+            device["ran"], device["arithmetic"] = device_label(xp), backend.arithmetic(xp)
             device_error = None
         except RuntimeError as e:
             device_error = str(e)

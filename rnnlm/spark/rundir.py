@@ -209,6 +209,38 @@ def devices_line(devices: dict, wanted: str) -> str:
     return line + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def arithmetic_notes(devices: dict, before=None) -> list:
+    """What a run's numbers rest on besides its seed and configuration, where it matters: partitions
+    whose probes found different arithmetic (``arithmetic``: :func:`rnnlm.core.backend.arithmetic`, the
+    BLAS with its kernels and threads, or the GPU and CUDA), and a resume onto other arithmetic than
+    ``before`` (the partitions' devices as ``run.json`` recorded them at the run's last start)."""
+    now = {str(pid): d["arithmetic"] for pid, d in devices.items() if d.get("arithmetic")}
+    notes, kinds = [], sorted(set(now.values()))
+    if len(kinds) > 1:
+        where = "; ".join(f"{k} on {sum(v == k for v in now.values())}" for k in kinds)
+        notes.append(f"note: the partitions compute with different arithmetic ({where}): a task Spark runs again "
+                     "on an executor of another kind computes other numbers than its first try (executors of one "
+                     "CPU kind, or spark.executorEnv.OPENBLAS_CORETYPE set to one, reproduce a run)")
+    before = before if isinstance(before, dict) else {}
+    was = {p: d.get("arithmetic") for p, d in before.items() if isinstance(d, dict)}
+    changed = [(p, v) for p, v in sorted(now.items(), key=lambda kv: int(kv[0]))
+               if isinstance(was.get(p), str) and was[p] != v]
+    if changed:
+        p, v = changed[0]
+        more = f"; {len(changed) - 1} more partition{'s' if len(changed) > 2 else ''}" if len(changed) > 1 else ""
+        notes.append(f"note: this run resumes on other arithmetic than it last ran on (partition {p}: {v}, was "
+                     f"{_changed_words(was[p], v)}{more}): its numbers from here may differ from an uninterrupted "
+                     "run's (the same spark.task.cpus and kind of executor as before reproduce them)")
+    return notes
+
+
+def _changed_words(was: str, now: str) -> str:
+    """``x1`` for ``openblas 0.3.31 Haswell x1`` against ``... Haswell x2``: the words that changed, or
+    all of ``was`` when its words do not line up with ``now``'s."""
+    a, b = was.split(), now.split()
+    return " ".join(w for w, n in zip(a, b) if w != n) if len(a) == len(b) else was
+
+
 def check_out(out: str) -> None:
     """An ``--out`` that names a directory below a filesystem's root: an empty one (an unset variable), ``/``
     or ``hdfs://nn:8020/`` put the run's files, and ``--overwrite``'s deletions, in the root itself."""
@@ -290,15 +322,17 @@ class RunDir:
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
-    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None) -> None:
+    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None):
         """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
         (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights;
-        under ``--overwrite`` the earlier run's files go first."""
+        under ``--overwrite`` the earlier run's files go first. Returns the devices the replaced record
+        held (a resume's; None when there were none)."""
         if self._earlier:
             for p in (self.metrics_path, self.ck_path, self.best_path):
                 self.fs.delete(p)
             self._earlier = False
-        runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
+        replaced = runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
+        return replaced.get("devices")
 
     def saved_lines(self, keys: tuple = ("round",)) -> list | None:
         """The metrics file's lines, or None when it is missing or empty; a last line cut short by a
@@ -348,13 +382,16 @@ class RunDir:
     def _metrics_bytes(self) -> bytes:
         return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
 
-    def say_start(self, size: str, devices: dict, wanted: str, resumed: str | None, init: Init | None) -> None:
+    def say_start(self, size: str, devices: dict, wanted: str, resumed: str | None, init: Init | None,
+                  notes=()) -> None:
         """The run's first lines: its ``size``, where its partitions compute (as the corpus's probe
-        found, ``train.device`` being ``wanted``: :func:`devices_line`), where it starts (``resumed``
-        from a checkpoint, or ``init``'s weights)."""
+        found, ``train.device`` being ``wanted``: :func:`devices_line`) and ``notes`` on it, where it
+        starts (``resumed`` from a checkpoint, or ``init``'s weights)."""
         self.log(size)
         if devices_line(devices, wanted):
             self.log(devices_line(devices, wanted))
+        for note in notes:
+            self.log(note)
         if resumed is not None:
             self.log(resumed)
         elif init:

@@ -27,17 +27,15 @@ def _versions() -> dict:
 def is_record(fs, out: str) -> bool:
     """Whether ``<out>/run.json`` is a run's record (a table with its configuration and start, as
     :func:`describe` writes it), not a file of the same name that something else left."""
-    try:
-        info = json.loads(fs.read_at_most(f"{out}/{NAME}", MAX_JSON) or b"null")
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(info, dict) and isinstance(info.get("config"), dict) and "started" in info
+    info = read(fs, out)
+    return isinstance(info.get("config"), dict) and "started" in info
 
 
 def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None,
              init_from: dict | None = None) -> dict:
     """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
-    ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses}``; ``init_from``: where its first
+    ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses, "arithmetic": what else fixes its
+    numbers}`` (:func:`rnnlm.spark.executor.probe_task`); ``init_from``: where its first
     weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``).
 
     ``resume_of`` is the record of the run being resumed: its start time and ``init_from`` are
@@ -61,15 +59,20 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
     return info
 
 
-def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init_from: dict | None = None) -> None:
-    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now (from ``init_from``'s weights)."""
-    path = f"{out}/{NAME}"
-    old = None
-    if resume:
-        try:
-            raw = fs.read_at_most(path, MAX_JSON)
-            old = json.loads(raw) if raw else {}
-        except (ValueError, RecursionError):
-            old = {}            # a damaged record (or one too large, or no file) is replaced, never fatal to training
-        old = old if isinstance(old, dict) else {}
-    fs.write_atomic(path, json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())
+def read(fs, out: str) -> dict:
+    """``<out>/run.json`` as a table; ``{}`` for none, or for a damaged record (or one too large), which
+    the next :func:`write` replaces: never fatal to training."""
+    try:
+        raw = fs.read_at_most(f"{out}/{NAME}", MAX_JSON)
+        info = json.loads(raw) if raw else {}
+    except (ValueError, RecursionError):
+        info = {}
+    return info if isinstance(info, dict) else {}
+
+
+def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init_from: dict | None = None) -> dict:
+    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now (from ``init_from``'s weights);
+    returns the record a resume replaced (``{}`` when there was none, or for a new run)."""
+    old = read(fs, out) if resume else None
+    fs.write_atomic(f"{out}/{NAME}", json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())
+    return old or {}

@@ -33,15 +33,19 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     Under ``spark-submit`` the master and properties come from its command line
     (SparkConf loads them); run as plain Python, ``master`` (default ``local[2]``)
     is used. Executors' BLAS threads follow ``spark.task.cpus`` unless set, so
-    concurrent tasks do not oversubscribe the cores. The driver's JVM, when this
-    call starts it, logs with ``rnnlm/data/log4j2.properties`` (``quiet``: warnings
-    and errors only, no start-up INFO lines) or ``log4j2-verbose.properties`` (INFO), and
+    concurrent tasks do not oversubscribe the cores. What the user set (``conf``, spark-submit's
+    properties, ``--conf`` in ``$PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``) is kept, for these keys
+    as for the rest. The driver's JVM, when this call starts it, logs with
+    ``rnnlm/data/log4j2.properties`` (``quiet``: warnings and errors only, no start-up INFO lines) or
+    ``log4j2-verbose.properties`` (INFO), and
     has a heap of :data:`DRIVER_MEMORY` unless ``spark.driver.memory`` (``conf``,
     ``spark-defaults.conf``) or ``$SPARK_DRIVER_MEMORY`` names one: it is the launcher's
     last resort before Spark's 1g.
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
+
+    from .hfs import launcher_property          # hfs imports this module
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # spark-submit started the JVM and holds the master and properties (its gateway's port is the sign):
     # connected to it first, SparkConf() reads them, and the keys below are set only where the user set none
@@ -51,25 +55,31 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         from pyspark import SparkContext
         SparkContext._ensure_initialized()          # private, as _spark_default_logging's: nothing public yet
     c = SparkConf()
+
+    def given(key: str) -> str | None:
+        """The user's ``key``: in ``c`` (spark-submit's, or ``conf``), else where the launcher that plain
+        Python starts reads it (``$PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``), which ``c`` would override."""
+        return c.get(key) if c.contains(key) else None if submitted else launcher_property(key)
+
     if master is not None or not submitted:
         c.setMaster(master or "local[2]")
     if not submitted:
         os.environ.setdefault("SPARK_DRIVER_MEMORY", DRIVER_MEMORY)
-    opts = c.get("spark.driver.extraJavaOptions", "")
+    opts = given("spark.driver.extraJavaOptions") or ""
     if not submitted and "log4j2.configurationFile" not in opts:
         log4j = java_option("log4j2.configurationFile", f"file:{LOG4J2[quiet]}")
         c.set("spark.driver.extraJavaOptions", f"{opts} {log4j}".strip())
     if submitted and quiet and not c.contains("spark.log.level") and _spark_default_logging():
         c.set("spark.log.level", "WARN")        # a bare spark-submit: 3 INFO lines left of 44
-    if not c.contains("spark.app.name"):
+    if given("spark.app.name") is None:
         c.setAppName(app)
     for k, v in (conf or {}).items():
         c.set(k, str(v))
-    if not c.contains("spark.ui.showConsoleProgress"):
+    if given("spark.ui.showConsoleProgress") is None:
         c.set("spark.ui.showConsoleProgress", "false")   # the trainer logs one line per round
-    cpus = c.get("spark.task.cpus", "1")
+    cpus = given("spark.task.cpus") or "1"
     for var in BLAS_VARS:
-        if not c.contains(f"spark.executorEnv.{var}"):
+        if given(f"spark.executorEnv.{var}") is None:
             c.set(f"spark.executorEnv.{var}", cpus)
     return SparkSession.builder.config(conf=c).getOrCreate()
 

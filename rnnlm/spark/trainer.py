@@ -22,7 +22,8 @@ from .channel import ChannelError
 from .corpus import Corpus, evaluate_rdd, load_corpus, scored, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from .rundir import Driver, Init, TrainingError, best_record, check_longer, improves, resume_keys
+from .rundir import (Driver, Init, TrainingError, arithmetic_notes, best_record, check_longer, improves,
+                     resume_keys)
 from .session import job_errors, job_failure
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
@@ -111,11 +112,12 @@ class Trainer(Driver):
             at = at or RunState(schedule=Schedule(cfg.optim).state)
             if state is None:
                 state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
-            self.dir.write_info(self.sc, cfg, resume, data.devices, init)
+            before = self.dir.write_info(self.sc, cfg, resume, data.devices, init)
             size = (f"vocab {len(data.vocab):,} | params {state.params.size:,} | train tokens {data.tokens:,} | "
                     f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
             resumed = f"resumed from round {at.round}" if resume else None
-            self.dir.say_start(size, data.devices, cfg.train.device, resumed, init)
+            self.dir.say_start(size, data.devices, cfg.train.device, resumed, init,
+                               arithmetic_notes(data.devices, before))
             stop = StopRequest(self.log)
             try:
                 sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False

@@ -1,0 +1,61 @@
+"""Which BLAS this process's NumPy runs: the library, the kernels it picked and its threads.
+
+A training step's bits depend on them, not only on the seed: OpenBLAS picks its kernels by CPU
+when it loads (``OPENBLAS_CORETYPE`` overrides that) and splits a product differently on one
+thread and on two, so the same round on ``spark.task.cpus = 1`` and ``2`` ends in other numbers. A Spark run records
+this per partition and a resume onto other arithmetic says so (``docs/cluster.md``).
+
+Read as threadpoolctl reads it, without it: the loaded library found in ``/proc/self/maps``
+(Linux), asked through ctypes for its configuration, kernels and threads.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+# OpenBLAS's own symbols, and those of the copy NumPy's wheels bundle (scipy-openblas, 64-bit ints)
+_PREFIXES = (("scipy_openblas_", "64_"), ("scipy_openblas_", ""), ("openblas_", "64_"), ("openblas_", ""))
+
+
+def _loaded_openblas() -> str | None:
+    """The path of the OpenBLAS this process has loaded, or None (another BLAS, or not Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in f if "openblas" in line.lower()}
+    except OSError:
+        return None
+    paths = sorted(p for p in paths if os.path.basename(p).startswith("lib") and ".so" in p)
+    return paths[0] if paths else None
+
+
+def _call(lib, name: str, restype):
+    for prefix, suffix in _PREFIXES:
+        fn = getattr(lib, f"{prefix}{name}{suffix}", None)
+        if fn is not None:
+            fn.restype, fn.argtypes = restype, []
+            return fn()
+    return None
+
+
+def describe() -> str:
+    """``openblas 0.3.31 Haswell x2``: the library, its version, the kernels it runs and its threads;
+    for another BLAS what NumPy was built with and ``x?`` (its threads unknown)."""
+    path = _loaded_openblas()
+    if path is not None:
+        try:
+            lib = ctypes.CDLL(path)
+            config = (_call(lib, "get_config", ctypes.c_char_p) or b"").decode("ascii", "replace").split()
+            core = (_call(lib, "get_corename", ctypes.c_char_p) or b"?").decode("ascii", "replace")
+            threads = _call(lib, "get_num_threads", ctypes.c_int)
+        except OSError:
+            config, core, threads = [], "?", None
+        version = config[1] if len(config) > 1 and config[0] == "OpenBLAS" else "?"
+        if threads is not None:
+            return f"openblas {version} {core} x{threads}"
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', '?')} {blas.get('version', '?')} x?"
+    except (KeyError, TypeError, ValueError):
+        return "unknown BLAS"
