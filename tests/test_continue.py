@@ -322,6 +322,12 @@ def test_gpu_without_cupy_or_a_device_is_one_line_before_spark_for_a_local_maste
     checks.check_device(gpu, None)
     checks.check_device(cfg_of("train.device=auto"), "local[2]")            # auto falls back to the CPU
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--master yarn pyspark-shell")   # the master plain Python starts
+    checks.check_device(gpu, None)
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--master local[3] pyspark-shell")
+    with pytest.raises(config.ConfigError, match=r"the master local\[3\] runs every executor here"):
+        checks.check_device(gpu, None)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
     # evaluate --device gpu: every task failed 4 times on "CuPy is not installed", after Spark started
     from rnnlm.cli.main import main
     one_error(capsys, main(["evaluate", "--checkpoint", str(tmp_path / "none"), "--data", "x.txt", "--device", "gpu"]),

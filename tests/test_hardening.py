@@ -355,24 +355,27 @@ DEFAULTS = """
 import os
 from rnnlm.spark.session import get_spark
 sc = get_spark("defaults").sparkContext
-print(sc.parallelize([0], 1).map(lambda _: os.environ.get("OPENBLAS_NUM_THREADS")).collect()[0])
+print(sc.master, sc.parallelize([0], 1).map(lambda _: os.environ.get("OPENBLAS_NUM_THREADS")).collect()[0])
 print(sc._jvm.System.getProperty("rnnlm.test.flag"), sc._jvm.System.getProperty("log4j2.configurationFile"))
 """
 
 
-def test_a_users_spark_defaults_are_kept_for_the_keys_the_session_sets(tmp_path):
-    """Started by plain Python, the session set its keys over what the launcher read from ``spark-defaults.conf``:
-    executors' BLAS ran on 1 thread under ``spark.task.cpus 2``, and the user's driver options were dropped for
-    the log configuration. Both are kept now, the log configuration added to the user's options."""
-    (tmp_path / "spark-defaults.conf").write_text("spark.task.cpus 2\n"
+@pytest.mark.parametrize("submit_args", ["", "--master local[4] pyspark-shell"])
+def test_a_users_spark_defaults_are_kept_for_the_keys_the_session_sets(tmp_path, submit_args):
+    """Started by plain Python, the session set its keys over what the launcher read from ``spark-defaults.conf``
+    and ``$PYSPARK_SUBMIT_ARGS``: the master local[2], executors' BLAS on 1 thread under ``spark.task.cpus 2``, the
+    user's driver options dropped for the log configuration. They are kept now, the log configuration added to the
+    user's options; ``--master`` in ``$PYSPARK_SUBMIT_ARGS`` wins over ``spark.master``, as in the launcher."""
+    (tmp_path / "spark-defaults.conf").write_text("spark.master local[3]\nspark.task.cpus 2\n"
                                                   "spark.driver.extraJavaOptions -Drnnlm.test.flag=kept\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_HOME")}
     env.update({"PYTHONPATH": ROOT, "SPARK_CONF_DIR": str(tmp_path)})
+    if submit_args:                                     # set but empty, PySpark's launcher is given no arguments
+        env["PYSPARK_SUBMIT_ARGS"] = submit_args
     r = subprocess.run([sys.executable, "-c", DEFAULTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
-    threads, props = r.stdout.splitlines()[-2:]
-    flag, log4j = props.split()
-    assert threads == "2" and flag == "kept", r.stdout
+    (master, threads), (flag, log4j) = (line.split() for line in r.stdout.splitlines()[-2:])
+    assert master == ("local[4]" if submit_args else "local[3]") and threads == "2" and flag == "kept", r.stdout
     assert log4j.endswith("/rnnlm/data/log4j2.properties"), log4j
 
 

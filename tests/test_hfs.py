@@ -391,5 +391,14 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
     for args, expected in cases.items():
         monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", args)
         assert default_fs() == expected, args
+    # the master: --master first (the launcher's own flag wins over --conf spark.master), then as any key
+    (tmp_path / "spark-defaults.conf").write_text("spark.master local[3]\n")
+    for args, expected in {"--master local[4] --conf spark.master=local[5] pyspark-shell": "local[4]",
+                           "--conf spark.master=local[5] --master=local[6] pyspark-shell": "local[6]",
+                           "--conf spark.master=local[5] pyspark-shell": "local[5]",
+                           "--name local[7] pyspark-shell": "local[3]"}.items():
+        monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", args)
+        assert hfs.launcher_property("spark.master") == expected, args
+    assert hfs.launcher_property("spark.other") is None
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.hadoop.fs.defaultFS=hdfs://x:1 pyspark-shell")
     assert resolve("runs/x", default_fs()) == (False, "runs/x")

@@ -19,7 +19,7 @@ from ..spark import corpus
 from ..spark.hfs import default_fs, resolve
 from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_kept, check_longer, check_out,
                             check_resume, resume_keys)
-from ..spark.session import is_local_master
+from ..spark.session import is_local_master, plain_master
 
 DATA_KEYS = ("train", "valid", "test")
 GPU_EXTRA = 'pip install "rnnlm[gpu]"'
@@ -160,7 +160,7 @@ def check_device(cfg: config.Config, master: str | None, what: str = "train.devi
     executors may have GPUs (and CuPy) the driver lacks: they check for themselves."""
     if cfg.train.device != "gpu" or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
-    master = master or "local[2]"
+    master = plain_master(master)
     worker = os.environ.get("PYSPARK_PYTHON")
     # paths as given, not resolved: two virtual environments link to one interpreter with other packages
     if not is_local_master(master) or (worker and os.path.abspath(shutil.which(worker) or worker)

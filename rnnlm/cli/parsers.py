@@ -65,8 +65,8 @@ master_url.__name__ = "master"
 
 def _spark(ap) -> None:
     ap.add_argument("--master", default=None, type=master_url,
-                    help="Spark master when not run by spark-submit (default: local[2]; under spark-submit, "
-                         "its --master)")
+                    help="Spark master when not run by spark-submit (default: the one $PYSPARK_SUBMIT_ARGS or "
+                         "spark-defaults.conf names, else local[2]; under spark-submit, its --master)")
     ap.add_argument("--verbose", action="store_true", help="Spark's INFO logging (silenced by default)")
 
 

@@ -403,7 +403,7 @@ class Corpus:
     tokens: int              # training tokens, all partitions
     scored: Scored           # tokens a round and an epoch train on, under `counted_for`
     held_out_tokens: dict = field(default_factory=dict)     # "valid", "test" -> tokens of that text
-    devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned"} (probe_task)
+    devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned", "arithmetic"} (probe_task)
     counted_for: tuple = ()  # round_keys() of the configuration `scored` was counted under
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
 

@@ -82,21 +82,26 @@ def default_fs(conf_dir: str | None = None) -> str:
 
 def launcher_property(key: str) -> str | None:
     """Spark property ``key`` as the launcher that plain Python starts would read it: ``--conf
-    key=value`` in ``$PYSPARK_SUBMIT_ARGS``, else the properties file (``--properties-file`` there,
+    key=value`` in ``$PYSPARK_SUBMIT_ARGS`` (for ``spark.master`` its ``--master`` first, as the launcher
+    takes it), else the properties file (``--properties-file`` there,
     else ``spark-defaults.conf`` in ``$SPARK_CONF_DIR``, else in ``$SPARK_HOME/conf``, PySpark's
     package directory where ``$SPARK_HOME`` is unset); None if none names it or they cannot be read."""
     try:
         args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
     except ValueError:
         args = []
-    value, props, defaults = None, None, True
+    value, props, defaults, flag_master = None, None, True, None
     for flag, arg in zip(args, args[1:] + [""]):
-        if flag in ("--conf", "-c") and arg.partition("=")[0].strip() == key:
+        if flag == "--master" or flag.startswith("--master="):
+            flag_master = arg if flag == "--master" else flag[9:]
+        elif flag in ("--conf", "-c") and arg.partition("=")[0].strip() == key:
             value = arg.partition("=")[2].strip()
         elif flag.startswith("--conf=") and flag[7:].partition("=")[0].strip() == key:
             value = flag[7:].partition("=")[2].strip()
         elif flag == "--properties-file":
             props, defaults = arg, "--load-spark-defaults" in args
+    if key == "spark.master" and flag_master:
+        return flag_master
     if value is not None:
         return value
     home = os.environ.get("SPARK_HOME") or _pyspark_home()

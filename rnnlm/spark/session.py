@@ -30,17 +30,16 @@ def java_option(key: str, value: str) -> str:
 def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None = None, quiet: bool = True):
     """The active SparkSession, or a new one.
 
-    Under ``spark-submit`` the master and properties come from its command line
-    (SparkConf loads them); run as plain Python, ``master`` (default ``local[2]``)
-    is used. Executors' BLAS threads follow ``spark.task.cpus`` unless set, so
-    concurrent tasks do not oversubscribe the cores. What the user set (``conf``, spark-submit's
-    properties, ``--conf`` in ``$PYSPARK_SUBMIT_ARGS``, ``spark-defaults.conf``) is kept, for these keys
-    as for the rest. The driver's JVM, when this call starts it, logs with
-    ``rnnlm/data/log4j2.properties`` (``quiet``: warnings and errors only, no start-up INFO lines) or
-    ``log4j2-verbose.properties`` (INFO), and
-    has a heap of :data:`DRIVER_MEMORY` unless ``spark.driver.memory`` (``conf``,
-    ``spark-defaults.conf``) or ``$SPARK_DRIVER_MEMORY`` names one: it is the launcher's
-    last resort before Spark's 1g.
+    Under ``spark-submit`` the master and properties come from its command line (SparkConf loads
+    them); run as plain Python, ``master`` (:func:`plain_master`: else the one ``$PYSPARK_SUBMIT_ARGS``
+    or ``spark-defaults.conf`` names, else ``local[2]``). Executors' BLAS threads follow
+    ``spark.task.cpus`` unless set, so concurrent tasks do not oversubscribe the cores. What the user
+    set (``conf``, spark-submit's properties, ``--conf`` in ``$PYSPARK_SUBMIT_ARGS``,
+    ``spark-defaults.conf``) is kept, for the keys set here as for the rest. The driver's JVM, when
+    this call starts it, logs with ``rnnlm/data/log4j2.properties`` (``quiet``: warnings and errors
+    only, no start-up INFO lines) or ``log4j2-verbose.properties`` (INFO), and has a heap of
+    :data:`DRIVER_MEMORY` unless ``spark.driver.memory`` (``conf``, ``spark-defaults.conf``) or
+    ``$SPARK_DRIVER_MEMORY`` names one: it is the launcher's last resort before Spark's 1g.
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -62,7 +61,7 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
         return c.get(key) if c.contains(key) else None if submitted else launcher_property(key)
 
     if master is not None or not submitted:
-        c.setMaster(master or "local[2]")
+        c.setMaster(master if submitted else plain_master(master))
     if not submitted:
         os.environ.setdefault("SPARK_DRIVER_MEMORY", DRIVER_MEMORY)
     opts = given("spark.driver.extraJavaOptions") or ""
@@ -97,6 +96,14 @@ def _spark_default_logging() -> bool:
     source = context.getConfiguration().getConfigurationSource()
     location = source.getLocation() if source is not None else None
     return bool(location) and location.endswith("org/apache/spark/log4j2-defaults.properties")
+
+
+def plain_master(master: str | None) -> str:
+    """The master of a session that plain Python starts: ``master``, else the one the launcher reads
+    (``--master`` in ``$PYSPARK_SUBMIT_ARGS``, ``spark.master`` there or in ``spark-defaults.conf``), else
+    ``local[2]``."""
+    from .hfs import launcher_property          # hfs imports this module
+    return master or launcher_property("spark.master") or "local[2]"
 
 
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?|local-cluster\[[^\]]*\]")
