@@ -135,6 +135,7 @@ def test_rng_for_draws_one_stream_per_seed_and_keys():
 
 
 ARITHMETIC = """
+import hashlib
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 from rnnlm.core import backend
@@ -143,16 +144,34 @@ print(backend.arithmetic(np))
 print(f"{blas['internal_api']} {blas['version']} {blas['architecture']} x{blas['num_threads']}")
 with threadpool_limits(1):
     print(backend.arithmetic(np))
+x = np.linspace(-30, 30, 100_003, dtype=np.float32)
+print(hashlib.md5(np.tanh(x).tobytes() + np.exp(x).tobytes() + np.log(np.abs(x) + 1).tobytes()).hexdigest())
 """
+
+
+def arithmetic_in(**env):
+    r = subprocess.run([sys.executable, "-c", ARITHMETIC], env=dict(os.environ, PYTHONPATH=ROOT, **env),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.splitlines()
 
 
 @pytest.mark.parametrize("core, threads", [("Haswell", "2"), ("Sandybridge", "1")])
 def test_arithmetic_names_the_blas_its_kernels_and_threads_as_threadpoolctl_reads_them(core, threads):
     """What a partition's numbers rest on besides the seed (``spark.task.cpus`` 1 and 2 end a PTB round in other
     parameters), read from the loaded OpenBLAS without threadpoolctl, and live: a limit set later shows."""
-    env = dict(os.environ, OPENBLAS_CORETYPE=core, OPENBLAS_NUM_THREADS=threads, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", ARITHMETIC], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ours, theirs, limited = r.stdout.splitlines()
-    assert ours.lower() == theirs.lower() and ours.endswith(f" {core} x{threads}"), r.stdout
-    assert limited == ours[:-len(threads)] + "1", r.stdout
+    ours, theirs, limited, _ = arithmetic_in(OPENBLAS_CORETYPE=core, OPENBLAS_NUM_THREADS=threads)
+    blas, numpy = ours.split(", numpy ")
+    assert blas.lower() == theirs.lower() and blas.endswith(f" {core} x{threads}"), ours
+    assert numpy.startswith(np.__version__ + " ") and limited == f"{blas[:-len(threads)]}1, numpy {numpy}", ours
+
+
+def test_arithmetic_tells_numpys_simd_code_apart_where_its_bits_differ():
+    """NumPy's float32 tanh, exp and log give other bits without AVX2 (a CPU that lacks it, or NumPy told not to
+    use it): executors of that kind compute other numbers with the same BLAS."""
+    label, _, _, bits = arithmetic_in()
+    label_v2, _, _, bits_v2 = arithmetic_in(NPY_DISABLE_CPU_FEATURES="X86_V3,X86_V4,AVX512_ICL,AVX512_SPR")
+    if label.endswith("baseline(X86_V2)"):
+        pytest.skip("this CPU runs NumPy's baseline code already")
+    assert bits != bits_v2, "NumPy's SIMD code and its baseline agreed: this test cannot tell"
+    assert label_v2.split(", numpy ")[0] == label.split(", numpy ")[0] and label_v2 != label, (label, label_v2)

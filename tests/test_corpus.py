@@ -1,4 +1,6 @@
 """Corpus RDDs: paragraphs, vocabulary by reduceByKey, contiguous partitions."""
+import os
+
 import numpy as np
 import pytest
 
@@ -156,11 +158,17 @@ def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path
         assert got == [p for i in range(12) for p in (f"w{i} x", f"y{i}")], (mode, got)
     glob = corpus.paragraphs(sc, f"{d}/part-0*.txt", "line", "word", min_partitions=1).collect()
     assert glob == [p for i in range(10) for p in (f"w{i} x", f"y{i}")]
-    odd = tmp_path / "odd"                              # a name Hadoop would split: the path goes as given
+    # names Hadoop would read as syntax (a comma splits paths; braces, brackets, * and ? are globs): the directory
+    # went to Hadoop as given, which read its files in the disk's order (a,b-04, a,b-01, ... on ext4)
+    odd = tmp_path / "odd"
     odd.mkdir()
-    (odd / "a,b.txt").write_text("z\n")
-    (odd / "c.txt").write_text("v\n")
-    assert sorted(corpus.paragraphs(sc, str(odd), "line", "word").collect()) == ["v", "z"]
+    names = ["a,b-{i:02d}.txt", "c[{i:02d}].txt", "d{{{i:02d}}}.txt", "e*{i:02d}?.txt"]
+    for i in np.random.default_rng(4).permutation(12):
+        (odd / names[i % 4].format(i=i)).write_text(f"w{i}\n")
+    assert os.listdir(odd) != sorted(os.listdir(odd))              # else this test could not tell
+    expected = [f"w{i}" for _, i in sorted((names[i % 4].format(i=i), i) for i in range(12))]
+    assert corpus.paragraphs(sc, str(odd), "line", "word", min_partitions=1).collect() == expected
+    assert corpus.paragraphs(sc, f"{odd}/", "blank_line", "word", min_partitions=1).collect() == expected
 
 
 def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop_reads_it(tmp_path):

@@ -275,7 +275,7 @@ def test_devices_line_says_where_partitions_ran():
     assert devices_line({0: {"ran": "gpu 0", "assigned": []}}, "gpu") == "devices: gpu 0 x 1"
 
 
-ONE = "openblas 0.3.31 Haswell x1"
+ONE = "openblas 0.3.31 Haswell x1, numpy 2.4.6 X86_V4"
 
 
 def test_arithmetic_notes_say_partitions_that_compute_differently_and_a_resume_onto_other_arithmetic():
@@ -284,19 +284,21 @@ def test_arithmetic_notes_say_partitions_that_compute_differently_and_a_resume_o
     same = {0: {"ran": "cpu", "assigned": [], "arithmetic": ONE}, 1: {"ran": "cpu", "assigned": [], "arithmetic": ONE}}
     record = {"0": same[0], "1": same[1]}                       # run.json's devices, its keys strings
     assert arithmetic_notes(same) == [] and arithmetic_notes(same, record) == []
-    two = {p: dict(d, arithmetic="openblas 0.3.31 Haswell x2") for p, d in same.items()}
+    two = {p: dict(d, arithmetic="openblas 0.3.31 Haswell x2, numpy 2.4.6 X86_V4") for p, d in same.items()}
     assert arithmetic_notes(two, record) == [
         "note: this run resumes on other arithmetic than it last ran on (partition 0: openblas 0.3.31 Haswell x2, "
-        "was x1; 1 more partition): its numbers from here may differ from an uninterrupted run's (the same "
-        "spark.task.cpus and kind of executor as before reproduce them)"]
+        "numpy 2.4.6 X86_V4, was x1; 1 more partition): its numbers from here may differ from an uninterrupted "
+        "run's (the same spark.task.cpus and kind of executor as before reproduce them)"]
     gpu = {0: dict(same[0], arithmetic="NVIDIA H100 cuda 13000 cupy 14.2.0"), 1: same[1]}
     mixed = arithmetic_notes(gpu, record)
     assert mixed[0] == ("note: the partitions compute with different arithmetic (NVIDIA H100 cuda 13000 cupy 14.2.0 "
-                        "on 1; openblas 0.3.31 Haswell x1 on 1): a task Spark runs again on an executor of another "
-                        "kind computes other numbers than its first try (executors of one CPU kind, or "
-                        "spark.executorEnv.OPENBLAS_CORETYPE set to one, reproduce a run)")
+                        "on 1; openblas 0.3.31 Haswell x1, numpy 2.4.6 X86_V4 on 1): a task Spark runs again on an "
+                        "executor of another kind computes other numbers than its first try (executors of one kind "
+                        "reproduce a run: "
+                        "spark.executorEnv.OPENBLAS_CORETYPE and NPY_DISABLE_CPU_FEATURES can make them one)")
     assert mixed[1].startswith("note: this run resumes on other arithmetic than it last ran on (partition 0: "
-                               "NVIDIA H100 cuda 13000 cupy 14.2.0, was openblas 0.3.31 Haswell x1): ")
+                               "NVIDIA H100 cuda 13000 cupy 14.2.0, was openblas 0.3.31 Haswell x1, numpy 2.4.6 "
+                               "X86_V4): ")
     # what an older or damaged run.json holds is no evidence either way
     for before in (None, [], "x", {"0": "cpu"}, {"0": {"ran": "cpu"}}, {"0": {"arithmetic": 1}}, {"7": same[0]}):
         assert arithmetic_notes(two, before) == []

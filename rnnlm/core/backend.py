@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import blas, gemm
+from . import gemm, numerics
 
 try:  # CuPy is optional: the gpu extra installs it.
     import cupy as _cupy
@@ -103,11 +103,12 @@ def use_gpu(index: int) -> None:
 
 
 def arithmetic(xp) -> str:
-    """What fixes a step's bits on ``xp`` beside the seed and the configuration: on NumPy the BLAS, its
-    kernels and threads (:func:`blas.describe`, ``openblas 0.3.31 Haswell x1``); on CuPy the GPU's model
-    and the CUDA and CuPy versions (cuBLAS is bitwise reproducible for one GPU model and toolkit)."""
+    """What fixes a step's bits on ``xp`` beside the seed and the configuration: on NumPy the BLAS with its
+    kernels and threads and NumPy's SIMD code (:func:`numerics.describe`, ``openblas 0.3.31 Haswell x1,
+    numpy 2.4.6 X86_V4``); on CuPy the GPU's model and the CUDA and CuPy versions (cuBLAS is bitwise
+    reproducible for one GPU model and toolkit)."""
     if xp is np:
-        return blas.describe()
+        return numerics.describe()
     try:
         props = _cupy.cuda.runtime.getDeviceProperties(_cupy.cuda.Device().id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

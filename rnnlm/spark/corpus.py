@@ -43,8 +43,8 @@ def check_path(sc, path: str) -> str:
     A directory is listed in whatever order its filesystem gives (a local one: the order of the
     directory's entries on that disk), and its files' order is the corpus' order, so the same
     corpus copied elsewhere would train on other partitions: the files are named in sorted order.
-    (A name holding a comma or a glob character, which Hadoop would read as syntax, leaves the
-    path as given.)
+    Where a name holds a comma or a glob character, which Hadoop would read as syntax, Hadoop's glob
+    names them instead (``DIR/*`` for directories; a glob as given), whose matches it sorts by path.
 
     Hadoop reads a directory's files and fails on a subdirectory (a NullPointerException or an
     IOException tens of lines long), as Spark's ``textFile`` does unless asked to recurse. It is
@@ -65,8 +65,11 @@ def check_path(sc, path: str) -> str:
         raise CorpusError(f"input path does not exist: {path}")
     if sub is not None:
         raise _subdirectory(path, sub.toString() if ":" in path else sub.toUri().getPath())
-    if not files or any(c in f for f in files for c in ",{}[]*?\\"):
+    if not files:
         return path
+    if any(c in f for f in files for c in ",{}[]*?\\"):
+        # the directories' files through a glob: a directory itself is listed in its disk's order
+        return path.rstrip("/") + "/*" if all(st.isDirectory() for st in matches) else path
     return ",".join(files)
 
 

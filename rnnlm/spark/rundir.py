@@ -212,15 +212,17 @@ def devices_line(devices: dict, wanted: str) -> str:
 def arithmetic_notes(devices: dict, before=None) -> list:
     """What a run's numbers rest on besides its seed and configuration, where it matters: partitions
     whose probes found different arithmetic (``arithmetic``: :func:`rnnlm.core.backend.arithmetic`, the
-    BLAS with its kernels and threads, or the GPU and CUDA), and a resume onto other arithmetic than
-    ``before`` (the partitions' devices as ``run.json`` recorded them at the run's last start)."""
+    BLAS with its kernels and threads and NumPy's SIMD code, or the GPU and CUDA), and a resume onto
+    other arithmetic than ``before`` (the partitions' devices as ``run.json`` recorded them at the run's
+    last start)."""
     now = {str(pid): d["arithmetic"] for pid, d in devices.items() if d.get("arithmetic")}
     notes, kinds = [], sorted(set(now.values()))
     if len(kinds) > 1:
         where = "; ".join(f"{k} on {sum(v == k for v in now.values())}" for k in kinds)
         notes.append(f"note: the partitions compute with different arithmetic ({where}): a task Spark runs again "
                      "on an executor of another kind computes other numbers than its first try (executors of one "
-                     "CPU kind, or spark.executorEnv.OPENBLAS_CORETYPE set to one, reproduce a run)")
+                     "kind reproduce a run: spark.executorEnv.OPENBLAS_CORETYPE and NPY_DISABLE_CPU_FEATURES can "
+                     "make them one)")
     before = before if isinstance(before, dict) else {}
     was = {p: d.get("arithmetic") for p, d in before.items() if isinstance(d, dict)}
     changed = [(p, v) for p, v in sorted(now.items(), key=lambda kv: int(kv[0]))
@@ -238,7 +240,7 @@ def _changed_words(was: str, now: str) -> str:
     """``x1`` for ``openblas 0.3.31 Haswell x1`` against ``... Haswell x2``: the words that changed, or
     all of ``was`` when its words do not line up with ``now``'s."""
     a, b = was.split(), now.split()
-    return " ".join(w for w, n in zip(a, b) if w != n) if len(a) == len(b) else was
+    return " ".join(w.rstrip(",") for w, n in zip(a, b) if w != n) if len(a) == len(b) else was
 
 
 def check_out(out: str) -> None:

@@ -1,12 +1,14 @@
-"""Which BLAS this process's NumPy runs: the library, the kernels it picked and its threads.
+"""What fixes the bits of this process's NumPy arithmetic besides its inputs: the BLAS (the library,
+the kernels it picked, its threads) and NumPy's own SIMD code for exp, tanh and log.
 
-A training step's bits depend on them, not only on the seed: OpenBLAS picks its kernels by CPU
-when it loads (``OPENBLAS_CORETYPE`` overrides that) and splits a product differently on one
-thread and on two, so the same round on ``spark.task.cpus = 1`` and ``2`` ends in other numbers. A Spark run records
-this per partition and a resume onto other arithmetic says so (``docs/cluster.md``).
+OpenBLAS picks its kernels by CPU when it loads (``OPENBLAS_CORETYPE`` overrides that) and splits a
+product differently on one thread and on two, so the same round on ``spark.task.cpus = 1`` and ``2``
+ends in other numbers; NumPy's float32 exp, tanh and log give other bits on a CPU without AVX2 (or
+under ``NPY_DISABLE_CPU_FEATURES``) than with it. A Spark run records this per partition and a resume
+onto other arithmetic says so (``docs/cluster.md``).
 
-Read as threadpoolctl reads it, without it: the loaded library found in ``/proc/self/maps``
-(Linux), asked through ctypes for its configuration, kernels and threads.
+The BLAS is read as threadpoolctl reads it, without it: the loaded library found in
+``/proc/self/maps`` (Linux), asked through ctypes for its configuration, kernels and threads.
 """
 from __future__ import annotations
 
@@ -40,6 +42,23 @@ def _call(lib, name: str, restype):
 
 
 def describe() -> str:
+    """``openblas 0.3.31 Haswell x2, numpy 2.4.6 X86_V4``: :func:`blas` and :func:`simd`."""
+    return f"{blas()}, numpy {np.__version__} {simd()}"
+
+
+def simd() -> str:
+    """The SIMD targets NumPy's float32 exp, tanh and log run here (``X86_V4``; ``baseline(X86_V2)``
+    where the CPU lacks AVX2), ``?`` where NumPy cannot say (before 2.0)."""
+    try:
+        from numpy.lib.introspect import opt_func_info
+        info = opt_func_info(func_name="^(exp|tanh|log)$", signature="float32")
+        targets = sorted({sig["current"] for fn in info.values() for sig in fn.values()})
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+        return "?"
+    return "/".join(t.replace(" ", "") for t in targets) or "?"
+
+
+def blas() -> str:
     """``openblas 0.3.31 Haswell x2``: the library, its version, the kernels it runs and its threads;
     for another BLAS what NumPy was built with and ``x?`` (its threads unknown)."""
     path = _loaded_openblas()
