@@ -74,7 +74,7 @@ def blas() -> str:
         if threads is not None:
             return f"openblas {version} {core} x{threads}"
     try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas.get('name', '?')} {blas.get('version', '?')} x?"
+        built = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{built.get('name', '?')} {built.get('version', '?')} x?"
     except (KeyError, TypeError, ValueError):
         return "unknown BLAS"
