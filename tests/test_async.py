@@ -7,7 +7,7 @@ import pytest
 from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
-from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
+from rnnlm.spark.async_trainer import AsyncTrainer, speculation_notes, window_lrs
 from rnnlm.spark.rundir import TrainingError
 from conftest import metrics
 
@@ -132,6 +132,15 @@ def test_a_diverging_worker_stops_the_run_at_once_with_its_error(spark, tmp_path
                                             r"good checkpoint is kept"):
         tr.run(resume=True)
     assert {f.name: f.read_bytes() for f in (out / "checkpoint").iterdir()} == before
+
+
+def test_speculation_is_said_at_an_async_runs_start():
+    """A speculative copy of a worker's task supersedes its original, which then fails (a review's standalone run of
+    two hosts with spark.task.maxFailures=1: a healthy run stopped at round 65): the run says so where it is on."""
+    assert speculation_notes({}) == [] and speculation_notes({"spark.speculation": "false"}) == []
+    note, = speculation_notes({"spark.speculation": " True"})
+    assert note.startswith("note: spark.speculation is on: a speculative copy of a worker's task takes over") and \
+        "counted against spark.task.maxFailures" in note
 
 
 def test_a_worker_without_its_device_answers_with_the_error_rather_than_failing_its_task():
