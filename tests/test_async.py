@@ -7,9 +7,9 @@ import pytest
 from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
-from rnnlm.spark.async_trainer import AsyncTrainer, speculation_notes, window_lrs
+from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
-from conftest import metrics
+from conftest import metrics, wait_for
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -134,15 +134,6 @@ def test_a_diverging_worker_stops_the_run_at_once_with_its_error(spark, tmp_path
     assert {f.name: f.read_bytes() for f in (out / "checkpoint").iterdir()} == before
 
 
-def test_speculation_is_said_at_an_async_runs_start():
-    """A speculative copy of a worker's task supersedes its original, which then fails (a review's standalone run of
-    two hosts with spark.task.maxFailures=1: a healthy run stopped at round 65): the run says so where it is on."""
-    assert speculation_notes({}) == [] and speculation_notes({"spark.speculation": "false"}) == []
-    note, = speculation_notes({"spark.speculation": " True"})
-    assert note.startswith("note: spark.speculation is on: a speculative copy of a worker's task takes over") and \
-        "counted against spark.task.maxFailures" in note
-
-
 def test_a_worker_without_its_device_answers_with_the_error_rather_than_failing_its_task():
     """As a synchronous round's task does: a retry would meet the same executor, so the partitions answer."""
     from rnnlm.spark.async_task import worker_task
@@ -152,6 +143,72 @@ def test_a_worker_without_its_device_answers_with_the_error_rather_than_failing_
     out = list(worker_task(cfg, ("127.0.0.1", 9), bytes(32), [0.01, 0.01])(iter(parts)))
     assert [(pid, trained) for pid, trained, _ in out] == [(0, 0), (1, 0)]
     assert all("CuPy" in error or "CUDA" in error for _, _, error in out), out
+
+
+@pytest.mark.parametrize("newer_fails", [False, True])
+def test_an_attempt_superseded_mid_run_stands_by_and_trains_on_if_the_newer_one_fails(monkeypatch, newer_fails):
+    """Two attempts of one partition's task (as a speculative copy beside its original), on a real server over
+    sockets: the original, superseded at its second window, ends well when the copy finishes; when the copy fails
+    at window 4 (its task ends), the original takes over at once (no driver here reports silence) and finishes.
+    Either way every window is applied once. (The old task raised when superseded: a failed task, which Spark counts
+    against spark.task.maxFailures.)"""
+    import threading
+    from rnnlm.core.models import build as build_model
+    from rnnlm.server import wire
+    from rnnlm.server.paramserver import ParameterServer
+    from rnnlm.spark import async_task, memo
+    W = 8
+    cfg = config.resolve(cfg_of("data.partitions=1", "train.mode=async", "train.push_every=2", f"train.rounds={W}"),
+                         20)
+    model = build_model(cfg.model)
+    ps = ParameterServer(model.layout, model.init_params(cfg.train.seed), cfg.server, W, 1, log=lambda *_: None)
+    secret = wire.new_secret()
+    frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
+    real, copy_started = async_task.train_and_encode, threading.Event()
+
+    def staged(*args, **kw):
+        rnd = args[8]                                   # window + 1
+        if threading.current_thread().name == "copy":
+            copy_started.set()
+            if newer_fails and rnd == 5:
+                raise RuntimeError("the copy's executor failed")
+        elif rnd == 2:                                  # the original's second window ends after the copy's hello
+            assert copy_started.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(async_task, "train_and_encode", staged)
+    memos = {}                      # each attempt its own model's buffers, as in its own Python worker under Spark
+
+    class PerAttempt:
+        def get(self, key, build):
+            return memos.setdefault(threading.current_thread().name, memo.Memo()).get(key, build)
+    monkeypatch.setattr(memo, "MEMO", PerAttempt())
+    task = async_task.worker_task(cfg, frames.address, secret, [0.01] * W)
+    part = [(0, np.arange(400, dtype=np.int32) % 20, np.array([0]))]
+    out = {}
+
+    def attempt(name):
+        try:
+            out[name] = list(task(iter(part)))
+        except Exception as e:
+            out[name] = e
+
+    original = threading.Thread(target=attempt, args=("original",), name="original")
+    original.start()
+    wait_for(lambda: ps.version == 1)                   # its first window applied
+    copy = threading.Thread(target=attempt, args=("copy",), name="copy")
+    copy.start()
+    for th in (copy, original):
+        th.join(60)
+    frames.close()
+    assert not original.is_alive() and not copy.is_alive(), "an attempt never ended"
+    assert ps.done == [W] and ps.version == W and ps.totals["refused_superseded"] >= 1
+    if newer_fails:
+        assert isinstance(out["copy"], RuntimeError) and out["original"] == [(0, 1 + 4, None)]
+        assert ps.totals["attempts_retried"] == 2 and ps.totals["workers_lost"] == 0     # it left: not lost
+    else:
+        assert out == {"original": [(0, 1, None)], "copy": [(0, W - 1, None)]}
+        assert ps.totals["attempts_retried"] == 1
 
 
 def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_on_resume(spark, tmp_path):

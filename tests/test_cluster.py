@@ -1,5 +1,6 @@
 """Real executor processes: a killed executor, and a standalone cluster whose executors'
 Python does not have rnnlm installed (it arrives with --py-files)."""
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 
 from rnnlm.core import checkpoint
 
-from conftest import ROOT, TINY_CLUSTER, metrics, set_options, train_cmd
+from conftest import ROOT, TINY_CLUSTER, metrics, set_options, train_cmd, wait_for
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 CLUSTER_RUN = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]
@@ -188,6 +189,47 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def standalone(tmp_path, workers):
+    """A standalone master on 127.0.0.1 and a Worker per ``(host, cores, environment)`` (a loopback address each:
+    hosts of their own, as Spark speculates a task only onto another host); yields the master's URL once every
+    Worker has registered. Logs in ``tmp_path / "cluster.log"``."""
+    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
+    log_path = tmp_path / "cluster.log"
+    logs = open(log_path, "w")
+    port = _free_port()
+    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(_free_port())], env=env(), stdout=logs,
+                              stderr=logs)]
+    try:
+        url = f"spark://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"the standalone master did not listen on port {port} within 60 s: see {log_path}")
+        for i, (host, cores, extra) in enumerate(workers):
+            procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                                           "--host", host, "--cores", str(cores), "--memory", "2g",
+                                           "--webui-port", str(_free_port()), "--work-dir", str(tmp_path / f"work{i}")],
+                                          env=dict(env(), SPARK_LOCAL_IP=host, **extra), stdout=logs, stderr=logs))
+        wait_for(lambda: log_path.read_text().count("Registering worker") == len(workers), timeout=60)
+        yield url
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        logs.close()
+
+
 @pytest.mark.slow
 def test_standalone_cluster_with_py_files_only(tmp_path):
     # an executor Python that has numpy but not rnnlm: no site (.pth, editable installs),
@@ -202,26 +244,7 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
 
     zip_path = tmp_path / "rnnlm.zip"
     subprocess.run([sys.executable, "jobs/package.py", "--out", str(zip_path)], cwd=ROOT, check=True)
-    port, ui1, ui2 = _free_port(), _free_port(), _free_port()
-    spark_class = os.path.join(SPARK_HOME, "bin", "spark-class")
-    logs = open(tmp_path / "cluster.log", "w")
-    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui1)], env=env(), stdout=logs, stderr=logs)]
-    try:
-        url = f"spark://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail(f"the standalone master did not listen on port {port} within 60 s: see {tmp_path}/cluster.log")
-        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url,
-                                       "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
-                                       "--webui-port", str(ui2), "--work-dir", str(tmp_path / "work")],
-                                      env=env(), stdout=logs, stderr=logs))
+    with standalone(tmp_path, [("127.0.0.1", 2, {})]) as url:
         submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
         args = set_options(*CLUSTER_RUN, "train.rounds=3")
         r = subprocess.run([submit, "--master", url, "--py-files", str(zip_path),
@@ -231,20 +254,11 @@ def test_standalone_cluster_with_py_files_only(tmp_path):
                             "jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "out"),
                             "--samples", "0", *args],
                            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert rounds_done(tmp_path / "out") == 3
-        # the run really ran on the standalone master spark-submit named (run.json records the master used)
-        assert json.loads((tmp_path / "out" / "run.json").read_text())["master"] == url
-        assert checkpoint.load(str(tmp_path / "out" / "checkpoint")).position["round"] == 3
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        logs.close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert rounds_done(tmp_path / "out") == 3
+    # the run really ran on the standalone master spark-submit named (run.json records the master used)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["master"] == url
+    assert checkpoint.load(str(tmp_path / "out" / "checkpoint")).position["round"] == 3
 
 
 ASYNC = ("train.mode=async", "train.push_every=4", "server.heartbeat_s=0.2", "server.timeout_s=3")
@@ -328,3 +342,60 @@ def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(
     assert [x["syncs"] for x in m] == sorted(x["syncs"] for x in m) and kept in [x["syncs"] for x in m]
     assert sum(x["pushes"] for x in m if x["syncs"] > kept) == 120 - kept     # the resumed run applied the rest
     assert checkpoint.load(str(out / "checkpoint")).position["done"] == [60, 60]
+
+
+# test-only: on the host whose executors import this, each window of training starts 0.5 s late (no number changes)
+SLOW_HOST = '''import importlib.abc, importlib.util, sys, time
+
+
+class _Late(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "rnnlm.spark.executor":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            train = module.train_and_encode
+
+            def late(*args, **kw):
+                time.sleep(0.5)
+                return train(*args, **kw)
+            module.train_and_encode = late
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Late())
+'''
+
+
+@pytest.mark.slow
+def test_async_speculative_copy_takes_over_a_slow_partition_and_no_task_fails(tmp_path):
+    """Two hosts of one core, one slow: when the fast partition ends, Spark speculates the slow one onto the free host.
+    The copy takes the partition's lease; the original stands by and is killed when the copy ends, which Spark does
+    not count as a failure: the run ends at spark.task.maxFailures=1 with every window applied once. (A superseded
+    attempt used to fail: a review's healthy run stopped so at round 65.)"""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(SLOW_HOST)
+    late = {"PYTHONPATH": os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))}
+    conf = {"spark.speculation": "true", "spark.speculation.multiplier": "1", "spark.speculation.quantile": "0.1",
+            "spark.speculation.minTaskRuntime": "1ms", "spark.task.maxFailures": "1", "spark.locality.wait": "0",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1", "spark.executor.memory": "1g"}
+    out = tmp_path / "out"
+    with standalone(tmp_path, [("127.0.0.2", 1, {}), ("127.0.0.3", 1, late)]) as url:
+        submit = os.path.join(SPARK_HOME, "bin", "spark-submit")
+        r = subprocess.run([submit, "--master", url, *[a for k, v in conf.items() for a in ("--conf", f"{k}={v}")],
+                            *cluster_cmd(out, None, "train.rounds=40", *ASYNC, *SLOW_WINDOWS)[1:], "--verbose"],
+                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "as speculatable" in r.stderr and "superseded" not in r.stderr, r.stderr[-3000:]
+    m = metric_lines(out)
+    last = m[-1]
+    assert last["syncs"] == 80 and sum(x["pushes"] for x in m) == 80 and last["windows_lost"] == 0
+    assert last["attempts_retried"] >= 1 and last["refused_superseded"] >= 1        # a copy took over mid-run
+    assert checkpoint.load(str(out / "checkpoint")).position["done"] == [40, 40]

@@ -346,6 +346,37 @@ def test_a_partition_that_pushed_its_last_window_is_never_reported_lost():
     assert ps.check_workers(ps.last_seen[0] + 5.0) == [1] and ps.totals["workers_lost"] == 1
 
 
+def standby(ps, pid, lease):
+    return ps.handle("t", "standby", {"pid": pid, "lease": lease}, {})[0]
+
+
+def test_a_superseded_attempt_stands_by_until_its_partition_is_finished_or_the_newer_attempt_is_gone():
+    """A speculative copy's hello supersedes the original, which then asks instead of failing (a failed task counts
+    against spark.task.maxFailures, and Spark starts no other attempt while it runs): wait while the newer attempt
+    lives, resume when it left or went silent, finished when every window is applied."""
+    ps = server(windows=2, partitions=1, heartbeat_s=0.1, timeout_s=1.0)
+    one = np.ones(LAYOUT.size, np.float32)
+    hello(ps, 0)                                                        # the original: lease 1
+    hello(ps, 0)                                                        # the copy: lease 2
+    assert standby(ps, 0, 1) == "wait"
+    assert ps.handle("t", "standby", {"pid": 0, "lease": 2}, {})[0] == "refused"      # the newest does not stand by
+    # silent: the original's questions do not keep the partition seen
+    seen = ps.last_seen[0]
+    ps.last_seen[0] = seen - 5.0
+    assert standby(ps, 0, 1) == "wait" and ps.last_seen[0] == seen - 5.0
+    assert ps.check_workers() == [0] and standby(ps, 0, 1) == "resume"
+    f, _ = hello(ps, 0)                                                 # the original again: lease 3
+    assert f["lease"] == 3 and f["window"] == 0 and standby(ps, 0, 2) == "wait"
+    assert ps.handle("t", "leave", {"pid": 0, "lease": 3}, {})[0] == "ok"        # its task ended
+    assert standby(ps, 0, 1) == "resume" and standby(ps, 0, 2) == "resume"
+    hello(ps, 0)                                                        # lease 4 finishes the partition
+    push(ps, 0, 4, 0, 0, one)
+    assert standby(ps, 0, 2) == "wait"
+    push(ps, 0, 4, 1, 1, one)
+    assert standby(ps, 0, 1) == standby(ps, 0, 3) == "finished"
+    assert ps.totals["workers_lost"] == 1 and ps.totals["attempts_retried"] == 3 and ps.version == 2
+
+
 def test_lock_free_pushes_from_threads_all_land_once():
     """Hogwild! applies without a lock, but the bookkeeping is exact: every window lands once."""
     P, W = 4, 30

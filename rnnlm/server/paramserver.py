@@ -31,6 +31,15 @@ cannot apply anything). A retried task resumes at the first window not applied.
 Heartbeats (a second connection, every ``heartbeat_s``) tell the server which
 window a worker trains; a worker silent for ``timeout_s`` is reported lost.
 
+A superseded attempt does not fail (Spark would count that against ``spark.task.maxFailures``
+although nothing went wrong, as when a speculative copy takes over): it **stands by**, asking
+every ``heartbeat_s`` (``standby``), until the server answers ``finished`` (every window of the
+partition applied: the task ends well; if the newer attempt ended first, Spark has killed this
+one already) or ``resume`` (the newer attempt is gone: it said so with ``leave`` as it ended, or
+was reported lost), when it says hello again and trains on from the first window not applied.
+So a partition always has an attempt that can finish it, even where Spark starts no other while
+one still runs.
+
 Bookkeeping (which window was applied, the version) is under a small lock even
 in Hogwild! mode: only the parameter arithmetic runs unlocked.
 """
@@ -176,7 +185,7 @@ class ParameterServer:
         self.started = list(self.done)                            # per partition: window last reported training
         self.lease = [0] * partitions
         self.last_seen = [None] * partitions
-        self.lost = [False] * partitions
+        self.lost = [False] * partitions                          # the newest attempt is gone (silent, or left)
         self.totals = collections.Counter(state.get("totals", {}))
         self.window = collections.Counter()                       # since the last drain()
         self.staleness = collections.Counter()
@@ -229,21 +238,39 @@ class ParameterServer:
                 raise Refused(f"partition {pid} has not said hello")
             if not 0 < lease <= self.lease[pid]:
                 raise Refused(f"lease {lease!r:.40} of partition {pid} was never issued")
+            if lease != self.lease[pid]:     # nor does a superseded attempt keep the partition's worker seen
+                return self._standby(pid) if kind == "standby" else self._superseded()
             self.last_seen[pid] = time.monotonic()
-            if lease != self.lease[pid]:
-                return self._superseded()
         if kind == "heartbeat":
             return self._heartbeat(pid, fields)
         if kind == "push":
             return self._push(pid, lease, fields, arrays)
         if kind == "failed":
             return self._failed(pid, fields)
+        if kind == "leave":
+            return self._leave(pid)
+        if kind == "standby":
+            raise Refused(f"standby: lease {lease} is partition {pid}'s newest, not a superseded one")
         raise Refused(f"unknown request {kind!r:.40}")
 
     def _superseded(self):
         # under self._book
         self.totals["refused_superseded"] += 1
         return "stop", {"reason": "superseded by a newer attempt of this partition"}, {}
+
+    def _standby(self, pid):
+        """A superseded attempt's question (under self._book): ``finished`` when every window of the partition
+        is applied, ``resume`` when the newest attempt is gone (it left, or was reported lost), else ``wait``."""
+        if self.done[pid] >= self.windows:
+            return "finished", {}, {}
+        return ("resume" if self.lost[pid] else "wait"), {}, {}
+
+    def _leave(self, pid):
+        """The newest attempt ends (a task ending, well or not): one standing by resumes at once rather than after
+        ``timeout_s`` of silence; counted nowhere (a worker that says it goes is not lost)."""
+        with self._book:
+            self.lost[pid] = True
+        return "ok", {}, {}
 
     def _hello(self, pid):
         with self._book:
@@ -545,9 +572,8 @@ class WorkerClient:
                                 max_idle=sv.timeout_s, retry_s=sv.timeout_s)
         self._beat = wire.Client(address[0], address[1], secret, 1 << 16, timeout=sv.timeout_s,
                                  max_idle=sv.timeout_s, retry_s=sv.timeout_s)
-        self.lease, self.window = None, None
-        self._stop = threading.Event()
-        self._thread = None
+        self.lease, self.window, self.superseded = None, None, False
+        self._stop, self._thread = threading.Event(), None
 
     @property
     def bytes(self) -> tuple:
@@ -561,22 +587,31 @@ class WorkerClient:
         return reply
 
     def hello(self) -> tuple:
-        """Announce this attempt: (first window to train, windows, version, parameters)."""
+        """Announce this attempt (again, after :meth:`standby` said resume): (first window to train, windows,
+        version, parameters)."""
+        self._end_heartbeats()
         _, f, a = self._call("hello", {"pid": self.pid})
-        self.lease, self.window = f["lease"], f["window"]
-        self._thread = threading.Thread(target=self._heartbeats, name=f"heartbeat-{self.pid}", daemon=True)
+        self.lease, self.window, self.superseded = f["lease"], f["window"], False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._heartbeats, args=(self.lease, self._stop),
+                                        name=f"heartbeat-{self.pid}", daemon=True)
         self._thread.start()
         return f["window"], f["windows"], f["version"], a["params"]
 
-    def _heartbeats(self):
-        while not self._stop.wait(self.sv.heartbeat_s):
+    def _heartbeats(self, lease: int, stop: threading.Event):
+        while not stop.wait(self.sv.heartbeat_s):
             try:
-                kind, _, _ = self._beat.call("heartbeat", {"pid": self.pid, "lease": self.lease,
-                                                           "window": self.window})
+                kind, _, _ = self._beat.call("heartbeat", {"pid": self.pid, "lease": lease, "window": self.window})
             except (OSError, ValueError):
                 continue          # the next push reports a dead server; a heartbeat only keeps us listed
             if kind == "stop":
                 return            # superseded: the next push says so to the task
+
+    def _end_heartbeats(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.sv.heartbeat_s + 1)
+            self._thread = None
 
     def push(self, window: int, version: int, blocks: dict, host, **stats):
         """Push ``window``'s change and patch ``host`` (P,), the parameters pulled at ``version``,
@@ -585,6 +620,7 @@ class WorkerClient:
         fields.update(stats, pid=self.pid, lease=self.lease, window=window, version=version)
         kind, f, a = self._call("push", fields, arrays)
         if kind == "stop":
+            self.superseded = True
             return None
         patch(self.layout, host, f.get("pulled", {}), a)
         return f["version"]
@@ -597,9 +633,26 @@ class WorkerClient:
         """Tell the server this partition cannot go on (a non-finite loss): the driver stops the run."""
         self._call("failed", {"pid": self.pid, "lease": self.lease, "error": one_line(error)[:2000] or "failed"})
 
+    def standby(self) -> bool:
+        """After a push answered superseded: ask every ``heartbeat_s`` until the partition is finished (False:
+        the task ends well) or its newest attempt is gone (True: say :meth:`hello` again and train on)."""
+        self._end_heartbeats()
+        while True:
+            kind, _, _ = self._call("standby", {"pid": self.pid, "lease": self.lease})
+            if kind in ("finished", "resume"):
+                return kind == "resume"
+            if kind != "wait":
+                raise RuntimeError(f"the parameter server answered standby with {kind!r:.40}")
+            time.sleep(self.sv.heartbeat_s)
+
     def close(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.sv.heartbeat_s + 1)
+        """End the attempt: the heartbeats stop and, if it holds the partition's newest lease, the server hears that
+        it goes (an attempt standing by takes over at once); a server that cannot be told is not waited for."""
+        self._end_heartbeats()
+        if self.lease is not None and not self.superseded:
+            try:
+                self._rpc.call("leave", {"pid": self.pid, "lease": self.lease})
+            except (OSError, ValueError):
+                pass
         self._rpc.close()
         self._beat.close()

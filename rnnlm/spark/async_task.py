@@ -3,7 +3,8 @@
 Per window from the first one the server has not applied: ``train.push_every`` local steps (as
 round ``window + 1`` of the synchronous trainer), a push of the change, and training on from the
 parameters in the reply; optimizer state, hidden state and residual stay in the task, and a retry
-starts afresh from the server's (docs/async.md, "Worker failure"). The task captures plain values
+starts afresh from the server's (docs/async.md, "Worker failure"). An attempt a newer one supersedes
+stands by until the partition is finished or the newer one is gone. The task captures plain values
 only: the configuration (resolved on the driver), the server's address and the run's secret.
 """
 from __future__ import annotations
@@ -23,7 +24,9 @@ from .memo import digest
 def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
     """The ``mapPartitions`` function: yields one summary per partition (pid, windows trained, error).
 
-    ``lrs[w]`` is window w's learning rate (the schedule at the epoch every worker reaches there).
+    ``lrs[w]`` is window w's learning rate (the schedule at the epoch every worker reaches there). An attempt
+    superseded by a newer one (a speculative copy, a retry beside a zombie) stands by rather than failing, and
+    trains on if the newer one goes (:meth:`~rnnlm.server.paramserver.WorkerClient.standby`).
     """
     def run(it):
         t = cfg.train
@@ -38,27 +41,12 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
             client = WorkerClient(address, secret, pid, cfg.server, model.layout)
             trained, error = 0, None
             try:
-                first, windows, version, host = client.hello()
                 src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
                                     lambda: make_source(cfg, pid, tokens, starts))
-                opt = make_optimizer(cfg.optim)
-                params = xp.array(host)
-                opt_state = opt.init_state(params)
-                state = model.zero_state(t.batch)
-                residual = None
-                for w in range(first, windows):
-                    client.training(w)
-                    t0 = time.perf_counter()
-                    res, blocks, _, residual, _, _ = train_and_encode(
-                        cfg, model, src, opt, params, opt_state, state, host, w + 1, pid, lrs[w], t.push_every,
-                        residual, by_tokens=False)
-                    state = res.state if src.carries_state else model.zero_state(t.batch)
-                    version = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
-                                          steps=res.steps, compute_s=time.perf_counter() - t0)
-                    trained += 1
-                    if version is None:   # a newer attempt took over: fail, so Spark keeps that one's result
-                        raise RuntimeError(f"partition {pid}: superseded by a newer attempt at window {w}")
-                    params = xp.array(host)                    # host now holds the server's parameters
+                while True:
+                    trained += _train_windows(cfg, model, src, client, lrs, xp)
+                    if not client.superseded or not client.standby():
+                        break
             except FloatingPointError as e:
                 error = str(e)
                 client.fail(error)         # the driver stops the run now, not when the other workers finish
@@ -66,3 +54,29 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
                 client.close()
             yield pid, trained, error
     return run
+
+
+def _train_windows(cfg, model, src, client: WorkerClient, lrs: list, xp) -> int:
+    """One attempt's tenure: hello, then the windows from the first the server has not applied, each pushed, until
+    the last or until a push answers that a newer attempt took over (``client.superseded``); the windows applied.
+    Optimizer state, hidden state and residual start afresh from the server's parameters."""
+    t = cfg.train
+    first, windows, version, host = client.hello()
+    opt = make_optimizer(cfg.optim)
+    params = xp.array(host)
+    opt_state = opt.init_state(params)
+    state = model.zero_state(t.batch)
+    residual = None
+    for w in range(first, windows):
+        client.training(w)
+        t0 = time.perf_counter()
+        res, blocks, _, residual, _, _ = train_and_encode(
+            cfg, model, src, opt, params, opt_state, state, host, w + 1, client.pid, lrs[w], t.push_every,
+            residual, by_tokens=False)
+        state = res.state if src.carries_state else model.zero_state(t.batch)
+        version = client.push(w, version, blocks, host, tokens=res.tokens, loss_sum=res.loss_sum,
+                              steps=res.steps, compute_s=time.perf_counter() - t0)
+        if version is None:                        # this push was refused: not applied
+            return w - first
+        params = xp.array(host)                    # host now holds the server's parameters
+    return windows - first

@@ -70,7 +70,7 @@ class AsyncTrainer(Driver):
                     f"{frames.address[1]} ({'locked' if cfg.server.lock else 'lock-free'}, {cfg.server.update}, "
                     f"staleness {cfg.server.staleness})", data.devices, cfg.train.device,
                     None if ck is None else f"resumed from round {ck.position['round']} (version "
-                    f"{ck.position['version']})", init, speculation_notes(self.sc.getConf()))
+                    f"{ck.position['version']})", init)
                 # the loop: the job's windows, metrics lines, evaluations and checkpoints
                 lrs = window_lrs(cfg, per.round, per.epoch, windows)
                 run = _Run(self.dir, cfg, data, per.epoch, server, frames, model, held_out, lrs,
@@ -298,17 +298,6 @@ class _Run:
         quiet = ("bytes", "round_", "staleness", "refused_", "attempts_", "device")
         self.dir.add_line(m, self.windows, log_line(m, skip=quiet))
         return m
-
-
-def speculation_notes(conf) -> list:
-    """A note when ``spark.speculation`` is on (``conf``: a SparkConf, or anything with its ``get``): a speculative
-    copy of a worker's task takes the partition's lease, and the attempt it supersedes then ends as a failed task,
-    which Spark counts against ``spark.task.maxFailures`` (at 1, a healthy run failed so)."""
-    if str(conf.get("spark.speculation", "false")).strip().lower() != "true":
-        return []
-    return ["note: spark.speculation is on: a speculative copy of a worker's task takes over its partition and the "
-            "attempt it supersedes ends as a failed task (a traceback in Spark's log, counted against "
-            "spark.task.maxFailures; windows stay applied once): async runs are best without it"]
 
 
 def _server_checkpoint(cfg, vocab, snap: dict, position: dict) -> checkpoint.Checkpoint:
