@@ -64,6 +64,24 @@ def test_every_strategy_learns(spark, tiny_cfg, tmp_path, strategy, sets):
     assert m[-1]["bytes_broadcast"] == sum(x["round_bytes_broadcast"] for x in m)
 
 
+def test_a_merge_spilled_to_the_workers_disk_is_not_counted_as_bytes_sent(spark, tiny_cfg, tmp_path):
+    """Past spark.python.worker.memory, PySpark's merger pickles the tree's values to its local disk and reads them
+    back: no hop between processes. Counted, it doubled every round's bytes_sent (8 partitions, 1m, depth 2)."""
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), ["data.partitions=8", "train.tree_depth=2"]))
+    plain = run(spark, cfg, tmp_path / "plain")
+    conf = spark.sparkContext._conf
+    before = conf.get("spark.python.worker.memory", "512m")        # PySpark's default
+    conf.set("spark.python.worker.memory", "1m")                # read where a job is built: every merge spills
+    try:
+        assert spark.sparkContext.parallelize([1])._memory_limit() == 1
+        spilled = run(spark, cfg, tmp_path / "spilled")
+    finally:
+        conf.set("spark.python.worker.memory", before)
+    np.testing.assert_array_equal(spilled.params, plain.params)
+    assert [x["round_bytes_sent"] for x in metrics(tmp_path / "spilled")] == \
+        [x["round_bytes_sent"] for x in metrics(tmp_path / "plain")]
+
+
 def weighted_mean(arrays, weights):
     """Token-weighted mean in float64, as the all-reduce must form it, cast back to float32."""
     total = sum(np.float64(w) * a.astype(np.float64) for a, w in zip(arrays, weights))

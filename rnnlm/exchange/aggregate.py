@@ -3,12 +3,14 @@
 Each partition contributes named blocks (:mod:`rnnlm.exchange.blocks`), a weight (tokens), the
 ids of the words it read, its carry and scalar statistics, or only its error; merged values hold
 float64 weighted sums, merged in partition order whatever order Spark delivers them (:class:`Gathered`).
-``wire_bytes`` is measured each time a value is pickled to cross a process boundary. docs/design.md
+``wire_bytes`` is measured each time a value is pickled to cross a process boundary (not when PySpark
+spills a merge to its local disk). docs/design.md
 ("How distributed training works") and docs/exchange.md ("Merging in the tree") say more.
 """
 from __future__ import annotations
 
 import pickle
+import sys
 
 import numpy as np
 
@@ -108,10 +110,23 @@ class Aggregate:
         buffers = []
         head = pickle.dumps((self.weight, self.dense, self.leaf, self.words, self.local, self.stats),
                             protocol=5, buffer_callback=buffers.append)
-        size = len(head) + sum(b.raw().nbytes for b in buffers)
+        size = 0 if _spilling() else len(head) + sum(b.raw().nbytes for b in buffers)
         if protocol < 5:
             buffers = [b.raw().tobytes() for b in buffers]
         return _rebuild, (head, buffers, self.wire_bytes + size)
+
+
+def _spilling() -> bool:
+    """Whether this pickling is PySpark's merger writing values to the worker's local disk (a ``_spill`` of
+    pyspark/shuffle.py, past ``spark.python.worker.memory``): read back by the same process, no hop of the tree
+    (counted, it doubled a round's bytes at 8 partitions and 1m)."""
+    frame = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_spill" and code.co_filename.endswith("pyspark/shuffle.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _combine(key: str, a, b):
