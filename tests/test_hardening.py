@@ -292,19 +292,44 @@ def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, c
 
 
 def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
-    """Where the check cannot look (another filesystem, another codec), Hadoop's reader skips such a
-    record rather than holding it (the JVM that held a 100 MB one died)."""
+    """Where the check cannot look (another filesystem, another codec: bzip2 here), Hadoop's reader skips such a
+    record rather than holding it (the JVM that held a 100 MB one died). Each read carries its own limit: a
+    line-mode read once set it for the whole session, so a cached partition recomputed after a read with another
+    limit read with that one (here the first read then held the long line)."""
+    import bz2
     from rnnlm.spark.corpus import MAX_LINE, paragraphs
+    mib = 1 << 20
+    path = str(tmp_path / "c.txt.bz2")
+    with bz2.open(path, "wb") as f:
+        f.write(b"first words\n\n" + b"x" * (mib + 9) + b"\n\nlast words\n")
+    sc = spark.sparkContext
+    for mode in ("blank_line", "line"):
+        tight = paragraphs(sc, path, mode, "word", 2, max_record_mb=1)
+        loose = paragraphs(sc, path, mode, "word", 2, max_record_mb=2)
+        assert len(loose.collect()) == 3
+        assert tight.collect() == ["first words", "last words"]
+    assert sc._jsc.hadoopConfiguration().get(MAX_LINE) is None          # the session's configuration untouched
+
+
+def test_a_local_corpus_read_without_the_command_lines_check_still_refuses_a_record_past_the_limit(
+        spark, tmp_path, monkeypatch):
+    """Under spark-submit, or from a notebook, no check ran before Spark: the corpus' reader scans the local files
+    itself (Hadoop skipped the record: the run trained without it, saying nothing), once per file as it stands."""
+    from rnnlm.spark import corpus
     mib = 1 << 20
     path = _corpus(tmp_path / "c.txt", b"first words\n\n", b"x" * (mib + 9), b"\n\nlast words\n")
     sc = spark.sparkContext
-    sc._jsc.hadoopConfiguration().unset(MAX_LINE)      # what line-mode reads leave in the session's configuration
-    try:
-        for mode in ("blank_line", "line"):
-            assert paragraphs(sc, path, mode, "word", 2, max_record_mb=1).collect() == ["first words", "last words"]
-    finally:
-        os.remove(path)
-        sc._jsc.hadoopConfiguration().unset(MAX_LINE)
+    for mode, record in (("blank_line", "paragraph"), ("line", "line")):
+        with pytest.raises(corpus.CorpusError, match=f"c.txt: the {record} at byte 13 is longer than 1 MiB: records "
+                                                     "longer than data.max_record_mb = 1 MiB are refused"):
+            corpus.paragraphs(sc, str(tmp_path), mode, "word", 2, max_record_mb=1)
+    scans, real = [], corpus._long_record
+    monkeypatch.setattr(corpus, "_long_record", lambda *a: scans.append(a[1:]) or real(*a))
+    corpus.check_local_records(path, "line", 2, "data.train")                     # as the command line does
+    assert corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).count() == 3 and len(scans) == 1
+    _corpus(path, b"short\n")                                                      # changed: scanned again
+    assert corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect() == ["short"]
+    assert len(scans) == 2
 
 
 @pytest.mark.parametrize("limit, sets, first, last", [

@@ -29,7 +29,8 @@ def _local(path: str) -> str | None:
     """``path`` on the local disk when Hadoop would read it there (see :func:`resolve`), else None.
 
     Under ``spark-submit`` the JVM already runs (nothing to gain) and its Hadoop configuration may
-    not be the one ``$HADOOP_CONF_DIR`` names here (a YARN container's): every path is left to it.
+    not be the one ``$HADOOP_CONF_DIR`` names here (a YARN container's): every path is left to it
+    (the corpus' reader scans the files it finds on the local disk: :func:`rnnlm.spark.corpus.paragraphs`).
     """
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         return None

@@ -35,7 +35,15 @@ class CorpusError(ValueError):
     """A corpus that cannot be trained on (missing, empty, undecodable, too short)."""
 
 
-def check_path(sc, path: str) -> str:
+class Listed(NamedTuple):
+    """What :func:`check_path` found: ``path`` for Hadoop's input formats, ``local`` the files on the local disk
+    (None on any other filesystem), ``size`` their bytes."""
+    path: str
+    local: list | None
+    size: int
+
+
+def check_path(sc, path: str) -> Listed:
     """Fail with a one-line error when ``path`` matches no file, or names a directory holding a
     subdirectory (any Hadoop filesystem); else the files it names, in the order of their paths, as
     Hadoop's input formats take several (comma-separated).
@@ -56,21 +64,23 @@ def check_path(sc, path: str) -> str:
         fs = hpath.getFileSystem(hadoop_conf(sc))
         matches = fs.globStatus(hpath)
         sub = next((d for st in matches or [] if st.isDirectory() for d in _subdirectories(fs, st)), None)
-        files = sorted(c.getPath().toString() for st in matches or []
+        found = sorted((c.getPath().toString(), c.getPath().toUri().getPath(), c.getLen()) for st in matches or []
                        for c in (fs.listStatus(st.getPath()) if st.isDirectory() else [st])
                        if c.isFile() and not c.getPath().getName().startswith(("_", ".")))
+        local = [name for _, name, _ in found] if fs.getUri().getScheme() == "file" else None
     except Exception as e:
         raise CorpusError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     if matches is None or len(matches) == 0:
         raise CorpusError(f"input path does not exist: {path}")
     if sub is not None:
         raise _subdirectory(path, sub.toString() if ":" in path else sub.toUri().getPath())
+    files, size = [f for f, _, _ in found], sum(n for _, _, n in found)
     if not files:
-        return path
+        return Listed(path, local, size)
     if any(c in f for f in files for c in ",{}[]*?\\"):
         # the directories' files through a glob: a directory itself is listed in its disk's order
-        return path.rstrip("/") + "/*" if all(st.isDirectory() for st in matches) else path
-    return ",".join(files)
+        return Listed(path.rstrip("/") + "/*" if all(st.isDirectory() for st in matches) else path, local, size)
+    return Listed(",".join(files), local, size)
 
 
 def _subdirectories(fs, status):
@@ -99,13 +109,15 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
 
     A record (a line, or a blank-line paragraph) longer than ``max_record_mb`` MiB is skipped by
-    Hadoop's reader, which never holds it; :func:`check_local_records` refuses one in a local corpus
-    before Spark starts.
+    Hadoop's reader, which never holds it: in a corpus on the local disk it is refused here
+    (:func:`check_record_files`, unless the command line's check before Spark scanned the same files).
     """
-    path = check_path(sc, path)         # its files, in sorted order
-    most = _hadoop_max(max_record_mb)
+    listed = check_path(sc, path)       # its files, in sorted order
+    if listed.local is not None:
+        check_record_files(listed.local, mode, max_record_mb, path)
+    path, most = listed.path, _hadoop_max(max_record_mb)
     if mode == "line":
-        rdd = _text_file(sc, path, min_partitions, most)
+        rdd = _lines(sc, path, max(1, -(-listed.size // max(1, min_partitions))), most)
         if level == "char":
             return rdd.map(lambda p: p + "\n")
     else:
@@ -124,6 +136,7 @@ def _hadoop_max(max_record_mb: int) -> str:
 
 # the smallest split Hadoop makes of a file read with a delimiter of its own: none (a file is one split)
 SPLIT_MIN = "mapreduce.input.fileinputformat.split.minsize"
+SPLIT_MAX = "mapreduce.input.fileinputformat.split.maxsize"
 
 
 def _records(sc, path: str, delimiter: str, most: str):
@@ -137,12 +150,13 @@ def _records(sc, path: str, delimiter: str, most: str):
                                      SPLIT_MIN: str(1 << 62)}).values()
 
 
-def _text_file(sc, path: str, min_partitions: int, most: str):
-    """``sc.textFile`` (its splits and line ends), its records bounded. ``textFile`` takes no Hadoop
-    configuration of its own and reads the context's when its tasks run (not when the RDD is made):
-    the limit is set there, for the session (the last one set holds for every line-mode read)."""
-    hadoop_conf(sc).set(MAX_LINE, most)
-    return sc.textFile(path, min_partitions)
+def _lines(sc, path: str, split: int, most: str):
+    """The lines of the files under ``path``, in splits of at most ``split`` bytes (``sc.textFile``'s
+    splits for as many partitions as it was asked for). ``textFile`` takes no Hadoop configuration of its
+    own: it read the line limit from the session's when its tasks ran, so a cached partition recomputed
+    after another read had set another limit would have read with that one."""
+    return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
+                               conf={MAX_LINE: most, SPLIT_MAX: str(split)}).values()
 
 
 def _line_end(sc, path: str, most: str) -> str:
@@ -155,16 +169,35 @@ def _line_end(sc, path: str, most: str) -> str:
 def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> None:
     """Refuse a local corpus (a file, a directory of files or a glob) holding a record longer than
     ``max_record_mb`` MiB (a line with ``mode = "line"``, else a blank-line paragraph): Hadoop would
-    skip it. Files are scanned at C speed (:func:`_long_record`), gzip ones inflated on the way;
-    those of other codecs are left to Hadoop's limit.
+    skip it (:func:`check_record_files`, on the files Hadoop reads for ``path``)."""
+    check_record_files(_local_files(path), mode, max_record_mb, what)
+
+
+# the local files scanned in this process, with their sizes and times: the command line scans a corpus before
+# Spark starts and the corpus' reader would scan it again (it scans alone under spark-submit or in a notebook)
+_SCANNED: set = set()
+
+
+def check_record_files(names: list, mode: str, max_record_mb: int, what: str) -> None:
+    """Refuse local corpus files (in the corpus' order) holding a record longer than ``max_record_mb`` MiB (a line
+    with ``mode = "line"``, else a blank-line paragraph): Hadoop would skip it. Files are scanned at C speed
+    (:func:`_long_record`), gzip ones inflated on the way; those of other codecs are left to Hadoop's limit.
+    Files scanned before with the same sizes and times are not scanned again.
 
     Raises
     ------
     CorpusError
         Naming the file, where the record starts, the limit and how to raise it.
     """
+    try:
+        key = (mode, max_record_mb, tuple((os.path.abspath(n), st.st_size, st.st_mtime_ns)
+                                          for n in names for st in [os.stat(n)]))
+    except OSError:
+        key = None              # a file gone meanwhile: Hadoop says so in its own words
+    if key in _SCANNED:
+        return
     limit, corpus_end = max_record_mb << 20, None
-    for name in _local_files(path):
+    for name in names:
         opener = gzip.open if name.endswith(".gz") else None if name.endswith(HADOOP_CODECS) else open
         if opener is None:
             continue
@@ -184,6 +217,8 @@ def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> 
                             f"{corpus_end[:len(corpus_end) // 2]!r}, and Hadoop finds the blank lines of the first "
                             "in every file: make them end alike)")
             raise CorpusError(message)
+    if key is not None:
+        _SCANNED.add(key)
 
 
 def _blank_line(head: bytes) -> bytes | None:
