@@ -359,7 +359,8 @@ def test_a_superseded_attempt_stands_by_until_its_partition_is_finished_or_the_n
     hello(ps, 0)                                                        # the original: lease 1
     hello(ps, 0)                                                        # the copy: lease 2
     assert standby(ps, 0, 1) == "wait"
-    assert ps.handle("t", "standby", {"pid": 0, "lease": 2}, {})[0] == "refused"      # the newest does not stand by
+    kind, f, _ = ps.handle("t", "standby", {"pid": 0, "lease": 2}, {})              # the newest does not stand by
+    assert kind == "refused" and f["reason"] == "standby: lease 2 is partition 0's newest, not a superseded one"
     # silent: the original's questions do not keep the partition seen
     seen = ps.last_seen[0]
     ps.last_seen[0] = seen - 5.0
