@@ -19,10 +19,10 @@ from ..progress import Progress
 from .. import trackers
 from . import signals
 from .tools import error
-from .session import read_checkpoint, spark_session, stop_now
+from .session import SparkStartError, read_checkpoint, spark_session, stop_now
 
 EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, TrainingError,
-            VocabError, FileNotFoundError, LinkError, trackers.TrackerError, PathError)
+            VocabError, FileNotFoundError, LinkError, trackers.TrackerError, PathError, SparkStartError)
 
 
 def guarded(fn) -> int:
