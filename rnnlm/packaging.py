@@ -16,6 +16,15 @@ class PackagingError(RuntimeError):
     """The environment cannot be built; the message is one line."""
 
 
+def _under_file(dest: str) -> str | None:
+    """``"PATH is a file, not a directory"`` for the nearest existing parent of ``dest`` when it is a file (making
+    the directories under it says only "File exists"), else None."""
+    path = os.path.dirname(os.path.abspath(dest))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return None if os.path.isdir(path) else f"{path} is a file, not a directory"
+
+
 def _replaceable(dest: str) -> None:
     """Refuse a ``dest`` that exists and is not a regular file: the rename would replace a directory
     entry such as ``/dev/full`` (as root) or a FIFO by the archive."""
@@ -44,7 +53,7 @@ def build_pyfiles(dest: str) -> str:
                         z.write(full, os.path.relpath(full, root))
         os.replace(tmp, dest)
     except OSError as e:        # dest a directory, under a file, not writable
-        raise PackagingError(f"cannot write {dest}: {e.strerror or e}") from None
+        raise PackagingError(f"cannot write {dest}: {_under_file(dest) or e.strerror or e}") from None
     finally:                    # failed, or interrupted (Ctrl-C): no part of a zip stays
         if os.path.isfile(tmp):
             with contextlib.suppress(OSError):

@@ -68,6 +68,16 @@ def test_a_destination_that_is_not_a_regular_file_is_not_replaced(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
+def test_a_destination_under_a_file_names_that_file(tmp_path):
+    """Making the directories under a file said only "File exists"."""
+    (tmp_path / "afile").write_text("mine")
+    for dest in ("afile/x.zip", "afile/sub/x.zip"):
+        with pytest.raises(packaging.PackagingError) as e:
+            packaging.build_pyfiles(str(tmp_path / dest))
+        assert str(e.value) == f"cannot write {tmp_path / dest}: {tmp_path / 'afile'} is a file, not a directory"
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_a_directory_is_refused_before_the_environment_is_built(tmp_path, monkeypatch):
     """It was found after venv and pip had run (minutes, a network's worth of wheels)."""
     ran = []
