@@ -189,10 +189,10 @@ def no_jvm(monkeypatch):
     monkeypatch.setattr("rnnlm.spark.session.get_spark", refuse)
 
 
-def train(out, *sets, resume=False, init_from=None, keep=False, master=None):
+def train(out, *sets, resume=False, init_from=None, keep=False, master=None, overwrite=False):
     a = argparse.Namespace(config=os.path.join(ROOT, "conf", "demo.toml"),
                            set=[*TINY, "data.valid=", "train.eval_every=0", *sets], out=str(out), resume=resume,
-                           overwrite=False, master=master, samples=1, dry_run=False, verbose=False,
+                           overwrite=overwrite, master=master, samples=1, dry_run=False, verbose=False,
                            init_from=init_from, keep_optimizer=keep)
     return cli.guarded(lambda: cli.train(a))
 
@@ -349,6 +349,12 @@ def test_init_from_is_checked_before_spark(tmp_path, capsys, no_jvm):
               "--init-from starts a new run from a checkpoint's weights; --resume continues the run in --out")
     one_error(capsys, train(out, keep=True), "--keep-optimizer goes with --init-from")
     assert not out.exists()
+    # --overwrite would delete the checkpoint the run starts from (and its run.json would name it as its origin)
+    for source in ("a", "a/best", "a/checkpoint"):
+        one_error(capsys, train(tmp_path / "a", init_from=str(tmp_path / source), overwrite=True),
+                  f"--init-from {tmp_path / source} lies in --out {tmp_path / 'a'}, which --overwrite replaces: copy "
+                  "the checkpoint elsewhere first, or write the new run to another --out")
+    assert (tmp_path / "a" / "checkpoint").is_dir()
 
 
 # ------------------------------------------------------------------------------------------- with Spark

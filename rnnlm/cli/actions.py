@@ -56,7 +56,7 @@ def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=
 
 def train(a) -> int:
     from ..core.files import LocalFS
-    from .checks import check_device, check_init_from, check_train, checked_init, finished_run
+    from .checks import check_device, check_init_from, check_init_outside, check_train, checked_init, finished_run
     cfg = config.load(a.config, a.set)
     bandwidth, latency = getattr(a, "bandwidth", None), getattr(a, "latency", None)
     if (bandwidth or latency) and not a.dry_run:
@@ -68,6 +68,8 @@ def train(a) -> int:
             raise LinkError("--latency needs --bandwidth")
         parse_latency(latency)
     init_from, keep = getattr(a, "init_from", None), getattr(a, "keep_optimizer", False)
+    if init_from and getattr(a, "overwrite", False) and not a.dry_run:
+        check_init_outside(init_from, a.out)
     if init_from and a.resume:
         raise config.ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues "
                                  "the run in --out: not both")

@@ -187,6 +187,18 @@ def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init
     return checked_init(checkpoint.load(local), cfg, path, keep_optimizer)
 
 
+def check_init_outside(init_from: str, out: str) -> None:
+    """``--init-from`` inside the ``--out`` that ``--overwrite`` replaces (both local) is refused: the run would
+    delete the checkpoint it starts from, and its run.json name as its origin a run that is gone."""
+    src, dst = _local(init_from), _local(out)
+    if src is None or dst is None:
+        return
+    src, dst = os.path.realpath(src), os.path.realpath(dst)
+    if os.path.commonpath([src, dst]) == dst:
+        raise config.ConfigError(f"--init-from {init_from} lies in --out {out}, which --overwrite replaces: copy the "
+                                 "checkpoint elsewhere first, or write the new run to another --out")
+
+
 def checked_init(ck: checkpoint.Checkpoint, cfg: config.Config, path: str, keep_optimizer: bool) -> Init:
     """``--init-from``'s checkpoint ``ck``, read from ``path``, checked against ``cfg`` (its vocabulary's
     level and its shape, and with ``keep_optimizer`` the state the run reads) before the corpus is read."""
