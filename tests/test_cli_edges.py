@@ -225,7 +225,8 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
     left behind."""
     (tmp_path / "file").write_text("x")
     (tmp_path / "dir.zip").mkdir()
-    for out, why in ((tmp_path / "file" / "rnnlm.zip", "File exists"), (tmp_path / "dir.zip", "Is a directory")):
+    for out, why in ((tmp_path / "file" / "rnnlm.zip", f"{tmp_path / 'file'} is a file, not a directory"),
+                     (tmp_path / "dir.zip", "Is a directory")):
         assert main(["package", "--out", str(out)]) == 2
         assert capsys.readouterr() == ("", f"error: cannot write {out}: {why}\n")
     assert sorted(os.listdir(tmp_path)) == ["dir.zip", "file"] and os.listdir(tmp_path / "dir.zip") == []
