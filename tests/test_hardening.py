@@ -311,6 +311,15 @@ def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path)
     assert sc._jsc.hadoopConfiguration().get(MAX_LINE) is None          # the session's configuration untouched
 
 
+def test_line_mode_reads_a_file_in_as_many_splits_as_asked_in_order(spark, tmp_path):
+    """As sc.textFile did with its minimum partitions: the read's tasks share a large file, its lines in order."""
+    from rnnlm.spark.corpus import paragraphs
+    lines = [f"line {i} " + "w " * (i % 7) for i in range(20_000)]
+    path = _corpus(tmp_path / "c.txt", "\n".join(lines).encode() + b"\n")
+    rdd = paragraphs(spark.sparkContext, path, "line", "word", 4)
+    assert rdd.getNumPartitions() == 4 and rdd.collect() == lines
+
+
 def test_a_local_corpus_read_without_the_command_lines_check_still_refuses_a_record_past_the_limit(
         spark, tmp_path, monkeypatch):
     """Under spark-submit, or from a notebook, no check ran before Spark: the corpus' reader scans the local files
