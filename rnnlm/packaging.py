@@ -84,7 +84,7 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
     try:
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     except OSError as e:
-        raise PackagingError(f"cannot write {dest}: {e.strerror}") from None
+        raise PackagingError(f"cannot write {dest}: {_under_file(dest) or e.strerror}") from None
     if os.path.isdir(dest):     # known now, not after minutes of building the environment
         raise PackagingError(f"cannot write {dest}: a directory")
     _replaceable(dest)

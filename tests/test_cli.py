@@ -4,6 +4,7 @@ import argparse
 import configparser
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -200,30 +201,61 @@ def test_errors_before_the_jvm_starts_take_no_jvm(tmp_path):
     control = subprocess.run([sys.executable, "jobs/train.py", "--config", demo, "--out", str(tmp_path / "fresh"),
                               "--set", "train.rounds=1"], cwd=ROOT, env=no_jvm, capture_output=True, text=True,
                              timeout=120)
-    assert control.returncode == 2 and control.stderr == (
-        f"error: Spark needs Java 17 or later: JAVA_HOME={tmp_path / 'nojava'} holds no bin/java (point it at a Java "
-        "installation, or unset it to use the java on the PATH)\n"), control.stderr[-2000:]
+    assert control.returncode == 2 and control.stderr.endswith(NO_JVM) and "Traceback" not in control.stderr, \
+        control.stderr[-2000:]
     for argv, expected in cases:
         r = subprocess.run([sys.executable, *argv], cwd=ROOT, env=no_jvm, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, (argv, r.stderr[-2000:])
         assert r.stderr.startswith(expected) and r.stderr.count("\n") == 1, (argv, r.stderr[-2000:])
 
 
-@pytest.mark.parametrize("env, said", [
-    ({"PATH": os.path.dirname(sys.executable)},
-     "error: Spark needs Java 17 or later: there is no java on the PATH and JAVA_HOME is not set\n"),
-    ({"JAVA_TOOL_OPTIONS": "-Xss1k"},
-     "error: Spark's JVM exited as it started: the lines above are its own (Spark needs Java 17 or later)\n"),
-])
-def test_a_jvm_that_cannot_start_is_one_line_and_exit_code_2(tmp_path, env, said):
+NO_JVM = ("error: Spark's JVM did not start: the lines above are Spark's own (it needs Java 17 or later, at "
+          "$JAVA_HOME/bin/java or on the PATH, as spark-env.sh leaves them)\n")
+
+
+def path_without_java(tmp_path) -> str:
+    """A PATH of every command on this one but ``java`` (Spark's launcher needs the shell's tools)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for d in os.environ["PATH"].split(os.pathsep):
+        for name in (os.listdir(d) if os.path.isdir(d) else []):
+            if name != "java" and not (bin_ / name).exists():
+                (bin_ / name).symlink_to(os.path.join(d, name))
+    return str(bin_)
+
+
+@pytest.mark.parametrize("case", ["no java", "a JVM that exits"])
+def test_a_jvm_that_cannot_start_is_one_line_and_exit_code_2(tmp_path, case):
     """No Java (PySpark's launcher printed its shell errors, then a 40-line traceback, exit code 1), or a JVM that
-    exits as it starts (here a thread stack too small for it): one line of ours, last, and exit code 2."""
-    e = {k: v for k, v in os.environ.items() if k != "JAVA_HOME" or "PATH" not in env}
+    exits as it starts (here a thread stack too small for it): Spark's lines, one of ours last, and exit code 2."""
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env.update({"PATH": path_without_java(tmp_path)} if case == "no java" else
+               {"JAVA_TOOL_OPTIONS": "-Xss1k", "JAVA_HOME": os.environ.get("JAVA_HOME", "")})
     r = subprocess.run([sys.executable, "jobs/train.py", "--config", os.path.join(ROOT, "conf", "demo.toml"),
-                        "--out", str(tmp_path / "run")], cwd=ROOT, env=dict(e, **env), capture_output=True, text=True,
+                        "--out", str(tmp_path / "run")], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 2 and r.stderr.endswith(said) and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and r.stderr.endswith(NO_JVM) and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+    # generate reads a checkpoint that is not local through Spark's Hadoop client
+    r = subprocess.run([sys.executable, "jobs/generate.py", "--checkpoint", "hdfs://localhost:9/run"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.endswith(NO_JVM) and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_java_named_in_spark_env_sh_alone_starts_spark(tmp_path):
+    """Spark's launcher reads $SPARK_CONF_DIR/spark-env.sh before it looks for Java, where clusters' edge nodes
+    often set JAVA_HOME: a check of this shell's JAVA_HOME and PATH before Spark refused such a machine."""
+    java = shutil.which("java")
+    assert java, "the test needs Java on the PATH"
+    home = os.path.dirname(os.path.dirname(os.path.realpath(java)))
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-env.sh").write_text(f"export JAVA_HOME={home}\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env.update(PATH=path_without_java(tmp_path), SPARK_CONF_DIR=str(tmp_path / "conf"))
+    r = subprocess.run([sys.executable, "jobs/train.py", "--config", os.path.join(ROOT, "conf", "demo.toml"),
+                        "--out", str(tmp_path / "run"), "--samples", "0", "--set", "train.rounds=1",
+                        "--set", "data.valid="], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "done: round 1" in r.stdout, r.stderr[-2000:]
 
 
 def test_the_demo_config_finds_its_data_from_any_directory(tmp_path, monkeypatch):

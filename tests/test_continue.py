@@ -352,9 +352,25 @@ def test_init_from_is_checked_before_spark(tmp_path, capsys, no_jvm):
     # --overwrite would delete the checkpoint the run starts from (and its run.json would name it as its origin)
     for source in ("a", "a/best", "a/checkpoint"):
         one_error(capsys, train(tmp_path / "a", init_from=str(tmp_path / source), overwrite=True),
-                  f"--init-from {tmp_path / source} lies in --out {tmp_path / 'a'}, which --overwrite replaces: copy "
+                  f"--init-from {tmp_path / source} lies in what --overwrite deletes of --out {tmp_path / 'a'}: copy "
                   "the checkpoint elsewhere first, or write the new run to another --out")
     assert (tmp_path / "a" / "checkpoint").is_dir()
+
+
+def test_init_from_is_compared_with_what_overwrite_deletes_path_by_path(monkeypatch):
+    """Under spark-submit no path was compared (a run deleted the checkpoint it started from), and a copy kept in
+    the run directory beside what --overwrite deletes was refused."""
+    from rnnlm.cli.checks import check_init_outside
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")                     # as under spark-submit
+    refused = [("/r", "/r/"), ("/r/best", "/r"), ("/r/checkpoint/", "/r"), ("file:/r/best", "/r"),
+               ("hdfs://nn/r", "hdfs://nn/r/"), ("hdfs://nn/r/best/", "hdfs://nn/r")]
+    kept = [("/r/saved", "/r"), ("/r2/best", "/r"), ("/rbest", "/r"), ("hdfs://nn/r/saved", "hdfs://nn/r"),
+            ("hdfs://other/r/best", "hdfs://nn/r"), ("hdfs://nn/r/best", "/r")]
+    for init, out in refused:
+        with pytest.raises(config.ConfigError, match="lies in what --overwrite deletes of --out"):
+            check_init_outside(init, out)
+    for init, out in kept:
+        check_init_outside(init, out)
 
 
 # ------------------------------------------------------------------------------------------- with Spark

@@ -4,6 +4,7 @@ Each case here fails without Spark (a subprocess ends in ~0.5 s), except where a
 point, which uses the session's shared ``spark`` fixture.
 """
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -339,6 +340,15 @@ def test_a_local_corpus_read_without_the_command_lines_check_still_refuses_a_rec
     _corpus(path, b"short\n")                                                      # changed: scanned again
     assert corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect() == ["short"]
     assert len(scans) == 2
+    # replaced by a file of the same size and time (cp -p, rsync -a): scanned again, and refused
+    other = _corpus(tmp_path / "other.txt", b"x" * (2 * mib + 9) + b"\n")
+    _corpus(path, b"y\n" * (mib + 5))
+    os.utime(other, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns))
+    corpus.check_local_records(path, "line", 2, "data.train")
+    assert os.path.getsize(other) == os.path.getsize(path)
+    shutil.copy2(other, path)
+    with pytest.raises(corpus.CorpusError, match="c.txt has no line end in its first 2 MiB"):
+        corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2)
 
 
 @pytest.mark.parametrize("limit, sets, first, last", [

@@ -75,6 +75,9 @@ def test_a_destination_under_a_file_names_that_file(tmp_path):
         with pytest.raises(packaging.PackagingError) as e:
             packaging.build_pyfiles(str(tmp_path / dest))
         assert str(e.value) == f"cannot write {tmp_path / dest}: {tmp_path / 'afile'} is a file, not a directory"
+    with pytest.raises(packaging.PackagingError) as e:                  # before any environment is built
+        packaging.build_env(str(tmp_path / "afile" / "env.tar.gz"), ["numpy"])
+    assert str(e.value).endswith(f"{tmp_path / 'afile'} is a file, not a directory")
     assert (tmp_path / "afile").read_text() == "mine"
 
 

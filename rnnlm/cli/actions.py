@@ -69,7 +69,7 @@ def train(a) -> int:
         parse_latency(latency)
     init_from, keep = getattr(a, "init_from", None), getattr(a, "keep_optimizer", False)
     if init_from and getattr(a, "overwrite", False) and not a.dry_run:
-        check_init_outside(init_from, a.out)
+        check_init_outside(init_from, a.out)            # path by path: under spark-submit too
     if init_from and a.resume:
         raise config.ConfigError("--init-from starts a new run from a checkpoint's weights; --resume continues "
                                  "the run in --out: not both")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import glob
 import os
+import posixpath
 import shutil
 import sys
+import urllib.parse
 
 from .. import config
 from ..core import checkpoint
@@ -188,15 +190,24 @@ def check_init_from(cfg: config.Config, path: str, keep_optimizer: bool) -> Init
 
 
 def check_init_outside(init_from: str, out: str) -> None:
-    """``--init-from`` inside the ``--out`` that ``--overwrite`` replaces (both local) is refused: the run would
-    delete the checkpoint it starts from, and its run.json name as its origin a run that is gone."""
-    src, dst = _local(init_from), _local(out)
-    if src is None or dst is None:
+    """``--init-from`` in what ``--overwrite`` deletes of ``--out`` (its ``checkpoint/`` and ``best/``; the run
+    directory itself names its checkpoint) is refused: the run would delete the checkpoint it starts from, and its
+    run.json name that as its origin. The paths are compared as given, on one filesystem (a scheme-less one is
+    resolved alike, under spark-submit too); symbolic links on the local disk are followed."""
+    def parts(p: str) -> tuple:
+        u = urllib.parse.urlsplit(p)
+        if u.scheme == "file":                  # file:/x is the plain /x
+            return "", "", os.path.realpath(u.path)
+        if len(u.scheme) > 1:                   # hdfs://nn/x (a one-letter scheme would be a Windows drive)
+            return u.scheme, u.netloc, posixpath.normpath(u.path or "/")
+        return "", "", os.path.realpath(p)
+    (*src_fs, path), (*dst_fs, run) = parts(init_from), parts(out)
+    if src_fs != dst_fs:
         return
-    src, dst = os.path.realpath(src), os.path.realpath(dst)
-    if os.path.commonpath([src, dst]) == dst:
-        raise config.ConfigError(f"--init-from {init_from} lies in --out {out}, which --overwrite replaces: copy the "
-                                 "checkpoint elsewhere first, or write the new run to another --out")
+    deleted = (run, posixpath.join(run, "checkpoint"), posixpath.join(run, "best"))
+    if path == run or any(path == d or path.startswith(d.rstrip("/") + "/") for d in deleted[1:]):
+        raise config.ConfigError(f"--init-from {init_from} lies in what --overwrite deletes of --out {out}: copy "
+                                 "the checkpoint elsewhere first, or write the new run to another --out")
 
 
 def checked_init(ck: checkpoint.Checkpoint, cfg: config.Config, path: str, keep_optimizer: bool) -> Init:

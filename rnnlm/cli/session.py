@@ -2,8 +2,6 @@
 out, signals handled) and checkpoints read through Hadoop's client (pyspark is imported on use)."""
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 from contextlib import contextmanager
 
@@ -13,23 +11,7 @@ from . import signals
 
 
 class SparkStartError(RuntimeError):
-    """Spark's JVM cannot start here (no Java), or exited as it started; one line."""
-
-
-def check_java() -> None:
-    """:class:`SparkStartError` where PySpark's launcher would find no Java to start the JVM with: it runs
-    ``$JAVA_HOME/bin/java`` when ``JAVA_HOME`` is set, else the ``java`` on the path (as ``spark-class`` does),
-    and without one printed the launcher's shell errors and a traceback. Under ``spark-submit`` the JVM runs."""
-    if "PYSPARK_GATEWAY_PORT" in os.environ:
-        return
-    home = os.environ.get("JAVA_HOME")
-    if home:
-        runner = os.path.join(home, "bin", "java")
-        if not (os.path.isfile(runner) and os.access(runner, os.X_OK)):
-            raise SparkStartError(f"Spark needs Java 17 or later: JAVA_HOME={home} holds no bin/java (point it at "
-                                  "a Java installation, or unset it to use the java on the PATH)")
-    elif shutil.which("java") is None:
-        raise SparkStartError("Spark needs Java 17 or later: there is no java on the PATH and JAVA_HOME is not set")
+    """Spark's JVM did not start (no Java, or it exited as it started); one line."""
 
 
 @contextmanager
@@ -45,18 +27,17 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
     from pyspark.sql import SparkSession
     from ..spark.session import get_spark
     owned = SparkSession.getActiveSession() is None
-    if owned:
-        check_java()
     if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
         progress.message(f"starting Spark ({master or 'local[2]'}) ...")
     with signals.starting_jvm():
         try:
             spark = get_spark(app, master, quiet=not verbose)
-        except PySparkRuntimeError as e:        # the JVM exited as it started: its own lines, above, say why
-            if "JAVA_GATEWAY_EXITED" not in str(e):
+        except PySparkRuntimeError as e:        # no Java, or the JVM exited as it started: Spark's lines above say
+            if "JAVA_GATEWAY_EXITED" not in str(e):    # which (its launcher reads spark-env.sh: no check here could)
                 raise
-            raise SparkStartError("Spark's JVM exited as it started: the lines above are its own (Spark needs "
-                                  "Java 17 or later)") from None
+            raise SparkStartError("Spark's JVM did not start: the lines above are Spark's own (it needs Java 17 "
+                                  "or later, at $JAVA_HOME/bin/java or on the PATH, as spark-env.sh leaves them)"
+                                  ) from None
     try:                       # from here on a signal, or anything, still stops the session it started
         signals.install()      # in place of PySpark's SIGINT handler (see .signals)
         spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")

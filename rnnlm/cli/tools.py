@@ -32,6 +32,7 @@ def generate(a) -> int:
     from ..core.generate import generate as sample
     from ..core.models import build as build_model
     from .checks import load_checkpoint
+    from .session import SparkStartError
     seed = a.seed
     if seed is None:          # a new sample each call, which the printed seed repeats
         seed = secrets.randbelow(2 ** 31)
@@ -40,7 +41,7 @@ def generate(a) -> int:
         model = build_model(ck.config.model)
         text = sample(model, ck.params, ck.vocab, prime=a.prime, length=a.length,
                       temperature=a.temperature, argmax=a.argmax, seed=seed)
-    except (checkpoint.CheckpointError, ValueError) as e:
+    except (checkpoint.CheckpointError, ValueError, SparkStartError) as e:     # the last: a checkpoint on HDFS
         return error(str(e))
     unknown = unknown_tokens(ck.vocab, a.prime)
     if unknown:

@@ -117,7 +117,7 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
         check_record_files(listed.local, mode, max_record_mb, path)
     path, most = listed.path, _hadoop_max(max_record_mb)
     if mode == "line":
-        rdd = _lines(sc, path, max(1, -(-listed.size // max(1, min_partitions))), most)
+        rdd = _lines(sc, path, max(1, listed.size // max(1, min_partitions)), most)
         if level == "char":
             return rdd.map(lambda p: p + "\n")
     else:
@@ -151,10 +151,10 @@ def _records(sc, path: str, delimiter: str, most: str):
 
 
 def _lines(sc, path: str, split: int, most: str):
-    """The lines of the files under ``path``, in splits of at most ``split`` bytes (``sc.textFile``'s
-    splits for as many partitions as it was asked for). ``textFile`` takes no Hadoop configuration of its
-    own: it read the line limit from the session's when its tasks ran, so a cached partition recomputed
-    after another read had set another limit would have read with that one."""
+    """The lines of the files under ``path``, in splits of at most ``split`` bytes (the corpus' bytes over the
+    partitions asked for: about as many splits, as ``sc.textFile`` made). ``textFile`` takes no Hadoop
+    configuration of its own: it read the line limit from the session's when its tasks ran, so a cached partition
+    recomputed after another read had set another limit would have read with that one."""
     return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
                                conf={MAX_LINE: most, SPLIT_MAX: str(split)}).values()
 
@@ -173,7 +173,7 @@ def check_local_records(path: str, mode: str, max_record_mb: int, what: str) -> 
     check_record_files(_local_files(path), mode, max_record_mb, what)
 
 
-# the local files scanned in this process, with their sizes and times: the command line scans a corpus before
+# the local files scanned in this process, with their inodes, sizes and times: the command line scans a corpus before
 # Spark starts and the corpus' reader would scan it again (it scans alone under spark-submit or in a notebook)
 _SCANNED: set = set()
 
@@ -190,8 +190,9 @@ def check_record_files(names: list, mode: str, max_record_mb: int, what: str) ->
         Naming the file, where the record starts, the limit and how to raise it.
     """
     try:
-        key = (mode, max_record_mb, tuple((os.path.abspath(n), st.st_size, st.st_mtime_ns)
-                                          for n in names for st in [os.stat(n)]))
+        # a copy that keeps its source's time and size (cp -p, rsync -a) still has a new inode and change time
+        key = (mode, max_record_mb, tuple((os.path.abspath(n), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                           st.st_ctime_ns) for n in names for st in [os.stat(n)]))
     except OSError:
         key = None              # a file gone meanwhile: Hadoop says so in its own words
     if key in _SCANNED:
