@@ -369,7 +369,9 @@ def test_a_superseded_attempt_stands_by_until_its_partition_is_finished_or_the_n
     f, _ = hello(ps, 0)                                                 # the original again: lease 3
     assert f["lease"] == 3 and f["window"] == 0 and standby(ps, 0, 2) == "wait"
     assert ps.handle("t", "leave", {"pid": 0, "lease": 3}, {})[0] == "ok"        # its task ended
-    assert standby(ps, 0, 1) == "resume" and standby(ps, 0, 2) == "resume"
+    assert standby(ps, 0, 1) == "resume" and standby(ps, 0, 2) == "wait"          # one of them takes over
+    ps.resuming[0] -= 1.5                                               # ... and says no hello for timeout_s
+    assert standby(ps, 0, 2) == "resume" and standby(ps, 0, 1) == "wait"
     hello(ps, 0)                                                        # lease 4 finishes the partition
     push(ps, 0, 4, 0, 0, one)
     assert standby(ps, 0, 2) == "wait"

@@ -186,6 +186,7 @@ class ParameterServer:
         self.lease = [0] * partitions
         self.last_seen = [None] * partitions
         self.lost = [False] * partitions                          # the newest attempt is gone (silent, or left)
+        self.resuming = [None] * partitions                       # when a standing-by attempt was told to resume
         self.totals = collections.Counter(state.get("totals", {}))
         self.window = collections.Counter()                       # since the last drain()
         self.staleness = collections.Counter()
@@ -260,10 +261,15 @@ class ParameterServer:
 
     def _standby(self, pid):
         """A superseded attempt's question (under self._book): ``finished`` when every window of the partition
-        is applied, ``resume`` when the newest attempt is gone (it left, or was reported lost), else ``wait``."""
+        is applied, ``resume`` when the newest attempt is gone (it left, or was reported lost) to one attempt only
+        (two would both say hello, and the first train a window for nothing), else ``wait``."""
         if self.done[pid] >= self.windows:
             return "finished", {}, {}
-        return ("resume" if self.lost[pid] else "wait"), {}, {}
+        now, told = time.monotonic(), self.resuming[pid]
+        if not self.lost[pid] or (told is not None and now - told <= self.sv.timeout_s):
+            return "wait", {}, {}       # one attempt resumes (another once it has not said hello for timeout_s)
+        self.resuming[pid] = now
+        return "resume", {}, {}
 
     def _leave(self, pid):
         """The newest attempt ends (a task ending, well or not): one standing by resumes at once rather than after
@@ -280,7 +286,7 @@ class ParameterServer:
                 # the window the previous attempt was training when it stopped is trained again
                 self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1)
             self.started[pid] = self.done[pid]
-            self.last_seen[pid], self.lost[pid] = time.monotonic(), False
+            self.last_seen[pid], self.lost[pid], self.resuming[pid] = time.monotonic(), False, None
             lease, window = self.lease[pid], self.done[pid]
         with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
             with self._book:
