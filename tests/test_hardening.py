@@ -292,23 +292,28 @@ def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, c
     assert seen == ({"none", "line", "later"} if mode == "line" else set(found)), found
 
 
-def test_hadoop_never_hands_over_a_record_longer_than_the_limit(spark, tmp_path):
-    """Where the check cannot look (another filesystem, another codec: bzip2 here), Hadoop's reader skips such a
-    record rather than holding it (the JVM that held a 100 MB one died). Each read carries its own limit: a
-    line-mode read once set it for the whole session, so a cached partition recomputed after a read with another
-    limit read with that one (here the first read then held the long line)."""
+def test_a_record_where_no_scan_looks_is_refused_by_the_offsets_hadoop_read_it_at(spark, tmp_path):
+    """Where the scan cannot look first (another codec: bzip2 here; another filesystem: test_hdfs), Hadoop's reader
+    skips such a record rather than holding it (the JVM that held a 100 MB one died), and the records' offsets show
+    the skip: refused (the run trained without it, saying nothing). Each read carries its own limit: a line-mode
+    read once set it for the whole session, so a cached partition recomputed after a read with another limit read
+    with that one."""
     import bz2
-    from rnnlm.spark.corpus import MAX_LINE, paragraphs
+    from rnnlm.spark.corpus import MAX_LINE, CorpusError, paragraphs
     mib = 1 << 20
     path = str(tmp_path / "c.txt.bz2")
     with bz2.open(path, "wb") as f:
         f.write(b"first words\n\n" + b"x" * (mib + 9) + b"\n\nlast words\n")
     sc = spark.sparkContext
-    for mode in ("blank_line", "line"):
-        tight = paragraphs(sc, path, mode, "word", 2, max_record_mb=1)
+    for mode, where in (("blank_line", "a paragraph between bytes 13 and 1,048,611"),
+                        ("line", "a line between bytes 13 and 1,048,600")):
         loose = paragraphs(sc, path, mode, "word", 2, max_record_mb=2)
+        with pytest.raises(CorpusError) as e:
+            paragraphs(sc, path, mode, "word", 2, max_record_mb=1)
+        assert str(e.value) == (f"{path}: {path}: {where} of its text is longer than 1 MiB (Hadoop's reader skips "
+                                "it): records longer than data.max_record_mb = 1 MiB are refused (--set "
+                                "data.max_record_mb=N raises it)")
         assert len(loose.collect()) == 3
-        assert tight.collect() == ["first words", "last words"]
     assert sc._jsc.hadoopConfiguration().get(MAX_LINE) is None          # the session's configuration untouched
 
 

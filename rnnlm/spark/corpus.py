@@ -22,7 +22,7 @@ from ..core.files import HADOOP_CODECS
 from ..core.schedule import rounds_for
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 from .executor import eval_task, probe_task
-from .session import hadoop_conf, jvm, release
+from .session import hadoop_conf, hadoop_splits, jvm, release
 
 _TEXT_INPUT = "org.apache.hadoop.mapreduce.lib.input.TextInputFormat"
 # Hadoop's line readers skip a record this long instead of holding it (a 100 MB line with no newline
@@ -92,7 +92,7 @@ def _subdirectories(fs, status):
 
 
 def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min_partitions: int = 2,
-               max_record_mb: int = MAX_RECORD_MB):
+               max_record_mb: int = MAX_RECORD_MB, what: str | None = None):
     """RDD of paragraph strings, in file order.
 
     ``mode='blank_line'`` splits on blank lines (Hadoop's record delimiter
@@ -109,19 +109,28 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
     with U+FFFD for undecodable bytes; gzip and other codecs are read as usual.
 
     A record (a line, or a blank-line paragraph) longer than ``max_record_mb`` MiB is skipped by
-    Hadoop's reader, which never holds it: in a corpus on the local disk it is refused here
-    (:func:`check_record_files`, unless the command line's check before Spark scanned the same files).
+    Hadoop's reader, which never holds it, and refused here: a corpus on the local disk is scanned
+    (:func:`check_record_files`, unless the command line's check before Spark scanned the same files),
+    one elsewhere (or compressed otherwise than by gzip) is read once through Hadoop and its records'
+    offsets checked for what the reader skipped (:func:`check_skipped`). Errors name the corpus as ``what``
+    (``data.train``), by default as ``path``.
     """
-    listed = check_path(sc, path)       # its files, in sorted order
+    listed, what = check_path(sc, path), what or path       # its files, in sorted order
     if listed.local is not None:
-        check_record_files(listed.local, mode, max_record_mb, path)
-    path, most = listed.path, _hadoop_max(max_record_mb)
+        check_record_files(listed.local, mode, max_record_mb, what)
+    most = _hadoop_max(max_record_mb)
     if mode == "line":
-        rdd = _lines(sc, path, max(1, listed.size // max(1, min_partitions)), most)
+        keyed = _lines(sc, listed.path, max(1, listed.size // max(1, min_partitions)), most)
+    else:
+        keyed = _records(sc, listed.path, 2 * _line_end(sc, listed.path, most), most)
+    if listed.local is None or any(name.endswith(HADOOP_CODECS) for name in listed.local):
+        check_skipped(sc, keyed, mode, max_record_mb, what, full_paths=":" in path)
+    if mode == "line":
+        rdd = keyed.values()
         if level == "char":
             return rdd.map(lambda p: p + "\n")
     else:
-        rdd = _records(sc, path, 2 * _line_end(sc, path, most), most).flatMap(_paragraph_records)
+        rdd = keyed.values().flatMap(_paragraph_records)
     rdd = rdd.filter(lambda p: p.strip() != "")
     if level == "char" and mode == "blank_line":
         # the delimiter is part of the text: a record that starts with newlines keeps them
@@ -140,29 +149,29 @@ SPLIT_MAX = "mapreduce.input.fileinputformat.split.maxsize"
 
 
 def _records(sc, path: str, delimiter: str, most: str):
-    """The records of the files under ``path`` cut at ``delimiter``, each file read whole by one task:
-    Hadoop's reader reads the record after a split boundary that falls inside a run of delimiters which
+    """``(offset, record)``: the records of the files under ``path`` cut at ``delimiter``, each file read whole
+    by one task: Hadoop's reader reads the record after a split boundary that falls inside a run of delimiters which
     is not a whole number of them (``\n\n\n`` between paragraphs) in both splits, so a paragraph was
     trained twice wherever a 32 MiB (local) or 128 MiB (HDFS) block ended so. The trainer repartitions
     the records anyway (:func:`contiguous_partitions`)."""
     return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
                                conf={"textinputformat.record.delimiter": delimiter, MAX_LINE: most,
-                                     SPLIT_MIN: str(1 << 62)}).values()
+                                     SPLIT_MIN: str(1 << 62)})
 
 
 def _lines(sc, path: str, split: int, most: str):
-    """The lines of the files under ``path``, in splits of at most ``split`` bytes (the corpus' bytes over the
-    partitions asked for: about as many splits, as ``sc.textFile`` made). ``textFile`` takes no Hadoop
+    """``(offset, line)``: the lines of the files under ``path``, in splits of at most ``split`` bytes (the corpus'
+    bytes over the partitions asked for: about as many splits, as ``sc.textFile`` made). ``textFile`` takes no Hadoop
     configuration of its own: it read the line limit from the session's when its tasks ran, so a cached partition
     recomputed after another read had set another limit would have read with that one."""
     return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
-                               conf={MAX_LINE: most, SPLIT_MAX: str(split)}).values()
+                               conf={MAX_LINE: most, SPLIT_MAX: str(split)})
 
 
 def _line_end(sc, path: str, most: str) -> str:
     """``"\r\n"`` when the corpus' first line ends so (text made on Windows), else ``"\n"``: Hadoop
     splits records on one delimiter, and a blank line is two line ends."""
-    first = _records(sc, path, "\n", most).take(1)
+    first = _records(sc, path, "\n", most).values().take(1)
     return "\r\n" if first and first[0].endswith("\r") else "\n"
 
 
@@ -326,9 +335,95 @@ def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> t
     return found() if pos + len(tail) - start > limit else None
 
 
+def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_paths: bool) -> None:
+    """Refuse a corpus read through Hadoop (``keyed``: :func:`_lines` or :func:`_records`) from which the reader
+    skipped a record longer than ``max_record_mb`` MiB, where no scan can look first (another filesystem, a codec
+    other than gzip): one pass over the records' offsets, a task per split (:func:`_split_gaps`).
+
+    The reader keys each record by the offset it started reading at, before any record it skipped, so in a split's
+    records a skip shows as a key further on than the last record's bytes reach; and a record cut at the limit,
+    which it hands over where a skip runs past its split's end, as a record longer than the limit. Across a file's
+    splits each split's records start where the last one's ended, and the last reaches the file's end: a gap is a
+    record skipped there. A compressed file's keys count its text's bytes, which the driver's JVM counts by
+    inflating it (:func:`_text_bytes`); those of a file a splittable codec (bzip2) cuts into several splits start
+    at compressed offsets, so there only the skips inside a split are seen. ``full_paths``: name files by their
+    URIs (else by their paths alone, for a corpus named so)."""
+    limit, Path = max_record_mb << 20, jvm(sc).org.apache.hadoop.fs.Path
+    found = sorted(keyed.mapPartitionsWithIndex(_split_gaps(limit)).collect())
+    files = {}                  # path -> [(start, length, first, last, end), ...]: its splits, in order
+    for (_, first, last, end, issue), (path, start, length) in zip(found, hadoop_splits(keyed)):
+        files.setdefault(path, []).append((start, length, first, last, end, issue))
+    codecs = jvm(sc).org.apache.hadoop.io.compress.CompressionCodecFactory(hadoop_conf(sc))
+    for path, splits in files.items():
+        compressed = codecs.getCodec(Path(path)) is not None
+
+        def refuse(at: int, upto: int | None, start: int = 0, length: int = 0):
+            if start and compressed:                # a splittable codec's keys: the split's start, then its text's
+                where = f"in its compressed bytes {start:,} to {start + length:,}"
+            else:
+                where = (f"at byte {at:,}" if upto is None else f"between bytes {at:,} and {upto:,}") \
+                    + (" of its text" if compressed else "")
+            name = path if full_paths else Path(path).toUri().getPath()
+            record = "line" if mode == "line" else "paragraph"
+            raise CorpusError(f"{what}: {name}: a {record} {where} is longer than {max_record_mb} MiB (Hadoop's "
+                              f"reader skips it): {_refused(max_record_mb)}")
+        for start, length, *_, issue in splits:
+            if issue is not None:
+                refuse(*issue, start, length)
+        if compressed and len(splits) > 1:
+            continue
+        last = end = 0                          # where the last record started, where its bytes reach
+        for _, _, first, *reach, _ in splits:
+            if first is not None:
+                if first - end > limit:
+                    refuse(last, first)
+                last, end = reach
+        size = _text_bytes(sc, path) if compressed else sum(splits[-1][:2])
+        if size - end > limit:
+            refuse(last, size)
+
+
+def _text_bytes(sc, path: str) -> int:
+    """The bytes of a compressed file's text, as Hadoop's codec inflates it: counted in the driver's JVM."""
+    j, conf = jvm(sc), hadoop_conf(sc)
+    hpath = j.org.apache.hadoop.fs.Path(path)
+    try:
+        stream = j.org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(hpath) \
+            .createInputStream(hpath.getFileSystem(conf).open(hpath))
+        try:
+            return stream.transferTo(j.java.io.OutputStream.nullOutputStream())
+        finally:
+            stream.close()
+    except Exception as e:
+        raise CorpusError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+
+
+def _split_gaps(limit: int):
+    """A task over one split's ``(offset, record)`` pairs: ``(pid, first offset, last offset, where the last record's
+    bytes end, issue)``; the issue, None or where a record was skipped: ``(start, None)`` for a record longer than
+    ``limit`` bytes, ``(start, the next record's offset)`` for a skip between two records. Delimiters and a byte-order
+    mark add a few bytes to a record's reach, a skipped record more than ``limit``."""
+    def task(pid, records):
+        first = last = end = None
+        for at, text in records:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                return [(pid, first, last, end, (at, None))]
+            if end is not None and at - end > limit:
+                return [(pid, first, last, end, (last, at))]
+            first = at if first is None else first
+            last, end = at, at + size
+        return [(pid, first, last, end, None)]
+    return task
+
+
+def _refused(mb: int) -> str:
+    return f"records longer than data.max_record_mb = {mb} MiB are refused (--set data.max_record_mb=N raises it)"
+
+
 def _too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str | None) -> str:
     record = "line" if mode == "line" else "paragraph"
-    raise_it = f"records longer than data.max_record_mb = {mb} MiB are refused (--set data.max_record_mb=N raises it)"
+    raise_it = _refused(mb)
     if alone == "line":
         return f"{what}: {name} has no line end in its first {mb} MiB: it is one huge line, and {raise_it}"
     if alone == "paragraph":
@@ -495,7 +590,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         if status is not None:
             status(f"{text} ...")
     phase(f"reading {d.train}")
-    paras = paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb)
+    paras = paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb, "data.train")
     _check_decodable(paras, d.train, d.encoding_errors)
     if vocab is None:
         phase(f"counting {d.level}s for the vocabulary")

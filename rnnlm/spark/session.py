@@ -198,6 +198,16 @@ def hadoop_conf(sc):
     return sc._jsc.hadoopConfiguration()
 
 
+def hadoop_splits(rdd) -> list:
+    """``(path, start, length)`` of the file split each partition of ``rdd`` reads, in partition order, for an RDD
+    straight from ``newAPIHadoopFile`` (a ``FileInputFormat``): private, PySpark exposes no partition."""
+    out = []
+    for part in rdd._jrdd.rdd().partitions():
+        split = part.serializableHadoopSplit().value()
+        out.append((split.getPath().toString(), split.getStart(), split.getLength()))
+    return out
+
+
 def spark_home() -> str:
     """Where PySpark's Spark lives (its ``bin/spark-class``): PySpark's own lookup is private."""
     from pyspark.find_spark_home import _find_spark_home
