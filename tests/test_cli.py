@@ -272,7 +272,7 @@ def test_the_demo_config_finds_its_data_from_any_directory(tmp_path, monkeypatch
         "rnnlm/data/harbour.txt"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.toml").write_text('[data]\ntrain = "rnnlm/data/harbour.txt"\n')
-    with pytest.raises(checks.corpus.CorpusError, match=f"^input path does not exist: {tmp_path}/rnnlm/data/"):
+    with pytest.raises(checks.scan.CorpusError, match=f"^input path does not exist: {tmp_path}/rnnlm/data/"):
         checks.locate_data(config.load("mine.toml"), "mine.toml", said.append)
     assert len(said) == 2
 

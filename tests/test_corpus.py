@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from rnnlm.spark import corpus
+from rnnlm.spark import corpus, reader, scan
 from rnnlm.core.vocab import Vocab
 
 from conftest import HARBOUR as TEXT
@@ -14,9 +14,9 @@ def test_paragraph_modes(spark, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text("a b\nc d\n\ne f\n\n\n\ng\n")
     sc = spark.sparkContext
-    assert corpus.paragraphs(sc, str(f), "blank_line", "word").collect() == ["a b\nc d", "e f", "g"]
-    assert corpus.paragraphs(sc, str(f), "line", "word").collect() == ["a b", "c d", "e f", "g"]
-    assert corpus.paragraphs(sc, str(f), "blank_line", "char").collect()[1] == "e f\n\n"
+    assert reader.paragraphs(sc, str(f), "blank_line", "word").collect() == ["a b\nc d", "e f", "g"]
+    assert reader.paragraphs(sc, str(f), "line", "word").collect() == ["a b", "c d", "e f", "g"]
+    assert reader.paragraphs(sc, str(f), "blank_line", "char").collect()[1] == "e f\n\n"
 
 
 def test_character_paragraphs_keep_every_character_of_the_raw_text(spark, tmp_path):
@@ -25,8 +25,8 @@ def test_character_paragraphs_keep_every_character_of_the_raw_text(spark, tmp_pa
     f.write_text(raw)
     sc = spark.sparkContext
     # blank lines stay in the stream, as in the raw text; only the file's end gains one line break
-    assert "".join(corpus.paragraphs(sc, str(f), "blank_line", "char").collect()) == raw + "\n"
-    assert "".join(corpus.paragraphs(sc, str(f), "line", "char").collect()) == raw
+    assert "".join(reader.paragraphs(sc, str(f), "blank_line", "char").collect()) == raw + "\n"
+    assert "".join(reader.paragraphs(sc, str(f), "line", "char").collect()) == raw
 
 
 def test_spark_vocabulary_equals_the_local_one(spark, tmp_path):
@@ -35,10 +35,10 @@ def test_spark_vocabulary_equals_the_local_one(spark, tmp_path):
     long_lines = tmp_path / "long.txt"                  # <eos> (one a line) ranks below the top 7 words
     long_lines.write_text(("a b c d e f g h " * 20 + "\n") * 2 + "\n" + "i j\n")
     for level, cap, path in (("char", 0, TEXT), ("char", 20, TEXT), ("word", 50, TEXT), ("word", 5, str(long_lines))):
-        paras = corpus.paragraphs(sc, path, "blank_line", level)
+        paras = reader.paragraphs(sc, path, "blank_line", level)
         local = Vocab.build("".join(p + ("\n" if level == "word" else "") for p in paras.collect()), level, cap)
         assert corpus.build_vocab(paras, level, cap) == local, (level, cap)
-    assert len(corpus.build_vocab(corpus.paragraphs(sc, TEXT, "line", "char"), "char")) == len(set(text)) + 1
+    assert len(corpus.build_vocab(reader.paragraphs(sc, TEXT, "line", "char"), "char")) == len(set(text)) + 1
 
 
 def test_a_byte_order_mark_is_no_token_to_either_trainer(spark, tmp_path):
@@ -49,7 +49,7 @@ def test_a_byte_order_mark_is_no_token_to_either_trainer(spark, tmp_path):
     f.write_bytes(b"\xef\xbb\xbfThe cat\nsat on\n\nthe mat.\n")
     for level in ("word", "char"):          # (Spark's character paragraphs end with a blank line: other counts)
         local = Vocab.build(read_text(str(f)), level)
-        paras = corpus.paragraphs(spark.sparkContext, str(f), "blank_line", level)
+        paras = reader.paragraphs(spark.sparkContext, str(f), "blank_line", level)
         assert sorted(corpus.build_vocab(paras, level).tokens) == sorted(local.tokens), level
         assert not any("\ufeff" in t for t in local.tokens), level
 
@@ -83,15 +83,15 @@ def test_text_made_on_windows_reads_as_the_same_paragraphs(spark, tmp_path):
     sc = spark.sparkContext
     for mode in ("blank_line", "line"):
         for level in ("char", "word"):
-            got = corpus.paragraphs(sc, str(crlf), mode, level).collect()
-            assert got == corpus.paragraphs(sc, str(lf), mode, level).collect(), (mode, level, got)
+            got = reader.paragraphs(sc, str(crlf), mode, level).collect()
+            assert got == reader.paragraphs(sc, str(lf), mode, level).collect(), (mode, level, got)
             assert not any("\r" in p for p in got)
-    assert len(corpus.paragraphs(sc, str(crlf), "blank_line", "word").collect()) == 4
+    assert len(reader.paragraphs(sc, str(crlf), "blank_line", "word").collect()) == 4
     cr = tmp_path / "cr.txt"                            # a lone \r ends a line too (classic Mac OS)
     cr.write_bytes(raw.replace("\n", "\r").encode())
     for level in ("char", "word"):
-        assert (corpus.paragraphs(sc, str(cr), "blank_line", level).collect()
-                == corpus.paragraphs(sc, str(lf), "blank_line", level).collect()), level
+        assert (reader.paragraphs(sc, str(cr), "blank_line", level).collect()
+                == reader.paragraphs(sc, str(lf), "blank_line", level).collect()), level
 
 
 def test_a_paragraph_after_a_split_boundary_in_a_run_of_blank_lines_is_read_once(spark, tmp_path):
@@ -111,7 +111,7 @@ def test_a_paragraph_after_a_split_boundary_in_a_run_of_blank_lines_is_read_once
                 paragraphs = ["h" * shift] * bool(shift) + [f"p{i:02d} text" for i in range(20)]
                 (d / f"{shift}.txt").write_bytes(sep.join(paragraphs).encode())
                 want += paragraphs
-            assert corpus.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect() == want, repr(sep)
+            assert reader.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect() == want, repr(sep)
     finally:
         conf.unset(key) if before is None else conf.set(key, before)
 
@@ -121,7 +121,7 @@ def test_files_with_either_line_end_in_one_corpus(spark, tmp_path):
     d.mkdir()
     (d / "a.txt").write_bytes(b"a b\r\nc\r\n\r\nd e\r\n")
     (d / "b.txt").write_bytes(b"f g\n\nh\n")
-    got = sorted(corpus.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect())
+    got = sorted(reader.paragraphs(spark.sparkContext, str(d), "blank_line", "word").collect())
     assert got == ["a b\nc", "d e", "f g", "h"]
 
 
@@ -133,12 +133,12 @@ def test_a_corpus_directory_holding_a_subdirectory_is_refused_in_one_line(spark,
     (d / ".git").mkdir()
     (d / "a.txt").write_text("a b\n\nc d\n")
     sc = spark.sparkContext
-    assert corpus.paragraphs(sc, str(d), "blank_line", "word").collect() == ["a b", "c d"]
+    assert reader.paragraphs(sc, str(d), "blank_line", "word").collect() == ["a b", "c d"]
     (d / "more").mkdir()
     (d / "more" / "b.txt").write_text("e f\n")
     for mode in ("blank_line", "line"):
-        with pytest.raises(corpus.CorpusError) as e:
-            corpus.paragraphs(sc, str(d), mode, "word")
+        with pytest.raises(scan.CorpusError) as e:
+            reader.paragraphs(sc, str(d), mode, "word")
         assert str(e.value) == (f"{d}: {d}/more is a directory: a corpus directory is read as its files, not "
                                 f"its subdirectories (name them with a glob, such as {d}/*/*)")
 
@@ -154,9 +154,9 @@ def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path
         (d / names[i]).write_text(f"w{i} x\n\ny{i}\n")
     sc = spark.sparkContext
     for mode in ("blank_line", "line"):
-        got = corpus.paragraphs(sc, str(d), mode, "word", min_partitions=1).collect()
+        got = reader.paragraphs(sc, str(d), mode, "word", min_partitions=1).collect()
         assert got == [p for i in range(12) for p in (f"w{i} x", f"y{i}")], (mode, got)
-    glob = corpus.paragraphs(sc, f"{d}/part-0*.txt", "line", "word", min_partitions=1).collect()
+    glob = reader.paragraphs(sc, f"{d}/part-0*.txt", "line", "word", min_partitions=1).collect()
     assert glob == [p for i in range(10) for p in (f"w{i} x", f"y{i}")]
     # names Hadoop would read as syntax (a comma splits paths; braces, brackets, * and ? are globs): the directory
     # went to Hadoop as given, which read its files in the disk's order (a,b-04, a,b-01, ... on ext4)
@@ -167,8 +167,8 @@ def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path
         (odd / names[i % 4].format(i=i)).write_text(f"w{i}\n")
     assert os.listdir(odd) != sorted(os.listdir(odd))              # else this test could not tell
     expected = [f"w{i}" for _, i in sorted((names[i % 4].format(i=i), i) for i in range(12))]
-    assert corpus.paragraphs(sc, str(odd), "line", "word", min_partitions=1).collect() == expected
-    assert corpus.paragraphs(sc, f"{odd}/", "blank_line", "word", min_partitions=1).collect() == expected
+    assert reader.paragraphs(sc, str(odd), "line", "word", min_partitions=1).collect() == expected
+    assert reader.paragraphs(sc, f"{odd}/", "blank_line", "word", min_partitions=1).collect() == expected
 
 
 def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop_reads_it(tmp_path):
@@ -179,10 +179,10 @@ def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop
     d.mkdir()
     (d / "a.txt").write_bytes(b"a b\n\nc\n")
     (d / "b.txt").write_bytes(b"word word word\r\n\r\n" * 80_000)        # 1.3 MB of short paragraphs
-    with pytest.raises(corpus.CorpusError) as e:
-        corpus.check_local_records(str(d), "blank_line", 1, "data.train")
+    with pytest.raises(scan.CorpusError) as e:
+        scan.check_local_records(str(d), "blank_line", 1, "data.train")
     assert str(e.value).startswith(f"data.train: {d}/b.txt has no blank line in its first 1 MiB: it is one "
                                    "paragraph") and "its lines end with b'\\r\\n', the corpus' first file's with " \
         "b'\\n'" in str(e.value), str(e.value)
     (d / "a.txt").write_bytes(b"a b\r\n\r\nc\r\n")                      # alike: read as it is cut
-    corpus.check_local_records(str(d), "blank_line", 1, "data.train")
+    scan.check_local_records(str(d), "blank_line", 1, "data.train")

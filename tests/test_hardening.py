@@ -217,7 +217,7 @@ def _corpus(path, *parts):
 def test_a_paragraph_whose_first_line_ends_past_the_first_chunk_is_called_a_paragraph(tmp_path):
     """The scan reads half the limit at a time: a first line ending after that, in a file with no blank
     line, was called 'one huge line' (and the hint to read it line by line was left out)."""
-    from rnnlm.spark.corpus import CorpusError, check_local_records
+    from rnnlm.spark.scan import CorpusError, check_local_records
     mib = 1 << 20
     path = _corpus(tmp_path / "p.txt", b"a" * (700 << 10) + b"\n", b"b" * mib)
     with pytest.raises(CorpusError) as e:
@@ -228,7 +228,7 @@ def test_a_paragraph_whose_first_line_ends_past_the_first_chunk_is_called_a_para
 
 
 def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
-    from rnnlm.spark.corpus import CorpusError, check_local_records
+    from rnnlm.spark.scan import CorpusError, check_local_records
     mib = 1 << 20
     lines = b"a few words\n" * 1000
     exact = _corpus(tmp_path / "exact.txt", lines, b"x" * mib + b"\n", lines, b"y" * mib)    # two of 1 MiB: kept
@@ -265,7 +265,7 @@ def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, c
     Before, a first line just over the limit in line mode was said to be a paragraph ("data.paragraphs =
     'line' reads it line by line", to a run reading lines), and three line ends moved a record's start."""
     import io
-    from rnnlm.spark.corpus import _long_record
+    from rnnlm.spark.scan import _long_record
     rng = np.random.default_rng(7 + crlf)
     line_end = b"\r\n" if crlf else b"\n"
     found = {"none": 0, "line": 0, "paragraph": 0, "later": 0}
@@ -299,7 +299,7 @@ def test_a_record_where_no_scan_looks_is_refused_by_the_offsets_hadoop_read_it_a
     read once set it for the whole session, so a cached partition recomputed after a read with another limit read
     with that one."""
     import bz2
-    from rnnlm.spark.corpus import MAX_LINE, CorpusError, paragraphs
+    from rnnlm.spark.reader import MAX_LINE, CorpusError, paragraphs
     mib = 1 << 20
     path = str(tmp_path / "c.txt.bz2")
     with bz2.open(path, "wb") as f:
@@ -319,7 +319,7 @@ def test_a_record_where_no_scan_looks_is_refused_by_the_offsets_hadoop_read_it_a
 
 def test_line_mode_reads_a_file_in_as_many_splits_as_asked_in_order(spark, tmp_path):
     """As sc.textFile did with its minimum partitions: the read's tasks share a large file, its lines in order."""
-    from rnnlm.spark.corpus import paragraphs
+    from rnnlm.spark.reader import paragraphs
     lines = [f"line {i} " + "w " * (i % 7) for i in range(20_000)]
     path = _corpus(tmp_path / "c.txt", "\n".join(lines).encode() + b"\n")
     rdd = paragraphs(spark.sparkContext, path, "line", "word", 4)
@@ -330,30 +330,30 @@ def test_a_local_corpus_read_without_the_command_lines_check_still_refuses_a_rec
         spark, tmp_path, monkeypatch):
     """Under spark-submit, or from a notebook, no check ran before Spark: the corpus' reader scans the local files
     itself (Hadoop skipped the record: the run trained without it, saying nothing), once per file as it stands."""
-    from rnnlm.spark import corpus
+    from rnnlm.spark import reader, scan
     mib = 1 << 20
     path = _corpus(tmp_path / "c.txt", b"first words\n\n", b"x" * (mib + 9), b"\n\nlast words\n")
     sc = spark.sparkContext
     for mode, record in (("blank_line", "paragraph"), ("line", "line")):
-        with pytest.raises(corpus.CorpusError, match=f"c.txt: the {record} at byte 13 is longer than 1 MiB: records "
-                                                     "longer than data.max_record_mb = 1 MiB are refused"):
-            corpus.paragraphs(sc, str(tmp_path), mode, "word", 2, max_record_mb=1)
-    scans, real = [], corpus._long_record
-    monkeypatch.setattr(corpus, "_long_record", lambda *a: scans.append(a[1:]) or real(*a))
-    corpus.check_local_records(path, "line", 2, "data.train")                     # as the command line does
-    assert corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).count() == 3 and len(scans) == 1
+        with pytest.raises(scan.CorpusError, match=f"c.txt: the {record} at byte 13 is longer than 1 MiB: records "
+                                                   "longer than data.max_record_mb = 1 MiB are refused"):
+            reader.paragraphs(sc, str(tmp_path), mode, "word", 2, max_record_mb=1)
+    scans, real = [], scan._long_record
+    monkeypatch.setattr(scan, "_long_record", lambda *a: scans.append(a[1:]) or real(*a))
+    scan.check_local_records(path, "line", 2, "data.train")                     # as the command line does
+    assert reader.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).count() == 3 and len(scans) == 1
     _corpus(path, b"short\n")                                                      # changed: scanned again
-    assert corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect() == ["short"]
+    assert reader.paragraphs(sc, path, "line", "word", 2, max_record_mb=2).collect() == ["short"]
     assert len(scans) == 2
     # replaced by a file of the same size and time (cp -p, rsync -a): scanned again, and refused
     other = _corpus(tmp_path / "other.txt", b"x" * (2 * mib + 9) + b"\n")
     _corpus(path, b"y\n" * (mib + 5))
     os.utime(other, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns))
-    corpus.check_local_records(path, "line", 2, "data.train")
+    scan.check_local_records(path, "line", 2, "data.train")
     assert os.path.getsize(other) == os.path.getsize(path)
     shutil.copy2(other, path)
-    with pytest.raises(corpus.CorpusError, match="c.txt has no line end in its first 2 MiB"):
-        corpus.paragraphs(sc, path, "line", "word", 2, max_record_mb=2)
+    with pytest.raises(scan.CorpusError, match="c.txt has no line end in its first 2 MiB"):
+        reader.paragraphs(sc, path, "line", "word", 2, max_record_mb=2)
 
 
 @pytest.mark.parametrize("limit, sets, first, last", [

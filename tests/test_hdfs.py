@@ -16,7 +16,7 @@ from rnnlm import cli, config, runs
 from rnnlm.core import checkpoint
 from rnnlm.core.metrics import json_lines
 from rnnlm.core.model import RNNLM
-from rnnlm.spark import corpus
+from rnnlm.spark import corpus, reader
 from rnnlm.hadoop.minicluster import hostname_not_on_loopback
 from rnnlm.spark.hfs import HadoopFS, default_fs
 from conftest import HARBOUR, HARBOUR_VALID, ROOT, TINY_CLUSTER, core_nll, held_out_tokens, train_cmd
@@ -162,12 +162,12 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
         path = f"/corpus/long/{name}" + (".gz" if name == "gzip" else ".txt")
         webhdfs.write(path, data, overwrite=True)
         path = fs + path
-        with pytest.raises(corpus.CorpusError) as e:
-            corpus.paragraphs(sc, path, mode, "word", parts, max_record_mb=1)
+        with pytest.raises(reader.CorpusError) as e:
+            reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=1)
         assert str(e.value) == (f"{path}: {path}: {where}is longer than 1 MiB (Hadoop's reader skips it): records "
                                 "longer than data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N "
                                 "raises it)"), name
-        loose = corpus.paragraphs(sc, path, mode, "word", parts, max_record_mb=2).collect()
+        loose = reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=2).collect()
         assert max(map(len, loose)) == mib + 9, name                 # under a higher limit it is read
     r = subprocess.run(train_cmd("/tmp/never", f"data.train={fs}/corpus/long/inside.txt", "data.paragraphs=line",
                                  "data.max_record_mb=1"),
@@ -179,7 +179,7 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
                                                             "(--set data.max_record_mb=N raises it)"), r.stderr
     fine = lines + b"w" * mib + b"\n" + lines                 # a line of 1 MiB exactly is within the limit
     webhdfs.write("/corpus/long/fine.txt", fine, overwrite=True)
-    read = corpus.paragraphs(sc, f"{fs}/corpus/long/fine.txt", "line", "word", 4, max_record_mb=1)
+    read = reader.paragraphs(sc, f"{fs}/corpus/long/fine.txt", "line", "word", 4, max_record_mb=1)
     assert read.getNumPartitions() == 4 and read.collect() == fine.decode().splitlines()
 
 

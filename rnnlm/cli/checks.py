@@ -17,7 +17,7 @@ import urllib.parse
 from .. import config
 from ..core import checkpoint
 from ..core.files import LocalFS
-from ..spark import corpus
+from ..spark import scan
 from ..spark.hfs import default_fs, resolve
 from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_kept, check_longer, check_out,
                             check_resume, resume_keys)
@@ -32,7 +32,7 @@ def _local(path: str) -> str | None:
 
     Under ``spark-submit`` the JVM already runs (nothing to gain) and its Hadoop configuration may
     not be the one ``$HADOOP_CONF_DIR`` names here (a YARN container's): every path is left to it
-    (the corpus' reader scans the files it finds on the local disk: :func:`rnnlm.spark.corpus.paragraphs`).
+    (the corpus' reader scans the files it finds on the local disk: :func:`rnnlm.spark.reader.paragraphs`).
     """
     if "PYSPARK_GATEWAY_PORT" in os.environ:
         return None
@@ -77,7 +77,7 @@ def locate_data(cfg: config.Config, config_path: str | None, log=print, strict: 
                 f"not in the working directory)")
             continue
         if strict:
-            raise corpus.CorpusError(f"input path does not exist: {local}")
+            raise scan.CorpusError(f"input path does not exist: {local}")
     return config.replace(cfg, "data", **changes) if changes else cfg
 
 
@@ -239,17 +239,17 @@ def check_checkpoint(path: str) -> checkpoint.Checkpoint | None:
 
 
 def check_records(path: str, data: config.DataConfig, what: str) -> None:
-    """A local corpus must hold text, no subdirectory (:func:`rnnlm.spark.corpus.check_local_input`) and
+    """A local corpus must hold text, no subdirectory (:func:`rnnlm.spark.scan.check_local_input`) and
     no record (line or paragraph, as ``data`` reads it) longer than ``data.max_record_mb``
-    (:func:`rnnlm.spark.corpus.check_local_records`)."""
+    (:func:`rnnlm.spark.scan.check_local_records`)."""
     local = _local(path) if path else None
     if local is not None:
-        corpus.check_local_input(local, what)
-        corpus.check_local_records(local, data.paragraphs, data.max_record_mb, what)
+        scan.check_local_input(local, what)
+        scan.check_local_records(local, data.paragraphs, data.max_record_mb, what)
 
 
 def check_input(path: str, what: str) -> None:
     """A local input path must match a file."""
     local = _local(path)
     if local is not None and not _matches(local):
-        raise corpus.CorpusError(f"{what}: input path does not exist: {local}")
+        raise scan.CorpusError(f"{what}: input path does not exist: {local}")
