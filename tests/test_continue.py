@@ -60,7 +60,7 @@ def test_a_resume_takes_a_longer_run_and_other_cadence_but_not_what_changes_the_
         (cfg, "train", {"results": "direct"}),              # another merge order
         (cfg, "train", {"local_steps": 4}),
         (cfg, "data", {"min_count": 2}),                    # the rest of data is compared
-        (cfg, "data", {"max_record_mb": 32}),               # Hadoop skips unseen at a bzip2 split, the corpus
+        (cfg, "data", {"max_record_mb": 32}),               # an older run may have trained without a record
         (cfg_of("optim.schedule=plateau", VALID), "train", {"eval_every": 3}),    # it steps at evaluations
         (cfg_of("train.mode=async"), "server", {"lock": True}),
         (cfg_of("train.mode=async", "server.update=adagrad", "optim.name=sgd"), "server", {"lr": 0.5}),

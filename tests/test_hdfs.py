@@ -135,8 +135,9 @@ def test_corpus_on_hdfs_reads_as_on_the_local_disk(spark, hadoop, webhdfs, tmp_p
 def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop, webhdfs):
     """No scan can look at a corpus on HDFS before Spark reads it, and Hadoop's reader skips a record past
     data.max_record_mb without a word: the run trained without it. The records' offsets show where it skipped:
-    inside a split, across a split's end, at a file's end, the whole of a file, in gzip'd text; a corpus
-    without such a record reads whole, in as many splits."""
+    inside a split, across a split's end, at a file's end, the whole of a file, in gzip'd text, before a line of
+    Latin-1 (Hadoop hands its undecodable bytes over as U+FFFD, three bytes each: measured so, the line hid the
+    gap); a corpus without such a record reads whole, in as many splits, undecodable bytes and all."""
     mib, fs = 1 << 20, hadoop.endpoints.fs_default
     long = b"x" * (mib + 9)
     lines = b"".join(b"line %d of the corpus\n" % i for i in range(60_000))        # 1.4 MiB
@@ -144,18 +145,22 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
     # two splits, the first ending just after the line that follows the long one: the skip shows in the next split
     edge = lines[:cut] + long + b"\ny\n" + lines[:cut + mib + 7] + b"\n"
     assert len(edge) // 2 == cut + mib + 10
-    cases = {                           # name -> (bytes, partitions, mode, the error's end)
+    latin = "élève, été, déjà, café, naïve, résumé\n".encode("latin-1")     # ten bytes UTF-8 does not decode
+    skipped, over = "is longer than 1 MiB (Hadoop skipped it)", "is longer than 1 MiB"
+    cases = {                           # name -> (bytes, partitions, mode, the error's middle)
         "inside": (lines[:cut] + long + b"\n" + lines, 1, "line",
-                   f"a line between bytes {cut:,} and {cut + mib + 31:,} "),
-        "before-split-end": (edge, 2, "line", f"a line between bytes {cut:,} and {cut + mib + 12:,} "),
-        "split-end": (lines + long + b"\n" + lines, 4, "line", f"a line at byte {len(lines):,} "),
+                   f"a line between bytes {cut:,} and {cut + mib + 31:,} {skipped}"),
+        "before-split-end": (edge, 2, "line", f"a line between bytes {cut:,} and {cut + mib + 12:,} {skipped}"),
+        "split-end": (lines + long + b"\n" + lines, 4, "line", f"a line at byte {len(lines):,} {over}"),
         "file-end": (lines + long + b"\n", 2, "line",
-                     f"a line between bytes {len(lines) - 25:,} and {len(lines) + mib + 10:,} "),
-        "whole": (long, 1, "line", f"a line between bytes 0 and {mib + 9:,} "),
+                     f"a line between bytes {len(lines) - 25:,} and {len(lines) + mib + 10:,} {skipped}"),
+        "whole": (long, 1, "line", f"a line between bytes 0 and {mib + 9:,} {skipped}"),
         "gzip": (gzip.compress(lines + b"\n" + long + b"\nlast\n"), 2, "line",
-                 f"a line between bytes {len(lines) + 1:,} and {len(lines) + mib + 16:,} of its text "),
+                 f"a line between bytes {len(lines) + 1:,} and {len(lines) + mib + 16:,} of its text {skipped}"),
+        "latin-1": (lines[:cut] + long + b"\n" + latin + lines, 1, "line",
+                    f"a line between bytes {cut:,} and {cut + mib + 10 + len(latin):,} {skipped}"),
         "paragraph": (b"first words\n\n" + long + b"\n\nlast words\n", 2, "blank_line",
-                      "a paragraph between bytes 13 and 1,048,611 "),
+                      f"a paragraph between bytes 13 and 1,048,611 {skipped}"),
     }
     sc = spark.sparkContext
     for name, (data, parts, mode, where) in cases.items():
@@ -164,23 +169,26 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
         path = fs + path
         with pytest.raises(reader.CorpusError) as e:
             reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=1)
-        assert str(e.value) == (f"{path}: {path}: {where}is longer than 1 MiB (Hadoop's reader skips it): records "
-                                "longer than data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N "
-                                "raises it)"), name
+        assert str(e.value) == (f"{path}: {path}: {where}: records longer than data.max_record_mb = 1 MiB are "
+                                "refused (--set data.max_record_mb=N raises it)"), name
         loose = reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=2).collect()
         assert max(map(len, loose)) == mib + 9, name                 # under a higher limit it is read
     r = subprocess.run(train_cmd("/tmp/never", f"data.train={fs}/corpus/long/inside.txt", "data.paragraphs=line",
                                  "data.max_record_mb=1"),
                        env=job_env(hadoop), capture_output=True, text=True, timeout=300)
     assert (r.returncode, r.stderr.splitlines()[-1]) == (2, f"error: data.train: {fs}/corpus/long/inside.txt: "
-                                                            f"{cases['inside'][3]}is "
-                                                            "longer than 1 MiB (Hadoop's reader skips it): records "
-                                                            "longer than data.max_record_mb = 1 MiB are refused "
-                                                            "(--set data.max_record_mb=N raises it)"), r.stderr
-    fine = lines + b"w" * mib + b"\n" + lines                 # a line of 1 MiB exactly is within the limit
+                                                            f"{cases['inside'][3]}: records longer than "
+                                                            "data.max_record_mb = 1 MiB are refused (--set "
+                                                            "data.max_record_mb=N raises it)"), r.stderr
+    # 0.4 MiB of bytes that are not UTF-8, 1.2 MB as the U+FFFDs Python is handed: within the limit
+    fine = lines + b"w" * mib + b"\n" + b"\xff" * 400_000 + b"\n" + lines
     webhdfs.write("/corpus/long/fine.txt", fine, overwrite=True)
     read = reader.paragraphs(sc, f"{fs}/corpus/long/fine.txt", "line", "word", 4, max_record_mb=1)
-    assert read.getNumPartitions() == 4 and read.collect() == fine.decode().splitlines()
+    assert read.getNumPartitions() == 4 and read.collect() == fine.decode(errors="replace").splitlines()
+    cfg = config.load(None, [f"data.train={fs}/corpus/long/fine.txt", f"data.valid={fs}/corpus/long/inside.txt",
+                             "data.paragraphs=line", "data.max_record_mb=1", "data.level=word"])
+    with pytest.raises(reader.CorpusError, match=f"^data.valid: {fs}/corpus/long/inside.txt: a line between"):
+        corpus.load_corpus(sc, cfg)
 
 
 def test_run_on_hdfs_resumes_bit_for_bit(hadoop, webhdfs, reference):

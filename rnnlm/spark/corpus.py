@@ -136,14 +136,15 @@ def round_keys(cfg: config.Config) -> tuple:
     return epoch_keys(cfg) + (cfg.data.sample_fraction, cfg.train.local_steps)
 
 
-def load_held_out(sc, cfg: config.Config, path: str, bc_vocab):
-    """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams.
+def load_held_out(sc, cfg: config.Config, path: str, bc_vocab, what: str | None = None):
+    """An encoded, persisted RDD of ``path`` cut into ``data.eval_streams`` contiguous streams (``what``: the
+    setting naming it, for errors).
 
     Held-out text is laid out independently of ``data.partitions`` (the training layout),
     so the training log, ``jobs/evaluate.py`` and any other run agree on the same text.
     """
     d = cfg.data
-    hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb)
+    hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb, what)
     _check_decodable(hp, path, d.encoding_errors)
     return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True, name=path), bc_vocab).persist()
 
@@ -187,7 +188,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         for name, path in (("valid", d.valid), ("test", d.test)):
             if path:
                 phase(f"reading {name} text {path}")
-                held_out[name] = load_held_out(sc, cfg, path, bc_vocab)
+                held_out[name] = load_held_out(sc, cfg, path, bc_vocab, f"data.{name}")
                 # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
                 counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
     except BaseException:       # a corpus error, a failed job, Ctrl-C: a shared session keeps nothing of it

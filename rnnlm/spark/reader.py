@@ -25,10 +25,11 @@ MAX_RECORD_MB = 16            # data.max_record_mb's default
 
 class Listed(NamedTuple):
     """What :func:`check_path` found: ``path`` for Hadoop's input formats, ``local`` the files on the local disk
-    (None on any other filesystem), ``size`` their bytes."""
+    (None on any other filesystem), ``size`` their bytes, ``files`` their URIs."""
     path: str
     local: list | None
     size: int
+    files: tuple
 
 
 def check_path(sc, path: str) -> Listed:
@@ -62,13 +63,13 @@ def check_path(sc, path: str) -> Listed:
         raise CorpusError(f"input path does not exist: {path}")
     if sub is not None:
         raise subdirectory_error(path, sub.toString() if ":" in path else sub.toUri().getPath())
-    files, size = [f for f, _, _ in found], sum(n for _, _, n in found)
+    files, size = tuple(f for f, _, _ in found), sum(n for _, _, n in found)
     if not files:
-        return Listed(path, local, size)
+        return Listed(path, local, size, ())
     if any(c in f for f in files for c in ",{}[]*?\\"):
         # the directories' files through a glob: a directory itself is listed in its disk's order
-        return Listed(path.rstrip("/") + "/*" if all(st.isDirectory() for st in matches) else path, local, size)
-    return Listed(",".join(files), local, size)
+        return Listed(path.rstrip("/") + "/*" if all(st.isDirectory() for st in matches) else path, local, size, files)
+    return Listed(",".join(files), local, size, files)
 
 
 def _subdirectories(fs, status):
@@ -108,7 +109,9 @@ def paragraphs(sc, path: str, mode: str = "blank_line", level: str = "char", min
         check_record_files(listed.local, mode, max_record_mb, what)
     most = _hadoop_max(max_record_mb)
     if mode == "line":
-        keyed = _lines(sc, listed.path, max(1, listed.size // max(1, min_partitions)), most)
+        # bzip2, the codec Hadoop splits, is read a file a task: a split's offsets would start at a compressed one
+        whole = any(f.endswith(SPLITTABLE) for f in listed.files)
+        keyed = _lines(sc, listed.path, max(1, listed.size // max(1, min_partitions)), most, whole)
     else:
         keyed = _records(sc, listed.path, 2 * _line_end(sc, listed.path, most), most)
     if listed.local is None or any(name.endswith(HADOOP_CODECS) for name in listed.local):
@@ -136,6 +139,7 @@ SPLIT_MIN = "mapreduce.input.fileinputformat.split.minsize"
 
 
 SPLIT_MAX = "mapreduce.input.fileinputformat.split.maxsize"
+SPLITTABLE = (".bz2",)         # the files of the one codec Hadoop's line reader splits (BZip2Codec's suffix)
 
 
 def _records(sc, path: str, delimiter: str, most: str):
@@ -149,13 +153,15 @@ def _records(sc, path: str, delimiter: str, most: str):
                                      SPLIT_MIN: str(1 << 62)})
 
 
-def _lines(sc, path: str, split: int, most: str):
+def _lines(sc, path: str, split: int, most: str, whole: bool = False):
     """``(offset, line)``: the lines of the files under ``path``, in splits of at most ``split`` bytes (the corpus'
-    bytes over the partitions asked for: about as many splits, as ``sc.textFile`` made). ``textFile`` takes no Hadoop
-    configuration of its own: it read the line limit from the session's when its tasks ran, so a cached partition
-    recomputed after another read had set another limit would have read with that one."""
+    bytes over the partitions asked for: about as many splits, as ``sc.textFile`` made), or (``whole``) a file a
+    split. ``textFile`` takes no Hadoop configuration of its own: it read the line limit from the session's when its
+    tasks ran, so a cached partition recomputed after another read had set another limit would have read with that
+    one."""
+    conf = {MAX_LINE: most, SPLIT_MAX: str(split), **({SPLIT_MIN: str(1 << 62)} if whole else {})}
     return sc.newAPIHadoopFile(path, _TEXT_INPUT, "org.apache.hadoop.io.LongWritable", "org.apache.hadoop.io.Text",
-                               conf={MAX_LINE: most, SPLIT_MAX: str(split)})
+                               conf=conf)
 
 
 def _line_end(sc, path: str, most: str) -> str:
@@ -166,49 +172,45 @@ def _line_end(sc, path: str, most: str) -> str:
 
 
 def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_paths: bool) -> None:
-    """Refuse a corpus read through Hadoop (``keyed``: :func:`_lines` or :func:`_records`) from which the reader
-    skipped a record longer than ``max_record_mb`` MiB, where no scan can look first (another filesystem, a codec
-    other than gzip): one pass over the records' offsets, a task per split (:func:`_split_gaps`).
+    """Refuse a corpus read through Hadoop (``keyed``: :func:`_lines` or :func:`_records`, a compressed file in one
+    split) from which the reader skipped a record longer than ``max_record_mb`` MiB, where no scan can look first
+    (another filesystem, a codec other than gzip): one pass over the records' offsets, a task per split
+    (:func:`_split_gaps`).
 
     The reader keys each record by the offset it started reading at, before any record it skipped, so in a split's
     records a skip shows as a key further on than the last record's bytes reach; and a record cut at the limit,
     which it hands over where a skip runs past its split's end, as a record longer than the limit. Across a file's
     splits each split's records start where the last one's ended, and the last reaches the file's end: a gap is a
     record skipped there. A compressed file's keys count its text's bytes, which the driver's JVM counts by
-    inflating it (:func:`_text_bytes`); those of a file a splittable codec (bzip2) cuts into several splits start
-    at compressed offsets, so there only the skips inside a split are seen. ``full_paths``: name files by their
-    URIs (else by their paths alone, for a corpus named so)."""
+    inflating it (:func:`_text_bytes`). ``full_paths``: name files by their URIs (else by their paths alone, for a
+    corpus named so)."""
     limit, Path = max_record_mb << 20, jvm(sc).org.apache.hadoop.fs.Path
     found = sorted(keyed.mapPartitionsWithIndex(_split_gaps(limit)).collect())
-    files = {}                  # path -> [(start, length, first, last, end), ...]: its splits, in order
+    files = {}                  # path -> [(length, first, (last, end), issue), ...]: its splits, in order
     for (_, first, last, end, issue), (path, start, length) in zip(found, hadoop_splits(keyed)):
-        files.setdefault(path, []).append((start, length, first, last, end, issue))
+        files.setdefault(path, []).append((start + length, first, (last, end), issue))
     codecs = jvm(sc).org.apache.hadoop.io.compress.CompressionCodecFactory(hadoop_conf(sc))
+    record = "line" if mode == "line" else "paragraph"
     for path, splits in files.items():
         compressed = codecs.getCodec(Path(path)) is not None
+        name = path if full_paths else Path(path).toUri().getPath()
+        if compressed and len(splits) > 1:      # its splits' keys would start at compressed offsets
+            raise ValueError(f"check_skipped: {name} is compressed and read in {len(splits)} splits: read it whole")
 
-        def refuse(at: int, upto: int | None, start: int = 0, length: int = 0):
-            if start and compressed:                # a splittable codec's keys: the split's start, then its text's
-                where = f"in its compressed bytes {start:,} to {start + length:,}"
-            else:
-                where = (f"at byte {at:,}" if upto is None else f"between bytes {at:,} and {upto:,}") \
-                    + (" of its text" if compressed else "")
-            name = path if full_paths else Path(path).toUri().getPath()
-            record = "line" if mode == "line" else "paragraph"
-            raise CorpusError(f"{what}: {name}: a {record} {where} is longer than {max_record_mb} MiB (Hadoop's "
-                              f"reader skips it): {refused(max_record_mb)}")
-        for start, length, *_, issue in splits:
-            if issue is not None:
-                refuse(*issue, start, length)
-        if compressed and len(splits) > 1:
-            continue
+        def refuse(at: int, upto: int | None):
+            where = f"at byte {at:,}" if upto is None else f"between bytes {at:,} and {upto:,}"
+            raise CorpusError(f"{what}: {name}: a {record} {where}{' of its text' if compressed else ''} is longer "
+                              f"than {max_record_mb} MiB{'' if upto is None else ' (Hadoop skipped it)'}: "
+                              + refused(max_record_mb))
         last = end = 0                          # where the last record started, where its bytes reach
-        for _, _, first, *reach, _ in splits:
+        for _, first, reach, issue in splits:
+            if issue is not None:
+                refuse(*issue)
             if first is not None:
                 if first - end > limit:
                     refuse(last, first)
                 last, end = reach
-        size = _text_bytes(sc, path) if compressed else sum(splits[-1][:2])
+        size = _text_bytes(sc, path) if compressed else splits[-1][0]
         if size - end > limit:
             refuse(last, size)
 
@@ -230,13 +232,18 @@ def _text_bytes(sc, path: str) -> int:
 
 def _split_gaps(limit: int):
     """A task over one split's ``(offset, record)`` pairs: ``(pid, first offset, last offset, where the last record's
-    bytes end, issue)``; the issue, None or where a record was skipped: ``(start, None)`` for a record longer than
-    ``limit`` bytes, ``(start, the next record's offset)`` for a skip between two records. Delimiters and a byte-order
-    mark add a few bytes to a record's reach, a skipped record more than ``limit``."""
+    bytes reach, issue)``; the issue, None or where a record was skipped: ``(start, None)`` for a record longer than
+    ``limit`` bytes, ``(start, the next record's offset)`` for a gap of more than ``limit`` bytes after a record
+    (delimiters and a byte-order mark add a few bytes to a record's reach, a skipped record more than ``limit``).
+    A record's bytes are counted at the least: Hadoop decodes each undecodable byte, or run of up to three, as
+    U+FFFD, three bytes in the text Python is handed (a gap measured from a record's larger size hid a skip, and
+    a record of Latin-1 text looked up to three times as long as it is); so counted, a record Hadoop read whole
+    leaves no gap larger than ``limit`` (a gap so large would need more than ``limit / 2`` U+FFFDs standing for
+    several bytes each: a record longer than Hadoop's limit)."""
     def task(pid, records):
         first = last = end = None
         for at, text in records:
-            size = len(text.encode("utf-8", "surrogatepass"))
+            size = len(text.encode("utf-8", "surrogatepass")) - 2 * text.count("\ufffd")
             if size > limit:
                 return [(pid, first, last, end, (at, None))]
             if end is not None and at - end > limit:

@@ -40,8 +40,8 @@ class TrainingError(RuntimeError):
 
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # rnnlm's checkout
-# never compared: the corpus' choice (data.max_record_mb is compared: a longer record is refused, but where a
-# splittable codec cuts a file into several splits a skip at a split's end goes unseen: the limit chooses the corpus)
+# never compared: the corpus' choice (data.max_record_mb is compared: a run started before the records Hadoop skips
+# were refused may have trained without one, and another limit would read another corpus)
 UNCOMPARED = {("model", "vocab_size")}
 
 
