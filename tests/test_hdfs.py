@@ -173,6 +173,10 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
                                 "refused (--set data.max_record_mb=N raises it)"), name
         loose = reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=2).collect()
         assert max(map(len, loose)) == mib + 9, name                 # under a higher limit it is read
+    # a line a few bytes over the limit, which Hadoop hands over whole, undecodable: refused by its bytes in the file
+    webhdfs.write("/corpus/long/ff.txt", lines[:cut] + b"\xff" * (mib + 5) + b"\n" + lines, overwrite=True)
+    with pytest.raises(reader.CorpusError, match=f": a line at byte {cut:,} is longer than 1 MiB: records"):
+        reader.paragraphs(sc, f"{fs}/corpus/long/ff.txt", "line", "word", 1, max_record_mb=1)
     r = subprocess.run(train_cmd("/tmp/never", f"data.train={fs}/corpus/long/inside.txt", "data.paragraphs=line",
                                  "data.max_record_mb=1"),
                        env=job_env(hadoop), capture_output=True, text=True, timeout=300)
