@@ -192,7 +192,8 @@ def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_path
     codecs = jvm(sc).org.apache.hadoop.io.compress.CompressionCodecFactory(hadoop_conf(sc))
     record = "line" if mode == "line" else "paragraph"
     for path, splits in files.items():
-        compressed = codecs.getCodec(Path(path)) is not None
+        codec = codecs.getCodec(Path(path))
+        compressed = codec is not None
         name = path if full_paths else Path(path).toUri().getPath()
         if compressed and len(splits) > 1:      # its splits' keys would start at compressed offsets
             raise ValueError(f"check_skipped: {name} is compressed and read in {len(splits)} splits: read it whole")
@@ -210,18 +211,17 @@ def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_path
                 if first - end > limit:
                     refuse(last, first)
                 last, end = reach
-        size = _text_bytes(sc, path) if compressed else splits[-1][0]
+        size = _text_bytes(sc, path, codec) if compressed else splits[-1][0]
         if size - end > limit:
             refuse(last, size)
 
 
-def _text_bytes(sc, path: str) -> int:
-    """The bytes of a compressed file's text, as Hadoop's codec inflates it: counted in the driver's JVM."""
-    j, conf = jvm(sc), hadoop_conf(sc)
+def _text_bytes(sc, path: str, codec) -> int:
+    """The bytes of a compressed file's text, as Hadoop's ``codec`` inflates it: counted in the driver's JVM."""
+    j = jvm(sc)
     hpath = j.org.apache.hadoop.fs.Path(path)
     try:
-        stream = j.org.apache.hadoop.io.compress.CompressionCodecFactory(conf).getCodec(hpath) \
-            .createInputStream(hpath.getFileSystem(conf).open(hpath))
+        stream = codec.createInputStream(hpath.getFileSystem(hadoop_conf(sc)).open(hpath))
         try:
             return stream.transferTo(j.java.io.OutputStream.nullOutputStream())
         finally:
