@@ -227,6 +227,20 @@ def test_a_paragraph_whose_first_line_ends_past_the_first_chunk_is_called_a_para
                             "raises it); data.paragraphs = 'line' reads it line by line")
 
 
+def test_a_text_whose_lines_end_with_a_lone_cr_is_one_paragraph_not_one_huge_line(tmp_path):
+    """Lines that end with a lone \\r (old Macs') make no blank line, so a long text is one paragraph: the scan
+    called it 'one huge line', with no line end, and left out that the line mode reads it (it does)."""
+    from rnnlm.spark.scan import CorpusError, check_local_records
+    path = _corpus(tmp_path / "mac.txt", b"the first line\r\r" + b"a line of words\r" * 80000)
+    with pytest.raises(CorpusError) as e:
+        check_local_records(path, "blank_line", 1, "data.train")
+    assert str(e.value) == (f"data.train: {path} has no blank line in its first 1 MiB (its lines end with a lone "
+                            "'\\r': a blank line is two '\\n' or two '\\r\\n'): it is one paragraph, and records "
+                            "longer than data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N raises "
+                            "it); data.paragraphs = 'line' reads it line by line")
+    check_local_records(path, "line", 1, "data.train")
+
+
 def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
     from rnnlm.spark.scan import CorpusError, check_local_records
     mib = 1 << 20
@@ -256,19 +270,21 @@ def test_records_longer_than_the_limit_are_found_wherever_they_are(tmp_path):
     check_local_records(str(tmp_path / "g" / "*"), "line", 1, "data.train")     # a glob's hidden match: skipped too
 
 
-@pytest.mark.parametrize("mode, crlf", [("line", False), ("line", True), ("blank_line", False), ("blank_line", True)])
+@pytest.mark.parametrize("mode, crlf", [("line", False), ("line", True), ("blank_line", False), ("blank_line", True),
+                                        ("blank_line", None)])
 def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, crlf):
     """Random streams at small limits (chunks of limit // 2 bytes, so delimiters straddle chunk ends and
     records start anywhere; runs of one to three line ends), against the whole stream split at its
     delimiters as Hadoop splits it (left to right, no overlap): the first record longer than the limit,
     its offset, and for a stream that opens with it whether its first limit bytes hold a line end.
     Before, a first line just over the limit in line mode was said to be a paragraph ("data.paragraphs =
-    'line' reads it line by line", to a run reading lines), and three line ends moved a record's start."""
+    'line' reads it line by line", to a run reading lines), and three line ends moved a record's start.
+    ``crlf`` None: lines that end with a lone \\r, no blank line to Hadoop, so the stream is one record."""
     import io
     from rnnlm.spark.scan import _long_record
-    rng = np.random.default_rng(7 + crlf)
-    line_end = b"\r\n" if crlf else b"\n"
-    found = {"none": 0, "line": 0, "paragraph": 0, "later": 0}
+    rng = np.random.default_rng(7 + bool(crlf))
+    line_end = b"\r" if crlf is None else b"\r\n" if crlf else b"\n"
+    found = {"none": 0, "line": 0, "paragraph": 0, "later": 0} if crlf is not None else {"none": 0, "line": 0, "cr": 0}
     for trial in range(2000):
         limit = int(rng.integers(4, 24))
         parts = []
@@ -278,12 +294,15 @@ def test_the_record_scan_agrees_with_the_records_at_every_chunk_boundary(mode, c
         stream = b"".join(parts[:len(parts) - int(rng.integers(0, 2))])
         if mode == "line":
             records = stream.replace(b"\r", b"\n").split(b"\n")
+        elif crlf is None:
+            records = [stream]
         else:
             records = stream.split(line_end * 2)
         want, offset = None, 0
         for i, r in enumerate(records):
             if len(r) > limit:
-                want = offset, None if i else "paragraph" if b"\n" in r[:limit] else "line"
+                lone_cr = crlf is None and b"\r" in r[:limit]
+                want = offset, None if i else "paragraph" if b"\n" in r[:limit] else "cr" if lone_cr else "line"
                 break
             offset += len(r) + (1 if mode == "line" else 2 * len(line_end))
         assert _long_record(io.BytesIO(stream), mode, limit) == want, (trial, limit, stream)

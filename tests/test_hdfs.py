@@ -135,7 +135,8 @@ def test_corpus_on_hdfs_reads_as_on_the_local_disk(spark, hadoop, webhdfs, tmp_p
 def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop, webhdfs):
     """No scan can look at a corpus on HDFS before Spark reads it, and Hadoop's reader skips a record past
     data.max_record_mb without a word: the run trained without it. The records' offsets show where it skipped:
-    inside a split, across a split's end, at a file's end, the whole of a file, in gzip'd text, before a line of
+    inside a split, across a split's end, at a file's end, the whole of a file (named as the local scan names it, a
+    text of lone \\r line ends too: one paragraph, which the line mode reads), in gzip'd text, before a line of
     Latin-1 (Hadoop hands its undecodable bytes over as U+FFFD, three bytes each: measured so, the line hid the
     gap); a corpus without such a record reads whole, in as many splits, undecodable bytes and all."""
     mib, fs = 1 << 20, hadoop.endpoints.fs_default
@@ -147,6 +148,8 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
     assert len(edge) // 2 == cut + mib + 10
     latin = "élève, été, déjà, café, naïve, résumé\n".encode("latin-1")     # ten bytes UTF-8 does not decode
     skipped, over = "is longer than 1 MiB (Hadoop skipped it)", "is longer than 1 MiB"
+    refused = "records longer than data.max_record_mb = 1 MiB are refused (--set data.max_record_mb=N raises it)"
+    mac = b"first words\r\r" + b"a line of words\r" * 70_000        # lone \r line ends: no blank line, one paragraph
     cases = {                           # name -> (bytes, partitions, mode, the error's middle)
         "inside": (lines[:cut] + long + b"\n" + lines, 1, "line",
                    f"a line between bytes {cut:,} and {cut + mib + 31:,} {skipped}"),
@@ -154,7 +157,9 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
         "split-end": (lines + long + b"\n" + lines, 4, "line", f"a line at byte {len(lines):,} {over}"),
         "file-end": (lines + long + b"\n", 2, "line",
                      f"a line between bytes {len(lines) - 25:,} and {len(lines) + mib + 10:,} {skipped}"),
-        "whole": (long, 1, "line", f"a line between bytes 0 and {mib + 9:,} {skipped}"),
+        "whole": (long, 1, "line", f" has no line end in its first 1 MiB: it is one huge line, and {refused}"),
+        "mac": (mac, 1, "blank_line", f" has no blank line in its first 1 MiB: it is one paragraph, and {refused}; "
+                                      "data.paragraphs = 'line' reads it line by line"),
         "gzip": (gzip.compress(lines + b"\n" + long + b"\nlast\n"), 2, "line",
                  f"a line between bytes {len(lines) + 1:,} and {len(lines) + mib + 16:,} of its text {skipped}"),
         "latin-1": (lines[:cut] + long + b"\n" + latin + lines, 1, "line",
@@ -169,8 +174,10 @@ def test_a_record_hadoop_skips_on_hdfs_is_refused_wherever_it_lies(spark, hadoop
         path = fs + path
         with pytest.raises(reader.CorpusError) as e:
             reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=1)
-        assert str(e.value) == (f"{path}: {path}: {where}: records longer than data.max_record_mb = 1 MiB are "
-                                "refused (--set data.max_record_mb=N raises it)"), name
+        assert str(e.value) == f"{path}: {path}" + (where if where[0] == " " else f": {where}: {refused}"), name
+        if name == "mac":               # as it says: line by line, the lines are short
+            assert reader.paragraphs(sc, path, "line", "word", 1, max_record_mb=1).count() == 70_001
+            continue
         loose = reader.paragraphs(sc, path, mode, "word", parts, max_record_mb=2).collect()
         assert max(map(len, loose)) == mib + 9, name                 # under a higher limit it is read
     # a line a few bytes over the limit, which Hadoop hands over whole, undecodable: refused by its bytes in the file

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.files import HADOOP_CODECS
-from .scan import CorpusError, check_record_files, refused, subdirectory_error
+from .scan import CorpusError, check_record_files, refused, subdirectory_error, too_long
 from .session import hadoop_conf, hadoop_splits, jvm
 
 
@@ -182,7 +182,8 @@ def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_path
     which it hands over where a skip runs past its split's end, as a record longer than the limit. Across a file's
     splits each split's records start where the last one's ended, and the last reaches the file's end: a gap is a
     record skipped there. A compressed file's keys count its text's bytes, which the driver's JVM counts by
-    inflating it (:func:`_text_bytes`). ``full_paths``: name files by their URIs (else by their paths alone, for a
+    inflating it (:func:`_text_bytes`). A file's first record is named as the local scan names it (the text one
+    huge line, or one paragraph). ``full_paths``: name files by their URIs (else by their paths alone, for a
     corpus named so)."""
     limit, Path = max_record_mb << 20, jvm(sc).org.apache.hadoop.fs.Path
     found = sorted(keyed.mapPartitionsWithIndex(_split_gaps(limit)).collect())
@@ -199,6 +200,8 @@ def check_skipped(sc, keyed, mode: str, max_record_mb: int, what: str, full_path
             raise ValueError(f"check_skipped: {name} is compressed and read in {len(splits)} splits: read it whole")
 
         def refuse(at: int, upto: int | None):
+            if at == 0:                         # the file's first record: is the text one line, one paragraph?
+                raise CorpusError(too_long(what, name, mode, max_record_mb, 0, record))
             where = f"at byte {at:,}" if upto is None else f"between bytes {at:,} and {upto:,}"
             raise CorpusError(f"{what}: {name}: a {record} {where}{' of its text' if compressed else ''} is longer "
                               f"than {max_record_mb} MiB{'' if upto is None else ' (Hadoop skipped it)'}: "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import gzip
 import os
+import re
 
 from ..core.files import HADOOP_CODECS
 
@@ -62,7 +63,7 @@ def check_record_files(names: list, mode: str, max_record_mb: int, what: str) ->
         except (OSError, EOFError):       # unreadable, or a broken gzip: Hadoop reports it in its own words
             continue
         if found is not None:
-            message = _too_long(what, name, mode, max_record_mb, *found)
+            message = too_long(what, name, mode, max_record_mb, *found)
             if mode != "line" and own not in (None, corpus_end):
                 message += (f" (its lines end with {own[:len(own) // 2]!r}, the corpus' first file's with "
                             f"{corpus_end[:len(corpus_end) // 2]!r}, and Hadoop finds the blank lines of the first "
@@ -136,7 +137,8 @@ def _local_files(path: str) -> list:
 def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> tuple | None:
     """``(offset, alone)`` of the first record of stream ``f`` longer than ``limit`` bytes, or None.
     ``alone``, for a stream that starts with that record (else None): ``"line"`` when its first ``limit``
-    bytes hold no line end (always, with ``mode = "line"``), ``"paragraph"`` when they do.
+    bytes hold no line end (always, with ``mode = "line"``), ``"paragraph"`` when they hold ``\\n``, ``"cr"``
+    when they hold only ``\\r`` (lines that end with it alone, as old Macs wrote them).
 
     Records end as Hadoop ends them: at each line end (``\\r`` and ``\\n`` alike, so ``\\r\\n`` leaves
     an empty record), or at each blank line (``blank_line``, the corpus' own; else ``\\r\\n\\r\\n``
@@ -148,10 +150,10 @@ def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> t
     chunk = max(1, min(limit // 2, 8 << 20))
     # paragraphs: the corpus' blank line (its first file's), else told by the stream's first line end
     delim = b"\n" if mode == "line" else blank_line
-    pos, start, lines, tail = 0, 0, False, b""      # tail's offset; the open record's; a line end early in it
+    pos, start, ends, tail = 0, 0, set(), b""       # tail's offset; the open record's; line ends early in it
 
     def found():
-        return start, None if start else "paragraph" if lines else "line"
+        return start, None if start else "paragraph" if b"\n" in ends else "cr" if ends else "line"
     while more := f.read(chunk):
         data = tail + (more.replace(b"\r", b"\n") if mode == "line" else more)
         if delim is None:
@@ -164,7 +166,9 @@ def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> t
             pieces = data.split(delim)
             first, last = (len(pieces[0]) if len(pieces) > 1 else -1), len(pieces[-1])
         if start == 0:              # the stream's first record: a line end in its first limit bytes?
-            lines = lines or b"\n" in data[:min(len(data) if first < 0 else first, limit - pos)]
+            n = min(len(data) if first < 0 else first, limit - pos)
+            ends |= {b"\n"} if b"\n" in data[:n] else set()
+            ends |= {b"\r"} if re.search(rb"\r[^\n]", data[:n + 1]) else set()     # a lone one
         if first >= 0:
             if pos + first - start > limit:
                 return found()
@@ -180,12 +184,17 @@ def refused(mb: int) -> str:
     return f"records longer than data.max_record_mb = {mb} MiB are refused (--set data.max_record_mb=N raises it)"
 
 
-def _too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str | None) -> str:
+def too_long(what: str, name: str, mode: str, mb: int, offset: int, alone: str | None) -> str:
+    """The error for a record longer than ``mb`` MiB at byte ``offset`` of file ``name``; ``alone`` for the file's
+    first record: ``"line"`` (its first ``mb`` MiB hold no line end), ``"paragraph"`` (they hold line ends but no
+    blank line), ``"cr"`` (a paragraph whose lines end with a lone ``\\r``, which no blank line is made of)."""
     record = "line" if mode == "line" else "paragraph"
     raise_it = refused(mb)
     if alone == "line":
         return f"{what}: {name} has no line end in its first {mb} MiB: it is one huge line, and {raise_it}"
-    if alone == "paragraph":
-        return (f"{what}: {name} has no blank line in its first {mb} MiB: it is one paragraph, and {raise_it}; "
+    if alone in ("paragraph", "cr"):
+        why = (" (its lines end with a lone '\\r': a blank line is two '\\n' or two '\\r\\n')"
+               if alone == "cr" else "")
+        return (f"{what}: {name} has no blank line in its first {mb} MiB{why}: it is one paragraph, and {raise_it}; "
                 "data.paragraphs = 'line' reads it line by line")
     return f"{what}: {name}: the {record} at byte {offset:,} is longer than {mb} MiB: {raise_it}"
