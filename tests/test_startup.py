@@ -87,6 +87,49 @@ def test_a_clean_up_that_fails_after_a_signal_is_still_the_signals_one_line_and_
     assert (p.returncode, p.stderr) == (143, "error: stopped (SIGTERM)\n")
 
 
+def test_a_second_signal_during_the_clean_up_ends_the_command_at_once_and_its_children_with_it():
+    """The first Ctrl-C raises, and clean-up runs (stopping Spark takes seconds, more under load); a second one
+    then ends the command at once, in one line, and kills its children (Spark's JVM, which would otherwise log
+    its tasks' deaths after that line). The clean-up here waits for a minute, the child is a sleeping process."""
+    code = ("import os, signal, subprocess, sys, time\n"
+            "from rnnlm.cli import signals\nfrom rnnlm.cli.actions import guarded\n"
+            "signals.install(command=True)\n"
+            "child = subprocess.Popen(['sleep', '600'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "def run():\n"
+            "    try:\n        print(child.pid, flush=True)\n        signal.pause()\n"
+            "    finally:\n        print('cleaning', flush=True)\n        time.sleep(60)\n"
+            "sys.exit(guarded(run))\n")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    child = None
+    try:
+        child = int(p.stdout.readline())
+        p.send_signal(signal.SIGINT)
+        assert p.stdout.readline() == "cleaning\n"
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 10      # killed: gone, or a zombie until whoever adopted it reaps it
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.05)
+        left = _alive(child)
+    finally:
+        p.kill()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+    assert (p.returncode, out, err) == (130, "", "error: stopped (Ctrl-C again, without clean-up)\n")
+    assert took < 10 and not left, (took, left)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_signal_inside_an_at_fork_hook_or_a_finaliser_still_stops_the_command():
     """CI saw it once: SIGTERM as PySpark's Popen forked the JVM ran the handler inside logging's at-fork
     hook (``_releaseLock``), where Python prints an exception as "Exception ignored" and drops it. Here the
