@@ -63,10 +63,18 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
 def test_undecodable_bytes_replace_or_fail(spark, tmp_path, capsys):
     raw = ("good words here and there. " * 40 + "\n\n").encode()
     (tmp_path / "bad.txt").write_bytes(raw + b"caf\xe9 \xff\xfe broken\n\n" + raw)
-    one_error(capsys, train(tmp_path / "o1", *demo(f"data.train={tmp_path}/bad.txt", "data.encoding_errors=strict")),
-              "undecodable bytes")
-    one_error(capsys, train(tmp_path / "o3", *demo(f"data.valid={tmp_path}/bad.txt", "data.encoding_errors=strict")),
-              f"{tmp_path}/bad.txt: 1 paragraphs hold undecodable bytes")         # held-out text too
+    why = ("undecodable bytes (data.encoding_errors = 'strict'; Hadoop reads them as U+FFFD, so a text holding "
+           "that character itself reads so too: 'replace' takes it)")
+    err = one_error(capsys, train(tmp_path / "o1", *demo(f"data.train={tmp_path}/bad.txt",
+                                                         "data.encoding_errors=strict")))
+    assert err == f"error: data.train: {tmp_path}/bad.txt: 1 paragraph holds {why}"
+    err = one_error(capsys, train(tmp_path / "o3", *demo(f"data.valid={tmp_path}/bad.txt",
+                                                         "data.encoding_errors=strict", "data.paragraphs=line")))
+    assert err == f"error: data.valid: {tmp_path}/bad.txt: 1 line holds {why}"      # held-out text too
+    (tmp_path / "bad.txt").write_bytes(raw + b"caf\xe9\n" + raw + b"\xff\n\n" + raw)
+    err = one_error(capsys, train(tmp_path / "o4", *demo(f"data.train={tmp_path}/bad.txt",
+                                                         "data.encoding_errors=strict")))
+    assert err == f"error: data.train: {tmp_path}/bad.txt: 2 paragraphs hold {why}"
     assert train(tmp_path / "o2", *demo(f"data.train={tmp_path}/bad.txt")) == 0   # replaced with U+FFFD
     capsys.readouterr()
 

@@ -145,20 +145,21 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab, what: str | None 
     """
     d = cfg.data
     hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb, what)
-    _check_decodable(hp, path, d.encoding_errors)
+    _check_decodable(hp, path, d, what or path)
     return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True, name=path), bc_vocab).persist()
 
 
-def _check_decodable(paras, path: str, errors: str) -> None:
+def _check_decodable(paras, path: str, d: config.DataConfig, what: str) -> None:
     """Under ``data.encoding_errors = "strict"`` a text holding undecodable bytes is refused (Hadoop
     decodes them as U+FFFD, and hands Python no bytes: a valid U+FFFD is refused too, and the message
     says so)."""
-    if errors == "strict":
+    if d.encoding_errors == "strict":
         bad = paras.filter(lambda p: "\ufffd" in p).count()
         if bad:
-            raise CorpusError(f"{path}: {bad} paragraphs hold undecodable bytes (data.encoding_errors=strict; "
-                              "Hadoop reads them as U+FFFD, so a text holding that character itself reads so "
-                              "too: 'replace' takes it)")
+            records = ("line" if d.paragraphs == "line" else "paragraph") + ("s hold" if bad > 1 else " holds")
+            raise CorpusError(f"{what}: {path}: {bad:,} {records} undecodable bytes (data.encoding_errors = "
+                              "'strict'; Hadoop reads them as U+FFFD, so a text holding that character itself "
+                              "reads so too: 'replace' takes it)")
 
 
 def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
@@ -174,7 +175,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
             status(f"{text} ...")
     phase(f"reading {d.train}")
     paras = paragraphs(sc, d.train, d.paragraphs, d.level, d.partitions, d.max_record_mb, "data.train")
-    _check_decodable(paras, d.train, d.encoding_errors)
+    _check_decodable(paras, d.train, d, "data.train")
     if vocab is None:
         phase(f"counting {d.level}s for the vocabulary")
         vocab = build_vocab(paras, d.level, d.vocab_size, d.min_count, name=d.train)
