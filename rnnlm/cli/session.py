@@ -23,13 +23,15 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
     mode its Worker then restarts the executors being killed and logs an ERROR and a stack trace
     for each ("Shutdown hooks cannot be modified during shutdown").
     """
+    from pyspark import SparkContext
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
     from ..spark.session import get_spark
     owned = SparkSession.getActiveSession() is None
     if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
         progress.message(f"starting Spark ({master or 'local[2]'}) ...")
-    with signals.starting_jvm():
+    # PySpark's gateway (private; nothing public says the JVM is up before the SparkContext is made)
+    with signals.starting_jvm(lambda: SparkContext._gateway is not None):
         try:
             spark = get_spark(app, master, quiet=not verbose)
         except PySparkRuntimeError as e:        # no Java, or the JVM exited as it started: Spark's lines above say
@@ -40,6 +42,7 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
                                   ) from None
     try:                       # from here on a signal, or anything, still stops the session it started
         signals.install()      # in place of PySpark's SIGINT handler (see .signals)
+        signals.raise_held()
         spark.sparkContext.setLogLevel("INFO" if verbose else "WARN")
         if owned and ui and spark.sparkContext.uiWebUrl:      # Spark's own line is among the INFO ones silenced
             if progress is not None:

@@ -8,9 +8,13 @@ which logs tracebacks (``reentrant call``): :func:`install` is called again once
 and once a signal has come Python's logging is off (py4j logs the call it interrupted).
 A JVM still starting (inside :func:`starting_jvm`) is stopped with the signal: it would not notice
 this process go (it watches its stdin only once up) and would live on, printing a stack trace when it
-finds no one to connect back to. A signal that lands where Python cannot raise (an at-fork hook, as
-logging's ``_releaseLock`` after Popen forks the JVM; a finaliser) would be printed as "Exception ignored"
-and lost: :func:`_unraisable` raises it again at the next line of Python instead.
+finds no one to connect back to. Once it is up and making the SparkContext, the signal waits for it: a JVM
+stopped then logs the half-made context's errors after this process's line (its web UI's servlets
+interrupted, "Error initializing SparkContext", ~100 lines; under load, 2 of 17 tries at 3.6-4 s), so the
+signal is said, held, and raised once the session exists, whose stop then says nothing. A signal that lands
+where Python cannot raise (an at-fork hook, as logging's ``_releaseLock`` after Popen forks the JVM; a
+finaliser) would be printed as "Exception ignored" and lost: :func:`_unraisable` raises it again at the next
+line of Python instead.
 """
 from __future__ import annotations
 
@@ -33,18 +37,26 @@ class Stopped(KeyboardInterrupt):
 
 
 _fired = []      # signals received: the first raises, a second exits
-_starting = []   # non-empty while Spark's JVM is being started
+_starting = []   # while Spark's JVM is being started: a callable, true once its gateway is up
 _again = []      # a Stopped that Python could not raise where the signal landed, to raise once more
 
 
 @contextmanager
-def starting_jvm():
-    """Around the call that starts Spark's JVM (a child of this process) and connects to it."""
-    _starting.append(True)
+def starting_jvm(up=lambda: False):
+    """Around the call that starts Spark's JVM (a child of this process) and makes the SparkContext in it;
+    ``up()``: whether the JVM is up (its gateway answers), so that a signal waits for the context and
+    :func:`raise_held` raises it after this block."""
+    _starting.append(up)
     try:
         yield
     finally:
         _starting.pop()
+
+
+def raise_held() -> None:
+    """Raise the signal held while the SparkContext was made (:func:`starting_jvm`), if one came."""
+    if _fired:
+        raise Stopped(_fired[0])
 
 
 def children(pid: int | None = None) -> list:
@@ -72,6 +84,10 @@ def _handle(signum, frame):
         _signal_children(signal.SIGKILL)
         print(f"error: stopped ({NAMES[signum]} again, without clean-up)", file=sys.stderr, flush=True)
         os._exit(128 + signum)
+    if _starting and _starting[-1]():      # the SparkContext is being made: stopped once it is (raise_held)
+        os.write(2, f"{NAMES[signum]}: stopping once Spark has started ({NAMES[signum]} again to stop now)\n"
+                    .encode())
+        return
     if _starting:
         _signal_children(signal.SIGTERM)    # the JVM PySpark is launching (it ignores SIGINT)
     raise Stopped(signum)
