@@ -513,3 +513,29 @@ def test_a_resume_onto_other_blas_threads_says_its_numbers_may_differ(tmp_path):
     assert again == [a.replace(" x1, ", " x2, ") for a in arithmetic], again
     assert (f"note: this run resumes on other arithmetic than it last ran on (partition 0: {again[0]}, was x1; "
             "1 more partition): its numbers from here may differ") in said, said
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_resume_onto_a_corpus_that_changed_is_refused_and_onto_the_same_text_goes_on(spark, tmp_path, capsys, mode):
+    """The configuration names the corpus, but its file can change between a run and its resume (text appended):
+    the resume trained on, silently, with epochs and numbers no uninterrupted run has. run.json records the
+    tokens' digest; a resume that reads others is refused in one line, its files left as they were."""
+    text = tmp_path / "text.txt"
+    shutil.copy(HARBOUR, text)
+    sets = (f"data.train={text}", f"train.mode={mode}", "data.partitions=1")
+    out = tmp_path / "run"
+    assert train(out, *sets, "train.rounds=2") == 0
+    saved = {p: (out / p).read_bytes() for p in ("run.json", "metrics.jsonl")}
+    digest = json.loads(saved["run.json"])["corpus"]["digest"]
+    capsys.readouterr()
+    with open(text, "a") as f:
+        f.write(open(HARBOUR_VALID).read()[:3000])
+    rc = train(out, *sets, "train.rounds=4", resume=True)
+    err = one_error(capsys, rc, "cannot resume: data.train reads other text than this run trained on (6,092 tokens "
+                                f"then, 6,799 now; their digests {digest} and ")
+    assert err.endswith(f"give it its text back, or start a new run from these weights with --init-from "
+                        f"{out}/checkpoint\n"), err
+    assert {p: (out / p).read_bytes() for p in saved} == saved
+    shutil.copy(HARBOUR, text)
+    assert train(out, *sets, "train.rounds=4", resume=True) == 0
+    assert json.loads((out / "run.json").read_text())["corpus"] == {"tokens": 6092, "digest": digest}

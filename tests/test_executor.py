@@ -195,7 +195,7 @@ def test_a_gpu_address_that_is_no_device_index_is_the_partitions_answer_not_a_ta
     monkeypatch.setattr(executor.backend, "use_gpu", lambda index: pytest.fail("no device to use"))
     monkeypatch.setattr(executor, "assigned_gpus", lambda: [address])
     part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))
-    (pid, *_, error, device), = executor.probe_task(cfg_for(20, "train.device=gpu"))(iter([part]))
+    (pid, *_, error, device, _), = executor.probe_task(cfg_for(20, "train.device=gpu"))(iter([part]))
     assert error == (f"Spark assigned the GPU address {address!r}, not a CUDA device index: the discovery script "
                      "(spark.*.resource.gpu.discoveryScript) must print indices, as nvidia-smi's")
     assert device == {"ran": None, "assigned": [address]}
@@ -204,13 +204,13 @@ def test_a_gpu_address_that_is_no_device_index_is_the_partitions_answer_not_a_ta
 def test_a_partition_that_cannot_run_expects_no_tokens_and_says_why():
     cfg = cfg_for(20, "train.device=gpu")
     part = (3, np.arange(50, dtype=np.int32) % 20, np.array([0]))
-    (pid, n, expect, per_pass, error, device), = executor.probe_task(cfg)(iter([part]))
-    assert (pid, n, expect, per_pass) == (3, 50, 0.0, 0) and device["ran"] is None
+    (pid, n, expect, per_pass, error, device, digest), = executor.probe_task(cfg)(iter([part]))
+    assert (pid, n, expect, per_pass, digest) == (3, 50, 0.0, 0, None) and device["ran"] is None
     assert "CuPy" in error or "CUDA" in error, error
     short = cfg_for(20)
     part = (1, np.arange(4, dtype=np.int32), np.array([0]))                 # too short for a batch
-    (pid, n, expect, per_pass, error, device), = executor.probe_task(short)(iter([part]))
-    assert (pid, n, expect, per_pass, device["ran"]) == (1, 4, 0.0, 0, "cpu") and error
+    (pid, n, expect, per_pass, error, device, digest), = executor.probe_task(short)(iter([part]))
+    assert (pid, n, expect, per_pass, device["ran"], digest) == (1, 4, 0.0, 0, "cpu", None) and error
 
 
 def test_a_python_worker_keeps_its_memo_across_rounds(spark, tiny_cfg, tmp_path):

@@ -8,6 +8,7 @@ training partition holds its encoded tokens as one NumPy array.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from operator import add
 from typing import NamedTuple
@@ -122,6 +123,7 @@ class Corpus:
     devices: dict = field(default_factory=dict)             # pid -> {"ran", "assigned", "arithmetic"} (probe_task)
     counted_for: tuple = ()  # round_keys() of the configuration `scored` was counted under
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
+    digest: str | None = None   # of the partitions' tokens and paragraph starts, in order: what a resume trains on
 
 
 def epoch_keys(cfg: config.Config) -> tuple:
@@ -200,7 +202,14 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         raise
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
-                  _scored(probe), counts, {p[0]: p[5] for p in probe}, round_keys(cfg), (bc_vocab,))
+                  _scored(probe), counts, {p[0]: p[5] for p in probe}, round_keys(cfg), (bc_vocab,),
+                  _digest(probe))
+
+
+def _digest(probe: list) -> str:
+    """The corpus' name for a resume to check: its partitions' digests (:func:`probe_task`), in order."""
+    return hashlib.blake2b(" ".join(p[6] for p in sorted(probe, key=lambda p: p[0])).encode(),
+                           digest_size=8).hexdigest()
 
 
 def _scored(probe: list) -> Scored:
@@ -222,7 +231,7 @@ def _probe(cfg: config.Config, rdd) -> list:
     """:func:`rnnlm.spark.executor.probe_task`'s rows of every partition; a partition too short for
     ``cfg``'s batches (or without its device) is a :class:`CorpusError`."""
     probe = rdd.mapPartitions(probe_task(cfg)).collect()
-    errors = [f"partition {pid}: {err}" for pid, _, _, _, err, _ in probe if err]
+    errors = [f"partition {pid}: {err}" for pid, _, _, _, err, *_ in probe if err]
     if errors:
         raise CorpusError(f"{cfg.data.train}: {errors[0]} (strategy {cfg.data.strategy}, bptt {cfg.train.bptt}, "
                           f"batch {cfg.train.batch})")

@@ -82,8 +82,9 @@ def make_source(cfg: config.Config, pid: int, tokens, starts) -> Source:
 
 def probe_task(cfg: config.Config):
     """Per partition: (pid, tokens, expected tokens per round, tokens per epoch, error message or None,
-    device), the device a dict: ``ran`` (:func:`device_label`, None on error), ``assigned`` (Spark's GPU
-    addresses), ``arithmetic`` (what else fixes its numbers: :func:`rnnlm.core.backend.arithmetic`)."""
+    device, the digest of its tokens and paragraph starts), the device a dict: ``ran`` (:func:`device_label`,
+    None on error), ``assigned`` (Spark's GPU addresses), ``arithmetic`` (what else fixes its numbers:
+    :func:`rnnlm.core.backend.arithmetic`)."""
     def run(it):
         device = {"ran": None, "assigned": assigned_gpus()}
         try:
@@ -94,13 +95,14 @@ def probe_task(cfg: config.Config):
             device_error = str(e)
         for pid, tokens, starts in it:
             if device_error:
-                yield pid, len(tokens), 0.0, 0, device_error, device
+                yield pid, len(tokens), 0.0, 0, device_error, device, None
                 continue
             try:
                 src = make_source(cfg, pid, tokens, starts)
-                yield pid, len(tokens), src.round_tokens(cfg.train.local_steps), src.epoch_tokens(), None, device
+                yield (pid, len(tokens), src.round_tokens(cfg.train.local_steps), src.epoch_tokens(), None, device,
+                       digest(tokens, starts))
             except TooShort as e:
-                yield pid, len(tokens), 0.0, 0, str(e), device
+                yield pid, len(tokens), 0.0, 0, str(e), device, None
     return run
 
 

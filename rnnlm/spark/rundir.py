@@ -325,17 +325,33 @@ class RunDir:
         check_resume(cfg, ck.config, self.ck_path, keys)
         return ck
 
-    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None):
+    def write_info(self, sc, cfg: config.Config, resume: bool, devices: dict, init: Init | None = None,
+                   corpus: dict | None = None):
         """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
-        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights;
-        under ``--overwrite`` the earlier run's files go first. Returns the devices the replaced record
-        held (a resume's; None when there were none)."""
+        (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights,
+        on ``corpus`` (``tokens``, ``digest``); under ``--overwrite`` the earlier run's files go first. Returns
+        the devices the replaced record held (a resume's; None when there were none). A resume whose corpus
+        is not the one its record names is refused (TrainingError), the record left as it was."""
         if self._earlier:
             for p in (self.metrics_path, self.ck_path, self.best_path):
                 self.fs.delete(p)
             self._earlier = False
-        replaced = runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None)
+        replaced = runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None,
+                                 corpus, lambda old: self._same_corpus(old.get("corpus"), corpus))
         return replaced.get("devices")
+
+    def _same_corpus(self, then, now) -> None:
+        """Refuse to resume on a ``data.train`` that reads other tokens than the run trained on (``then``: its
+        record's; a record from before corpora were recorded, or damaged, names none and is not compared)."""
+        if not (isinstance(then, dict) and isinstance(then.get("digest"), str) and now is not None):
+            return
+        if then["digest"] != now["digest"]:
+            tokens = then.get("tokens")
+            was = f"{tokens:,} tokens then" if type(tokens) is int else "the tokens then"
+            raise TrainingError(f"cannot resume: data.train reads other text than this run trained on ({was}, "
+                                f"{now['tokens']:,} now; their digests {then['digest']} and {now['digest']}): "
+                                f"give it its text back, or start a new run from these weights with --init-from "
+                                f"{self.ck_path}")
 
     def saved_lines(self, keys: tuple = ("round",)) -> list | None:
         """The metrics file's lines, or None when it is missing or empty; a last line cut short by a

@@ -32,11 +32,12 @@ def is_record(fs, out: str) -> bool:
 
 
 def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None,
-             init_from: dict | None = None) -> dict:
+             init_from: dict | None = None, corpus: dict | None = None) -> dict:
     """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
     ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses, "arithmetic": what else fixes its
     numbers}`` (:func:`rnnlm.spark.executor.probe_task`); ``init_from``: where its first
-    weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``).
+    weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``); ``corpus``: what it trains
+    on (``tokens``, ``digest``: :attr:`rnnlm.spark.corpus.Corpus.digest`), which a resume must read again.
 
     ``resume_of`` is the record of the run being resumed: its start time and ``init_from`` are
     kept and this start is appended to its ``resumed`` list.
@@ -56,6 +57,8 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
         init_from = resume_of.get("init_from") if isinstance(resume_of.get("init_from"), dict) else None
     if init_from is not None:
         info["init_from"] = init_from
+    if corpus is not None:
+        info["corpus"] = corpus
     return info
 
 
@@ -70,9 +73,14 @@ def read(fs, out: str) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init_from: dict | None = None) -> dict:
-    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now (from ``init_from``'s weights);
-    returns the record a resume replaced (``{}`` when there was none, or for a new run)."""
+def write(fs, out: str, sc, cfg, resume: bool, devices: dict | None = None, init_from: dict | None = None,
+          corpus: dict | None = None, check=None) -> dict:
+    """Write (atomically) ``<out>/run.json`` for a run starting or resuming now (from ``init_from``'s weights, on
+    ``corpus``); returns the record a resume replaced (``{}`` when there was none, or for a new run), which
+    ``check`` (a callable) sees first and may refuse by raising, leaving the file as it was."""
     old = read(fs, out) if resume else None
-    fs.write_atomic(f"{out}/{NAME}", json.dumps(describe(sc, cfg, old, devices, init_from), indent=2).encode())
+    if check is not None:
+        check(old or {})
+    fs.write_atomic(f"{out}/{NAME}", json.dumps(describe(sc, cfg, old, devices, init_from, corpus),
+                                                indent=2).encode())
     return old or {}
