@@ -190,7 +190,7 @@ def test_errors_before_the_jvm_starts_take_no_jvm(tmp_path):
           "--set", "model.hidden=5"],
          "error: cannot resume: model.hidden is 5 here but 4 in"),
         (["jobs/train.py", "--config", demo, "--set", f"data.train={tmp_path}/none.txt"],
-         f"error: input path does not exist: {tmp_path}/none.txt"),
+         f"error: data.train: input path does not exist: {tmp_path}/none.txt"),
         (["jobs/train.py", "--config", demo, "--set", "train.rouns=3"],
          "error: unknown config key train.rouns (did you mean train.rounds?)"),
         (["jobs/evaluate.py", "--checkpoint", str(tmp_path / "bad"), "--data", HARBOUR],
@@ -272,8 +272,16 @@ def test_the_demo_config_finds_its_data_from_any_directory(tmp_path, monkeypatch
         "rnnlm/data/harbour.txt"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.toml").write_text('[data]\ntrain = "rnnlm/data/harbour.txt"\n')
-    with pytest.raises(checks.scan.CorpusError, match=f"^input path does not exist: {tmp_path}/rnnlm/data/"):
+    with pytest.raises(checks.scan.CorpusError, match=f"^data.train: input path does not exist: {tmp_path}/rnnlm/"
+                                                      r"data/harbour.txt$"):
         checks.locate_data(config.load("mine.toml"), "mine.toml", said.append)
+    # a preset's corpus not fetched yet, from elsewhere: the key, both places looked in, how to fetch it
+    (tmp_path / "other" / "conf").mkdir(parents=True)
+    preset = shutil.copy(f"{ROOT}/conf/ptb_word_small.toml", tmp_path / "other" / "conf")
+    with pytest.raises(checks.scan.CorpusError) as e:
+        checks.locate_data(config.load(preset), preset)
+    assert str(e.value) == (f"data.train: input path does not exist: {tmp_path}/data/ptb.train.txt (nor in "
+                            f"{tmp_path}/other, the config's checkout): `rnnlm download ptb` fetches it into data/")
     assert len(said) == 2
 
 

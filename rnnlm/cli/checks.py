@@ -17,6 +17,7 @@ import urllib.parse
 from .. import config
 from ..core import checkpoint
 from ..core.files import LocalFS
+from ..download import CORPORA
 from ..spark import scan
 from ..spark.hfs import default_fs, resolve
 from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_kept, check_longer, check_out,
@@ -77,7 +78,10 @@ def locate_data(cfg: config.Config, config_path: str | None, log=print, strict: 
                 f"not in the working directory)")
             continue
         if strict:
-            raise scan.CorpusError(f"input path does not exist: {local}")
+            where = f" (nor in {root}, the config's checkout)" if root and not os.path.isabs(path) else ""
+            fetch = next((f": `rnnlm download {name}` fetches it into data/" for name in CORPORA
+                          if os.path.basename(local).startswith(name)), "")
+            raise scan.CorpusError(f"data.{key}: input path does not exist: {local}{where}{fetch}")
     return config.replace(cfg, "data", **changes) if changes else cfg
 
 
