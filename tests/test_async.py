@@ -93,7 +93,7 @@ def test_two_workers_complete_every_window_once_and_the_loss_falls(spark, tmp_pa
     assert 26 * n <= m[-1]["bytes_broadcast"] <= 26 * n + 2048 * frames, (n, m[-1])
     assert m[-1]["bytes_sent"] == sum(x["round_bytes_sent"] for x in m)
     assert m[-1]["bytes_broadcast"] == sum(x["round_bytes_broadcast"] for x in m)
-    assert all(x["tokens_per_s"] > 0 for x in m if x["pushes"])
+    assert all(type(x["tokens_per_s"]) is int and x["tokens_per_s"] > 0 for x in m if x["pushes"])   # not 1.179e+04
     valid = [x["valid_loss"] for x in m if "valid_loss" in x]
     assert len(valid) >= 2 and valid[-1] < np.log(tr.cfg.model.vocab_size) - 0.5, valid
     # each evaluation is a checkpoint's line; best/ holds the lowest validation loss's

@@ -290,7 +290,7 @@ class _Run:
             m["eval_s"] = round(self.eval_s, 3)
         wall = self.wall + time.perf_counter() - t0     # with this line's evaluation, which eval_s counts
         m["wall_s"] = round(wall, 3)
-        m["tokens_per_s"] = round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]), 1)
+        m["tokens_per_s"] = round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]))     # as a round's, whole
         if snap:
             position = {"round": rnd, "tokens": self.tokens, "eval_s": self.eval_s, "wall_s": wall,
                         "bytes_sent": sent, "bytes_broadcast": bcast, "best": self.best, "line": m}
