@@ -60,6 +60,13 @@ def test_corpus_shorter_than_one_window(spark, tmp_path, capsys):
                        f"(strategy {strategy}, bptt 8, batch 2)")
 
 
+def test_a_corpus_of_fewer_paragraphs_than_partitions_says_so(spark, tmp_path, capsys):
+    (tmp_path / "one.txt").write_text("just one paragraph\nof two lines\n" * 20)
+    err = one_error(capsys, train(tmp_path / "o", *demo(f"data.train={tmp_path}/one.txt")))
+    assert err == (f"error: {tmp_path}/one.txt: 1 paragraph, fewer than data.partitions = 2 (data.paragraphs = "
+                   "\"line\" splits at every line)")
+
+
 def test_undecodable_bytes_replace_or_fail(spark, tmp_path, capsys):
     raw = ("good words here and there. " * 40 + "\n\n").encode()
     (tmp_path / "bad.txt").write_bytes(raw + b"caf\xe9 \xff\xfe broken\n\n" + raw)

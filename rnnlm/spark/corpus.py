@@ -58,8 +58,8 @@ def contiguous_partitions(paras, n: int, shrink: bool = False, name: str = "the 
     if total < n and shrink:
         n = total
     elif total < n:
-        raise CorpusError(f"the corpus has {total} paragraphs, fewer than data.partitions={n} "
-                          "(data.paragraphs = \"line\" splits at every line)")
+        raise CorpusError(f"{name}: {total:,} paragraph{'s' if total > 1 else ''}, fewer than data.partitions = "
+                          f"{n} (data.paragraphs = \"line\" splits at every line)")
     return (paras.zipWithIndex()
             .map(lambda pi: (pi[1] * n // total, (pi[1], pi[0])))
             .partitionBy(n, lambda k: k)
