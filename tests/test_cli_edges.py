@@ -426,6 +426,32 @@ def test_a_count_at_its_ranges_edges_is_taken_and_generates_default_is_300_token
     assert parser("generate", prog="generate").parse_args(["--checkpoint", "ck"]).length == 300
 
 
+def test_a_standalone_master_that_does_not_answer_is_one_line_before_the_jvm(tmp_path, capsys, monkeypatch):
+    """Spark tried an unreachable master for a minute, logged ~100 lines of stack traces, and the command
+    ended on "a Spark job failed: ... Cannot call methods on a stopped SparkContext"."""
+    import socket
+    import time
+    from rnnlm.cli.session import check_master
+    monkeypatch.setattr("rnnlm.spark.session.get_spark", lambda *a, **k: pytest.fail("Spark was started"))
+    with socket.socket() as s:            # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    rc = main(["train", "--config", "conf/demo.toml", "--out", str(tmp_path / "o"), "--master",
+               f"spark://127.0.0.1:{port}"])
+    err = capsys.readouterr().err
+    assert (rc, err) == (2, f"error: the Spark master spark://127.0.0.1:{port} does not answer (127.0.0.1:{port}: "
+                            "Connection refused): start it, or name another with --master\n")
+    assert time.monotonic() - t0 < 10
+    with socket.socket() as s:            # of standby masters, one that takes a connection is enough
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        check_master(f"spark://127.0.0.1:{port},127.0.0.1:{s.getsockname()[1]}")
+    check_master("local[2]")
+    with pytest.raises(Exception, match=r"\(127.0.0.1:x: not host:port\)"):
+        check_master("spark://127.0.0.1:x")
+
+
 def test_a_signal_just_after_the_jvm_started_still_stops_the_session(monkeypatch):
     """Between the JVM's start and the try that stops it (installing the handlers, the log level, the UI line)
     a Ctrl-C left the session to Spark's shutdown hooks, which log ERROR lines in local-cluster mode."""

@@ -2,6 +2,8 @@
 out, signals handled) and checkpoints read through Hadoop's client (pyspark is imported on use)."""
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from contextlib import contextmanager
 
@@ -28,6 +30,8 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
     from pyspark.sql import SparkSession
     from ..spark.session import get_spark
     owned = SparkSession.getActiveSession() is None
+    if owned:
+        check_master(master)
     if owned and progress is not None:      # a line of its own: the JVM writes to the terminal as it starts
         progress.message(f"starting Spark ({master or 'local[2]'}) ...")
     # PySpark's gateway (private; nothing public says the JVM is up before the SparkContext is made)
@@ -56,6 +60,32 @@ def spark_session(app: str, master, verbose: bool = False, ui: bool = True, prog
                 stop_now(spark)
             else:
                 spark.stop()
+
+
+MASTER_TIMEOUT_S = 5.0      # s: the longest wait for a standalone master's address to take a connection
+
+
+def check_master(master: str | None) -> None:
+    """Refuse, before the JVM starts, a standalone master (``spark://host:port``, or several for standby
+    masters) that takes a connection at none of its addresses: Spark tried for a minute, logged ~100 lines of
+    stack traces, and the command ended on "Cannot call methods on a stopped SparkContext". Under
+    ``spark-submit`` the JVM has already connected."""
+    from ..spark.session import plain_master
+    url = plain_master(master)
+    if not url.startswith("spark://") or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    reasons = []
+    for address in url[len("spark://"):].split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=MASTER_TIMEOUT_S).close()
+            return
+        except (ValueError, OverflowError):
+            reasons.append(f"{address}: not host:port")
+        except OSError as e:
+            reasons.append(f"{address}: {e.strerror or e}")
+    raise SparkStartError(f"the Spark master {url} does not answer ({'; '.join(reasons)}): start it, or name "
+                          "another with --master")
 
 
 def stop_now(spark) -> None:
