@@ -87,7 +87,11 @@ class Tracker:
         except Exception as e:        # a tracker never stops the run
             self.broken = True
             self.log(f"warning: --log {self.name} failed, no more lines go there (metrics.jsonl has them): "
-                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+                     f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300] + self._hint())
+
+    def _hint(self) -> str:
+        """What the user can do about a failure, after the error's own words (cut: they can run long)."""
+        return ""
 
     def _line(self, m: dict) -> None:
         raise NotImplementedError
@@ -274,6 +278,17 @@ class MLflow(Tracker):
         changed = {f"rnnlm.resumed.{k}": v for k, v in flat.items() if k in kept and kept[k] != v}
         if changed:
             self.mlflow.set_tags(changed)
+
+    def _hint(self) -> str:
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if not uri:
+            return (" (MLFLOW_TRACKING_URI names no tracking server: set it to one's http://HOST:PORT; MLflow's "
+                    "default, a SQLite file, needs the full mlflow package)")
+        if "://" not in uri or uri.startswith("file:"):
+            if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+                return (" (MLflow 3 keeps runs in a local directory only with MLFLOW_ALLOW_FILE_STORE=true; a "
+                        "tracking server's http://HOST:PORT needs nothing more)")
+        return ""
 
     def _earlier(self, out: str):
         """The latest MLflow run of this experiment tagged with ``out``, or None."""

@@ -135,6 +135,31 @@ def _mlflow_run(store: str, name: str):
     return client, run
 
 
+def test_an_mlflow_store_the_client_refuses_says_what_to_set(tmp_path, monkeypatch):
+    """mlflow-skinny (the extra) with no MLFLOW_TRACKING_URI tries MLflow's default, a SQLite file it cannot
+    open; MLflow 3 refuses a local directory without MLFLOW_ALLOW_FILE_STORE. Each failure's words were cut
+    before MLflow's own remedy, and no line said what to set; the run goes on either way."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    cfg = config.load(None, [])
+    for uri, hint in ((None, "MLFLOW_TRACKING_URI names no tracking server: set it to one's http://HOST:PORT; "
+                             "MLflow's default, a SQLite file, needs the full mlflow package)"),
+                      (f"file:{tmp_path / 'mlruns'}", "MLflow 3 keeps runs in a local directory only with "
+                                                      "MLFLOW_ALLOW_FILE_STORE=true; a tracking server's "
+                                                      "http://HOST:PORT needs nothing more)")):
+        if uri is None:
+            monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        else:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        said = []
+        t = trackers.MLflow(cfg, str(tmp_path / "run"), log=said.append)
+        assert t.broken and len(said) == 1 and said[0].startswith("warning: --log mlflow failed, no more lines go "
+                                                                  "there (metrics.jsonl has them): "), said
+        assert said[0].endswith(f" ({hint}"), said
+        t.line({"round": 1, "train_loss": 2.0})           # the run goes on: the tracker takes lines, says nothing
+        assert len(said) == 1
+
+
 def test_every_metrics_line_reaches_tensorboard_and_mlflow(spark, tmp_path, monkeypatch):
     store = f"file:{tmp_path / 'mlruns'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
