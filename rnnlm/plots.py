@@ -230,16 +230,28 @@ def sync_fraction(run) -> float | None:
     return statistics.median(fractions) if fractions else None
 
 
+def setting(config: dict) -> str:
+    """What a round's cost depends on besides K and the codec: the corpus, the model, the partitions and the
+    batch, e.g. ``"ptb.train.txt, lstm 2x200, 2 partitions, batch 10"``."""
+    d, m, t = (config.get(k, {}) if isinstance(config.get(k), dict) else {} for k in ("data", "model", "train"))
+    name = str(d.get("train") or "").rstrip("/").rsplit("/", 1)[-1]
+    return (f"{name + ', ' if name else ''}{m.get('cell', '?')} {m.get('layers', '?')}x{m.get('hidden', '?')}, "
+            f"{d.get('partitions', '?')} partitions, batch {t.get('batch', '?')}")
+
+
 def sync_fractions(runs) -> dict:
     """``{codec: [(K, sync fraction), ...] sorted by K}`` over the synchronous runs (repeats of
-    one codec and K averaged)."""
+    one codec and K averaged); runs of several :func:`setting` s (another corpus, model, partitions or
+    batch: another round's cost) are not averaged together: their keys are ``"codec; setting"``."""
     out = {}
     for run in runs:
         f = sync_fraction(run)
         k = run.config.get("train", {}).get("local_steps", 0)
         if f is not None and type(k) is int and 0 <= k <= 2 ** 53:     # a damaged run.json's 2**64 is no K
-            out.setdefault(codec(run.config), {}).setdefault(k, []).append(f)
-    return {c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())] for c, v in sorted(out.items())}
+            out.setdefault((codec(run.config), setting(run.config)), {}).setdefault(k, []).append(f)
+    several = len({s for _, s in out}) > 1
+    return {f"{c}; {s}" if several else c: [(k, statistics.fmean(fs)) for k, fs in sorted(v.items())]
+            for (c, s), v in sorted(out.items())}
 
 
 def plot_sync_fraction(runs, ax=None, names: dict | None = None):

@@ -216,6 +216,23 @@ def test_sync_fraction_is_the_median_share_outside_compute_per_codec(tmp_path):
     assert [(k, round(f, 6)) for k, f in got[soft]] == [(1, 0.9)]
 
 
+def test_runs_of_another_model_or_corpus_are_not_averaged_into_one_sync_fraction(tmp_path):
+    """A PTB run's 0.159 and the character demo's 0.581 at the same K and codec were drawn as one point, 0.370:
+    a round's cost depends on the model, the corpus, the partitions and the batch as much as on K."""
+    def timed(r, c):
+        return [line(i + 1, 100 * (i + 1), 0, 0, float(i), 3.0, round_s=r, compute_s=c) for i in range(3)]
+    a = make_run(tmp_path, "small", timed(1.0, 0.8), ["train.local_steps=5", "model.hidden=16"])
+    b = make_run(tmp_path, "large", timed(1.0, 0.4), ["train.local_steps=5", "model.hidden=256"])
+    again = make_run(tmp_path, "large2", timed(1.0, 0.2), ["train.local_steps=5", "model.hidden=256", "train.seed=3"])
+    got = plots.sync_fractions(runs.load_all([str(a), str(b), str(again)]))
+    d = config.load(None, [])                 # the defaults: no corpus named, the rest as make_run wrote them
+    rest = f"{d.data.partitions} partitions, batch {d.train.batch}"
+    ls = {k: [(x, round(f, 6)) for x, f in v] for k, v in got.items()}
+    assert not d.data.train and ls == {f"dense; lstm {d.model.layers}x16, {rest}": [(5, 0.2)],
+                                       f"dense; lstm {d.model.layers}x256, {rest}": [(5, 0.7)]}, ls
+    assert list(plots.sync_fractions(runs.load_all([str(b), str(again)]))) == ["dense"]     # one setting: as before
+
+
 def test_save_picks_the_format_from_the_suffix(tmp_path):
     r = runs.load(str(make_run(tmp_path, "a", LINES)))
     for ext, magic in ((".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")):
