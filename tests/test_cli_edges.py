@@ -433,6 +433,8 @@ def test_a_standalone_master_that_does_not_answer_is_one_line_before_the_jvm(tmp
     import time
     from rnnlm.cli.session import check_master
     monkeypatch.setattr("rnnlm.spark.session.get_spark", lambda *a, **k: pytest.fail("Spark was started"))
+    # as in a process of its own (a test's shared session would be the one used, with its own master)
+    monkeypatch.setattr("pyspark.sql.SparkSession.getActiveSession", lambda: None)
     with socket.socket() as s:            # a port nothing listens on once it is closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -219,6 +219,11 @@ def test_an_out_the_run_cannot_write_in_is_one_line_before_spark(tmp_path, capsy
     for out in (tmp_path / "f", tmp_path / "f" / "run"):
         one_error(capsys, train(out, "train.rounds=2"), f"--out {out}: {tmp_path / 'f'} is a file, not a directory")
     assert (tmp_path / "f").read_text() == "x"
+    # where nothing can be made, root included (os.access said yes to root: a raw ENOENT once the corpus was read)
+    one_error(capsys, train("/proc/rnnlm-run", "train.rounds=2"), "--out /proc/rnnlm-run: /proc is not writable (")
+    (tmp_path / "ok").mkdir()
+    checks._check_writable(str(tmp_path / "ok" / "run"), str(tmp_path / "ok" / "run"))
+    assert os.listdir(tmp_path / "ok") == []                 # the try leaves nothing behind
 
 
 def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, capsys, no_jvm):

@@ -12,6 +12,7 @@ import os
 import posixpath
 import shutil
 import sys
+import tempfile
 import urllib.parse
 
 from .. import config
@@ -115,14 +116,17 @@ def check_train(cfg: config.Config, config_path: str | None, out: str, resume: b
 
 def _check_writable(out: str, local_out: str) -> None:
     """A local ``--out`` the run can write in: a directory, or one its nearest existing parent lets
-    it make (found after Spark and the corpus, it was a traceback)."""
+    it make (found after Spark and the corpus, it was a traceback). Tried, not asked of ``os.access``,
+    which says yes to root everywhere (``/proc``, a read-only mount)."""
     path = local_out
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     if not os.path.isdir(path):
         raise TrainingError(f"--out {out}: {path} is a file, not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise TrainingError(f"--out {out}: {path} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rnnlm-writable-", dir=path))
+    except OSError as e:
+        raise TrainingError(f"--out {out}: {path} is not writable ({e.strerror or e})") from None
 
 
 def check_demo_out(out: str) -> None:
