@@ -97,6 +97,11 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     # a text of one paragraph is one stream, whatever was asked: said, not silently
     assert one.returncode == 0 and ("note: --streams 3: rnnlm/data/harbour_valid.txt holds 1 paragraph, scored as "
                                     "1 stream") in one.stdout, one.stdout
+    # the characters the training text lacks (its ':' and 'N', 2 of the 707 and the paragraph's end) are said
+    train_chars, text = set(open(HARBOUR).read()), open(os.path.join(ROOT, "rnnlm/data/harbour_valid.txt")).read()
+    assert sum(c not in train_chars for c in text) == 2 and len(text) == 707
+    assert "note: 2 of 708 tokens (0.3%) read as '\ufffd', the checkpoint's unknown token\n" in one.stdout
+    assert "read as" not in evaluated[0].stdout                 # its own training text: none
     samples = [run("jobs/generate.py", "--checkpoint", str(tmp_path / where), "--length", "40", "--seed", "2")
                for where in ("run", "run/checkpoint")]
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30

@@ -167,9 +167,15 @@ def evaluate(a) -> int:
             print(f"note: {asked}: {a.data} holds {streams} {unit}{'s' * (streams != 1)}, scored as "
                   f"{streams} stream{'s' * (streams != 1)}")
         try:
+            unk = ck.vocab.unk_id
+            unknown, tokens = rdd.map(lambda p: (int((p[1] == unk).sum()), len(p[1]))) \
+                .fold((0, 0), lambda x, y: (x[0] + y[0], x[1] + y[1]))
             loss = corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
         finally:        # the session stops next: a release that ended well waits for the executors' answers
             release(rdds=[rdd], blocking=loss is not None)
+    if unknown:         # outside the checkpoint's vocabulary (or the text's own <unk>): a perplexity of fewer words
+        print(f"note: {unknown:,} of {tokens:,} tokens ({100 * unknown / tokens:.1f}%) read as "
+              f"{ck.vocab.tokens[unk]!r}, the checkpoint's unknown token")
     fields = loss_fields(loss, cfg.data.level, "")
     # the result is named by the file scored, whichever split it is
     print(f"{a.data}: " + " | ".join(f"{k.lstrip('_')} {v:.4f}" for k, v in fields.items()))
