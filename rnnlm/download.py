@@ -65,6 +65,8 @@ def fetch(corpus: str, dest: str, mirror: str | None = None, log=print) -> list:
 
 
 def _fetch(corpus: str, dest: str, mirror: str | None, log) -> list:
+    if os.path.lexists(dest) and not os.path.isdir(dest):       # makedirs said only "File exists"
+        raise DownloadError(f"--dest {dest} is a file, not a directory")
     os.makedirs(dest, exist_ok=True)
     out = []
     for name, (url, digest, size) in CORPORA[corpus].items():
