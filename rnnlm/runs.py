@@ -199,6 +199,9 @@ def load(path: str) -> Run:
         raise NotARun(f"{path}: not a run ({what})")
     metrics = json_lines(raw)
     if not metrics:
+        first, end, _ = raw.partition(b"\n")
+        if end and first.strip():       # a whole line, not one being written
+            raise RunError(f"{path}: metrics.jsonl's first line is not a metrics line (a JSON table)")
         raise RunError(f"{path}: metrics.jsonl holds no complete line yet")
     info = _json(fs, f"{p}/run.json")
     cfg = _sections(info.get("config")) or _sections(_json(fs, f"{p}/checkpoint/config.json"))

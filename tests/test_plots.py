@@ -526,11 +526,14 @@ def test_runs_in_a_folder_that_cannot_be_read_are_said_to_be_left_out(tmp_path, 
     make_run(tmp_path / "all", "good", LINES)
     make_run(tmp_path / "all", "empty", [])
     (make_run(tmp_path / "all", "garbage", []) / "metrics.jsonl").write_bytes(bytes(range(256)))
+    (make_run(tmp_path / "all", "writing", []) / "metrics.jsonl").write_text('{"round": 1, "tok')
     (tmp_path / "all" / "notes").mkdir()                        # no run at all: nothing to say
     skipped = []
     assert [r.name for r in runs.load_all([str(tmp_path / "all")], skipped)] == ["good"]
-    assert skipped == [f"{tmp_path / 'all' / n}: metrics.jsonl holds no complete line yet"
-                       for n in ("empty", "garbage")]
+    # a whole first line that is no metrics line was called "no complete line yet", as a line being written is
+    assert skipped == [f"{tmp_path / 'all' / 'empty'}: metrics.jsonl holds no complete line yet",
+                       f"{tmp_path / 'all' / 'garbage'}: metrics.jsonl's first line is not a metrics line (a JSON "
+                       "table)", f"{tmp_path / 'all' / 'writing'}: metrics.jsonl holds no complete line yet"]
     assert main.main(["plot", "--runs", str(tmp_path / "all"), "--out", str(tmp_path / "f.png")]) == 0
     assert capsys.readouterr().err == "".join(f"warning: left out {s}\n" for s in skipped)
 
