@@ -45,6 +45,10 @@ def test_a_prime_outside_the_vocabulary_is_said(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "note: --prime has 1 char outside the model's vocabulary, read as its unknown token: 'é'\n"
         "note: --temperature does not change --argmax's text (the likeliest token at any temperature)\n")
+    for t in ("0", "-1", "nan", "inf"):         # named by the option, before any checkpoint is read (none is here)
+        assert main(["generate", "--checkpoint", str(tmp_path / "none"), "--temperature", t]) == 2
+        assert capsys.readouterr().err == (f"error: --temperature must be a number > 0 (--argmax takes the likeliest "
+                                           f"token), not {float(t)}\n")
 
 
 def test_a_mistyped_metric_gets_a_did_you_mean(tmp_path, capsys):

@@ -33,6 +33,8 @@ def generate(a) -> int:
     from ..core.models import build as build_model
     from .checks import load_checkpoint
     from .session import SparkStartError
+    if not a.argmax and not (0 < a.temperature < float("inf")):      # before a checkpoint on HDFS starts Spark
+        return error(f"--temperature must be a number > 0 (--argmax takes the likeliest token), not {a.temperature}")
     seed = a.seed
     if seed is None:          # a new sample each call, which the printed seed repeats
         seed = secrets.randbelow(2 ** 31)
