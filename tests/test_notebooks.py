@@ -56,11 +56,15 @@ def test_convergence_notebook_runs_on_real_runs(spark, tiny_cfg, tmp_path):
     (tmp_path / "sweep" / "starting" / "metrics.jsonl").write_text('{"round": 1, "tok')
     # relative, as a user types it from the repository root: the kernel itself runs in notebooks/
     relative = os.path.relpath(tmp_path / "sweep", ROOT)
-    nb = execute("convergence_vs_communication.ipynb", {"RNNLM_RUNS": relative})
+    # and a path mistyped beside it: left out alone (it dropped every run, with "train one")
+    typo = os.path.relpath(tmp_path / "sweeep", ROOT)
+    nb = execute("convergence_vs_communication.ipynb", {"RNNLM_RUNS": f"{relative},{typo}"})
     text = outputs(nb)
     starting = os.path.join(ROOT, relative, "starting")
     assert f"left out: {starting}: metrics.jsonl holds no complete line yet\n" in text, text
-    assert f"runs (relative paths from the repository root {ROOT}): {os.path.join(ROOT, relative)}\n" in text
+    assert f"left out: {os.path.join(ROOT, typo)}: not a run (no such directory)\n" in text, text
+    assert (f"runs (relative paths from the repository root {ROOT}): {os.path.join(ROOT, relative)}, "
+            f"{os.path.join(ROOT, typo)}\n") in text
     assert "train_loss nan " in text
     assert "local_steps=2, embed=dense" in text and "local_steps=4, embed=rows+fp16" in text
     assert "'dense': [(2," in text
@@ -101,7 +105,8 @@ def test_notebooks_run_as_they_stand_after_the_readmes_first_command(spark, tiny
     root = checkout(tmp_path)
     env = {"RNNLM_RUNS": "", "RNNLM_CORPUS": "", "RNNLM_ZIPF_LONGEST": ""}
     text = outputs(execute("convergence_vs_communication.ipynb", env, str(root)))
-    assert text.startswith("no runs to read (") and "set RNNLM_RUNS=DIR[,DIR...]" in text, text
+    assert text.startswith("no runs to read: train one (rnnlm train --config conf/demo.toml --out runs/demo) or "
+                           f"set RNNLM_RUNS=DIR[,DIR...]\nleft out: {root}/runs: not a run (no such directory)\n"), text
     assert "Error" not in text and "Traceback" not in text
     Trainer(spark, config.replace(tiny_cfg, "data", valid=HARBOUR_VALID), str(root / "runs" / "demo"),
             log=lambda s: None).run()
