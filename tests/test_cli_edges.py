@@ -236,6 +236,7 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_leaves_nothing(tm
     assert sorted(os.listdir(tmp_path)) == ["dir.zip", "file"] and os.listdir(tmp_path / "dir.zip") == []
     assert main(["download", "ptb", "--dest", str(tmp_path / "file"), "--mirror", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: --dest {tmp_path / 'file'} is a file, not a directory\n"
+    assert (tmp_path / "file").read_text() == "x"
     assert main(["package", "--out", str(tmp_path / "ok" / "rnnlm.zip")]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'ok' / 'rnnlm.zip'}\n"
 

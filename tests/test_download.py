@@ -94,16 +94,6 @@ def test_a_mirror_file_of_another_size_is_refused_before_it_is_copied(monkeypatc
         download.fetch("toy", str(tmp_path / "data"), str(tmp_path / "mirror"), log=lambda s: None)
 
 
-def test_a_dest_that_is_a_file_is_named_so(monkeypatch, tmp_path):
-    monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": ("https://example.invalid/toy.txt",
-                                                              hashlib.sha256(DATA).hexdigest(), len(DATA))})
-    (tmp_path / "dest").write_text("mine")
-    with pytest.raises(download.DownloadError) as e:         # makedirs said "File exists"
-        download.fetch("toy", str(tmp_path / "dest"), str(tmp_path / "mirror"), log=lambda s: None)
-    assert str(e.value) == f"--dest {tmp_path / 'dest'} is a file, not a directory"
-    assert (tmp_path / "dest").read_text() == "mine"
-
-
 @pytest.mark.parametrize("text, fraction, train", [
     ("ab\n\ncd\n\nefgh", 0.5, "ab\n\n"),             # the last paragraph break before the point, kept in train
     ("ab\n\ncd\n\nefgh", 0.75, "ab\n\ncd\n\n"),

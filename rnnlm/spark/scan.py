@@ -167,8 +167,10 @@ def _long_record(f, mode: str, limit: int, blank_line: bytes | None = None) -> t
             first, last = (len(pieces[0]) if len(pieces) > 1 else -1), len(pieces[-1])
         if start == 0:              # the stream's first record: a line end in its first limit bytes?
             n = min(len(data) if first < 0 else first, limit - pos)
-            ends |= {b"\n"} if b"\n" in data[:n] else set()
-            ends |= {b"\r"} if re.search(rb"\r[^\n]", data[:n + 1]) else set()     # a lone one
+            if b"\n" in data[:n]:
+                ends.add(b"\n")
+            if re.search(rb"\r[^\n]", data[:n + 1]):     # a lone one
+                ends.add(b"\r")
         if first >= 0:
             if pos + first - start > limit:
                 return found()
