@@ -524,14 +524,17 @@ def test_a_resume_onto_other_blas_threads_says_its_numbers_may_differ(tmp_path):
 def test_a_resume_onto_a_corpus_that_changed_is_refused_and_onto_the_same_text_goes_on(spark, tmp_path, capsys, mode):
     """The configuration names the corpus, but its file can change between a run and its resume (text appended):
     the resume trained on, silently, with epochs and numbers no uninterrupted run has. run.json records the
-    tokens' digest; a resume that reads others is refused in one line, its files left as they were."""
-    text = tmp_path / "text.txt"
+    tokens' digest; a resume that reads others is refused in one line, its files left as they were. So is one
+    whose held-out text changed (its scores pick the best checkpoint and step a plateau schedule)."""
+    text, held = tmp_path / "text.txt", tmp_path / "held.txt"
     shutil.copy(HARBOUR, text)
-    sets = (f"data.train={text}", f"train.mode={mode}", "data.partitions=1")
+    shutil.copy(HARBOUR_VALID, held)
+    sets = (f"data.train={text}", f"data.test={held}", f"train.mode={mode}", "data.partitions=1")
     out = tmp_path / "run"
     assert train(out, *sets, "train.rounds=2") == 0
     saved = {p: (out / p).read_bytes() for p in ("run.json", "metrics.jsonl")}
-    digest = json.loads(saved["run.json"])["corpus"]["digest"]
+    corpus = json.loads(saved["run.json"])["corpus"]
+    digest = corpus["digest"]
     capsys.readouterr()
     with open(text, "a") as f:
         f.write(open(HARBOUR_VALID).read()[:3000])
@@ -542,5 +545,13 @@ def test_a_resume_onto_a_corpus_that_changed_is_refused_and_onto_the_same_text_g
                         f"{out}/checkpoint\n"), err
     assert {p: (out / p).read_bytes() for p in saved} == saved
     shutil.copy(HARBOUR, text)
+    held.write_text(held.read_text().replace(" the ", " thy ", 1))     # one letter other, the count the same
+    rc = train(out, *sets, "train.rounds=4", resume=True)
+    n = corpus["test"]["tokens"]
+    one_error(capsys, rc, f"cannot resume: data.test reads other text than this run was scored on ({n:,} tokens "
+                          f"then, {n:,} now; their digests {corpus['test']['digest']} and ")
+    assert {p: (out / p).read_bytes() for p in saved} == saved
+    shutil.copy(HARBOUR_VALID, held)
     assert train(out, *sets, "train.rounds=4", resume=True) == 0
-    assert json.loads((out / "run.json").read_text())["corpus"] == {"tokens": 6092, "digest": digest}
+    assert json.loads((out / "run.json").read_text())["corpus"] == corpus == {
+        "tokens": 6092, "digest": digest, "test": {"tokens": n, "digest": corpus["test"]["digest"]}}

@@ -56,8 +56,7 @@ class AsyncTrainer(Driver):
             if ck is not None and _finished(ck.position, windows):
                 self.params, self.vocab = ck.params, data.vocab
                 return self.dir.nothing_to_do(ck.position["round"], windows)
-            self.dir.write_info(self.sc, cfg, resume, data.devices, init,
-                                {"tokens": data.tokens, "digest": data.digest})
+            self.dir.write_info(self.sc, cfg, resume, data.devices, init, data.record())
             server = self._server(cfg, model, windows, ck, init)
             params = server.params
             held_out = {name: _collect(rdd) for name, rdd in (("valid", data.valid), ("test", data.test))

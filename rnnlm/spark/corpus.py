@@ -19,6 +19,7 @@ from .. import config
 from ..core.schedule import rounds_for
 from ..core.vocab import EOS, UNK_CHAR, UNK_WORD, Vocab, tokenize
 from .executor import eval_task, probe_task
+from .memo import digest
 from .reader import paragraphs
 from .scan import CorpusError
 from .session import release
@@ -124,6 +125,16 @@ class Corpus:
     counted_for: tuple = ()  # round_keys() of the configuration `scored` was counted under
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
     digest: str | None = None   # of the partitions' tokens and paragraph starts, in order: what a resume trains on
+    held_out_digests: dict = field(default_factory=dict)    # "valid", "test" -> its streams' digest, likewise
+
+    def record(self) -> dict:
+        """What ``run.json`` says this run reads, for a resume to check (:meth:`rnnlm.spark.rundir.RunDir.write_info`):
+        the training text's tokens and digest, and under ``valid`` and ``test`` the held-out texts' (their
+        scores pick the best checkpoint and step a plateau schedule)."""
+        out = {"tokens": self.tokens, "digest": self.digest}
+        for name, tokens in self.held_out_tokens.items():
+            out[name] = {"tokens": tokens, "digest": self.held_out_digests[name]}
+        return out
 
 
 def epoch_keys(cfg: config.Config) -> tuple:
@@ -185,7 +196,7 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
     phase(f"encoding and caching {d.partitions} partitions")
     enc = encode_partitions(contiguous_partitions(paras, d.partitions, name=d.train), bc_vocab)
     enc = enc.persist()
-    held_out, counts = {}, {}
+    held_out, counts, digests = {}, {}, {}
     try:
         probe = _probe(cfg, enc)
         for name, path in (("valid", d.valid), ("test", d.test)):
@@ -193,7 +204,8 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
                 phase(f"reading {name} text {path}")
                 held_out[name] = load_held_out(sc, cfg, path, bc_vocab, f"data.{name}")
                 # counted now (the text is cached here anyway) so that an evaluation can say how much it reads
-                counts[name] = held_out[name].map(lambda p: len(p[1])).sum()
+                rows = held_out[name].map(lambda p: (p[0], len(p[1]), digest(p[1], p[2]))).collect()
+                counts[name], digests[name] = sum(r[1] for r in rows), _joined(rows)
     except BaseException:       # a corpus error, a failed job, Ctrl-C: a shared session keeps nothing of it
         try:
             release([bc_vocab], [enc, *held_out.values()])
@@ -203,12 +215,13 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
                   _scored(probe), counts, {p[0]: p[5] for p in probe}, round_keys(cfg), (bc_vocab,),
-                  _digest(probe))
+                  _joined([(p[0], p[6]) for p in probe]), digests)
 
 
-def _digest(probe: list) -> str:
-    """The corpus' name for a resume to check: its partitions' digests (:func:`probe_task`), in order."""
-    return hashlib.blake2b(" ".join(p[6] for p in sorted(probe, key=lambda p: p[0])).encode(),
+def _joined(rows: list) -> str:
+    """A text's name for a resume to check, from rows ``(partition, ..., its digest)``: the partitions'
+    digests (:func:`probe_task`'s, or a held-out stream's), in order."""
+    return hashlib.blake2b(" ".join(r[-1] for r in sorted(rows, key=lambda r: r[0])).encode(),
                            digest_size=8).hexdigest()
 
 

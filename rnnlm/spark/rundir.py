@@ -329,9 +329,10 @@ class RunDir:
                    corpus: dict | None = None):
         """``run.json`` for the run starting (or resuming) now with the resolved ``cfg`` on ``devices``
         (partition -> where it computes, :func:`rnnlm.spark.executor.probe_task`), from ``init``'s weights,
-        on ``corpus`` (``tokens``, ``digest``); under ``--overwrite`` the earlier run's files go first. Returns
-        the devices the replaced record held (a resume's; None when there were none). A resume whose corpus
-        is not the one its record names is refused (TrainingError), the record left as it was."""
+        on ``corpus`` (:meth:`rnnlm.spark.corpus.Corpus.record`); under ``--overwrite`` the earlier run's files
+        go first. Returns the devices the replaced record held (a resume's; None when there were none). A
+        resume whose texts are not the ones its record names is refused (TrainingError), the record left as
+        it was."""
         if self._earlier:
             for p in (self.metrics_path, self.ck_path, self.best_path):
                 self.fs.delete(p)
@@ -341,17 +342,23 @@ class RunDir:
         return replaced.get("devices")
 
     def _same_corpus(self, then, now) -> None:
-        """Refuse to resume on a ``data.train`` that reads other tokens than the run trained on (``then``: its
-        record's; a record from before corpora were recorded, or damaged, names none and is not compared)."""
-        if not (isinstance(then, dict) and isinstance(then.get("digest"), str) and now is not None):
+        """Refuse to resume on a ``data.train`` (``valid``, ``test``) that reads other tokens than the run read
+        (``then``: its record's; a record from before texts were recorded, or damaged, names none and is not
+        compared): another training text gives numbers no run has, another held-out text another best
+        checkpoint and plateau schedule, and figures that do not follow the earlier ones."""
+        if not isinstance(then, dict) or now is None:
             return
-        if then["digest"] != now["digest"]:
-            tokens = then.get("tokens")
-            was = f"{tokens:,} tokens then" if type(tokens) is int else "the tokens then"
-            raise TrainingError(f"cannot resume: data.train reads other text than this run trained on ({was}, "
-                                f"{now['tokens']:,} now; their digests {then['digest']} and {now['digest']}): "
-                                f"give it its text back, or start a new run from these weights with --init-from "
-                                f"{self.ck_path}")
+        for key, was, is_ in (("train", then, now), *((k, then.get(k), now.get(k)) for k in ("valid", "test"))):
+            if not (isinstance(was, dict) and isinstance(was.get("digest"), str) and isinstance(is_, dict)):
+                continue
+            if was["digest"] != is_["digest"]:
+                tokens = was.get("tokens")
+                count = f"{tokens:,} tokens then" if type(tokens) is int else "the tokens then"
+                raise TrainingError(f"cannot resume: data.{key} reads other text than this run "
+                                    f"{'trained' if key == 'train' else 'was scored'} on ({count}, "
+                                    f"{is_['tokens']:,} now; their digests {was['digest']} and {is_['digest']}): "
+                                    f"give it its text back, or start a new run from these weights with "
+                                    f"--init-from {self.ck_path}")
 
     def saved_lines(self, keys: tuple = ("round",)) -> list | None:
         """The metrics file's lines, or None when it is missing or empty; a last line cut short by a

@@ -36,8 +36,8 @@ def describe(sc, cfg, resume_of: dict | None = None, devices: dict | None = None
     """The record of a run starting now on ``sc`` with the resolved ``cfg``; ``devices``: partition ->
     ``{"ran": "cpu" or "gpu N", "assigned": Spark's GPU addresses, "arithmetic": what else fixes its
     numbers}`` (:func:`rnnlm.spark.executor.probe_task`); ``init_from``: where its first
-    weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``); ``corpus``: what it trains
-    on (``tokens``, ``digest``: :attr:`rnnlm.spark.corpus.Corpus.digest`), which a resume must read again.
+    weights came from (``--init-from``: path, round, optimizer ``fresh`` or ``kept``); ``corpus``: what it reads
+    (:meth:`rnnlm.spark.corpus.Corpus.record`), which a resume must read again.
 
     ``resume_of`` is the record of the run being resumed: its start time and ``init_from`` are
     kept and this start is appended to its ``resumed`` list.

@@ -112,8 +112,7 @@ class Trainer(Driver):
             at = at or RunState(schedule=Schedule(cfg.optim).state)
             if state is None:
                 state = SyncState.start_from(init) if init else SyncState(params=model.init_params(cfg.train.seed))
-            before = self.dir.write_info(self.sc, cfg, resume, data.devices, init,
-                                         {"tokens": data.tokens, "digest": data.digest})
+            before = self.dir.write_info(self.sc, cfg, resume, data.devices, init, data.record())
             size = (f"vocab {len(data.vocab):,} | params {state.params.size:,} | train tokens {data.tokens:,} | "
                     f"{cfg.data.partitions} partitions x {steps_label(cfg.train)} | {rounds} rounds")
             resumed = f"resumed from round {at.round}" if resume else None
