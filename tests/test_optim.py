@@ -6,7 +6,7 @@ import pytest
 
 from rnnlm.config import OptimConfig
 from rnnlm.core.optim import clip_factor, clip_grads, make_optimizer
-from rnnlm.core.schedule import Schedule
+from rnnlm.core.schedule import Schedule, rounds_for
 
 
 def run(name, grads_seq, lr=0.1, **kw):
@@ -84,6 +84,17 @@ def test_epoch_decay_matches_zaremba():
     assert [s.lr(e) for e in (0, 2.5, 3.9, 4.0, 5.2, 12.0)] == [1, 1, 1, 0.5, 0.25, 0.5 ** 9]
     floor = Schedule(OptimConfig(lr=1.0, schedule="epoch_decay", decay=0.5, decay_after=1, min_lr=0.1))
     assert [floor.lr(e) for e in range(7)] == [1, 0.5, 0.25, 0.125, 0.1, 0.1, 0.1]
+
+
+@pytest.mark.parametrize("epochs, per_epoch, per_round, rounds", [
+    (13, 929_589, 929_589, 13),     # 13 passes of one-pass rounds
+    (2.2, 25, 1, 55),               # 2.2 * 25 is 55.000000000000007 in floats: not 56 rounds
+    (1, 10, 3, 4),                  # a part of a round's worth is a round
+    (1, 10, 20, 1),                 # half a round's worth: one round
+    (3, 100, 7, 43),                # 42.86 rounds' worth
+])
+def test_rounds_for_counts_whole_rounds_and_not_the_quotients_last_bit(epochs, per_epoch, per_round, rounds):
+    assert rounds_for(epochs, per_epoch, per_round) == rounds
 
 
 def test_plateau_halves_when_validation_stalls():
