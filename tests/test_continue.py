@@ -269,6 +269,9 @@ def test_a_saved_relative_name_is_the_file_it_names_here_or_in_the_checkout_noth
     assert same_data(str(tmp_path / "train.txt"), "train.txt") and same_data("train.txt", str(tmp_path / "train.txt"))
     assert same_data(HARBOUR, "rnnlm/data/harbour.txt")          # not here: the checkout's
     assert not same_data(HARBOUR_VALID, "rnnlm/data/harbour.txt")
+    # another filesystem's names are one text when equal, and else not (nothing here to compare them by)
+    assert same_data("hdfs://nn:8020/ptb/train.txt", "hdfs://nn:8020/ptb/train.txt")
+    assert not same_data("hdfs://nn:8020/ptb/train.txt", "hdfs://nn:8020/ptb/valid.txt")
 
 
 def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
