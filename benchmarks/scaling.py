@@ -7,7 +7,8 @@
 Every (preset, rule, P) is one ``jobs/train.py`` run in its own process (``local[2]``: how many
 cores run the partitions changes when, never what, so ``local[2]`` runs P = 16 as a cluster of 16
 executors would compute it), on the same data and seed, evaluating the validation text ``--evals``
-times. ``preset`` keeps the preset's outer step (``train.outer = "average"``); ``auto`` lets
+times. ``preset`` averages the partitions' weights (``train.outer = "average"``, the presets' step when
+the rule was named; they now set ``auto``); ``auto`` lets
 ``train.outer = "auto"`` choose it from ``data.partitions`` (:func:`rnnlm.config.outer_for`);
 ``--rule`` adds others. Runs already finished in ``--out`` are read, not run again (``--report``:
 only those).

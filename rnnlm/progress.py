@@ -1,7 +1,7 @@
 """The driver's progress on a terminal: one status line rewritten in place.
 
 On a terminal (``stream.isatty()``) each round redraws
-``round 12/60 [#####.....] 20% | 0:14 < 0:56 | loss 2.310 | 41.2k tok/s | 1.20 MB/round``,
+``round 12/60 [####....................]  20% | 0:14 < 0:56 | loss 2.310 | 41.2k tok/s | 1.20 MB/round``,
 never wider than the terminal (the last fields go first); lines that report held-out scores,
 and every other message, are printed above it, wrapped at their `` | `` separators. In a
 log (not a terminal) nothing is redrawn or wrapped: every round is its own line, as before.
