@@ -275,24 +275,32 @@ def test_a_saved_relative_name_is_the_file_it_names_here_or_in_the_checkout_noth
 
 
 def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp_path, capsys, no_jvm):
-    lines = [{"round": 1, "syncs": 1, "train_loss": 3.9}, {"round": 2, "syncs": 2, "train_loss": 3.8}]
-    saved_run(tmp_path / "sync", "train.rounds=2", lines=lines, position={
-        "round": 2, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    lines = [{"round": 1, "syncs": 1, "train_loss": 3.9},
+             {"round": 2, "syncs": 2, "train_loss": 3.8, "valid_ppl": 45.0}]
+    saved_run(tmp_path / "sync", "train.rounds=3", position={"round": 3, "tokens": 576, "bytes_sent": 0,
+                                                             "bytes_broadcast": 0, "wall_s": 1.0},
+              lines=[{"round": 1, "syncs": 1, "train_loss": 4.0}, *({**m, "round": m["round"] + 1} for m in lines)])
     line = dict(lines[-1], syncs=4, pushes=2, windows_lost=0)        # the run's last line (test_async: one that is not)
     saved_run(tmp_path / "async", "train.rounds=2", "train.mode=async", "train.push_every=3",
               lines=[lines[0], line], position={"round": 2, "version": 4, "done": [2, 2], "totals": {}, "line": line,
                                                 "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
-    for name, sets in (("sync", ()), ("async", ("train.mode=async", "train.push_every=3"))):
+    # a metrics file cut short (its last line lost in a crash) ends before its checkpoint's round
+    saved_run(tmp_path / "short", "train.rounds=3", lines=lines, position={
+        "round": 3, "tokens": 576, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
+    figures = " | train_loss 3.8000 | valid_ppl 45.00"
+    for name, rounds, sets, figures in (("sync", 3, (), figures), ("short", 3, (), ""),
+                                        ("async", 2, ("train.mode=async", "train.push_every=3"), figures)):
         out = tmp_path / name
         before = (out / "metrics.jsonl").read_bytes()
-        assert train(out, "train.rounds=2", *sets, resume=True) == 0
-        said = capsys.readouterr().out.splitlines()
-        assert said[:3] == [f"nothing to do: {out} is at round 2 of 2 (raise train.rounds or train.epochs to train on)",
-                            f"done: round 2 | train_loss 3.8000 | checkpoint {out}/checkpoint", "--- sample 1 ---"]
+        assert train(out, f"train.rounds={rounds}", *sets, resume=True) == 0
+        said = capsys.readouterr().out.splitlines()      # the last line's figures, not another's
+        assert said[:3] == [f"nothing to do: {out} is at round {rounds} of {rounds} (raise train.rounds or "
+                            "train.epochs to train on)",
+                            f"done: round {rounds}{figures} | checkpoint {out}/checkpoint", "--- sample 1 ---"], said
         assert (out / "metrics.jsonl").read_bytes() == before
-    # a longer run of it needs Spark (here: refused, as a run of 3 rounds would start it)
+    # a longer run of it needs Spark (here: refused, as a run of 4 rounds would start it)
     with pytest.raises(AssertionError, match="Spark was started"):
-        train(tmp_path / "sync", "train.rounds=3", resume=True)
+        train(tmp_path / "sync", "train.rounds=4", resume=True)
 
 
 def test_a_plateau_run_ended_off_the_cadence_is_refused_before_spark(tmp_path, capsys, no_jvm):
