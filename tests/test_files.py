@@ -90,6 +90,13 @@ def test_a_file_that_holds_more_than_its_size_said_is_refused():
         LocalFS().read_at_most("/proc/self/status", 100)
 
 
+@pytest.mark.parametrize("nbytes, said", [
+    (16 << 20, "16 MiB"), (1 << 20, "1 MiB"), (3 << 30, "3072 MiB"), ((16 << 20) + 1, "16,777,217 bytes"),
+    ((1 << 20) - 1, "1,048,575 bytes"), (100, "100 bytes"), (0, "0 bytes")])
+def test_a_limit_is_said_in_mib_when_it_is_whole_ones_and_else_in_bytes(nbytes, said):
+    assert files.amount(nbytes) == said
+
+
 def test_every_file_written_is_on_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
     synced, real = [], os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd)))
