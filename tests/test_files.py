@@ -90,6 +90,14 @@ def test_a_file_that_holds_more_than_its_size_said_is_refused():
         LocalFS().read_at_most("/proc/self/status", 100)
 
 
+def test_mkdirs_makes_the_missing_parents_and_takes_a_directory_that_exists(tmp_path):
+    """As Hadoop's ``FileSystem.mkdirs`` does (``HadoopFS``'s other branch): both filesystems answer alike."""
+    p = str(tmp_path / "a" / "b")
+    LocalFS().mkdirs(p)
+    LocalFS().mkdirs(p)
+    assert os.path.isdir(p)
+
+
 @pytest.mark.parametrize("nbytes, said", [
     (16 << 20, "16 MiB"), (1 << 20, "1 MiB"), (3 << 30, "3072 MiB"), ((16 << 20) + 1, "16,777,217 bytes"),
     ((1 << 20) - 1, "1,048,575 bytes"), (100, "100 bytes"), (0, "0 bytes")])
