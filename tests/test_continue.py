@@ -287,9 +287,9 @@ def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp
     # a metrics file cut short (its last line lost in a crash) ends before its checkpoint's round
     saved_run(tmp_path / "short", "train.rounds=3", lines=lines, position={
         "round": 3, "tokens": 576, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})
-    figures = " | train_loss 3.8000 | valid_ppl 45.00"
-    for name, rounds, sets, figures in (("sync", 3, (), figures), ("short", 3, (), ""),
-                                        ("async", 2, ("train.mode=async", "train.push_every=3"), figures)):
+    full = " | train_loss 3.8000 | valid_ppl 45.00"
+    for name, rounds, sets, figures in (("sync", 3, (), full), ("short", 3, (), ""),
+                                        ("async", 2, ("train.mode=async", "train.push_every=3"), full)):
         out = tmp_path / name
         before = (out / "metrics.jsonl").read_bytes()
         assert train(out, f"train.rounds={rounds}", *sets, resume=True) == 0

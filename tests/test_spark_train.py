@@ -234,7 +234,7 @@ def test_resume_two_plus_two_equals_four(spark, tiny_cfg, tmp_path, settings, ur
     assert ck.position["round"] == 4 and np.array_equal(ck.params, a.params)
     if "exchange.feedback=true" in settings:
         # the resumed round broadcasts the partitions' residuals again (its lineage seeded from the
-        # checkpoint), each a float32 copy of the parameters, besides what round 3 broadcasts unresumed
+        # checkpoint), each the parameters' size in float32, besides what round 3 broadcasts unresumed
         extra = mb[2]["round_bytes_broadcast"] - ma[2]["round_bytes_broadcast"]
         assert extra >= four.data.partitions * a.params.size * 4, (extra, a.params.size)
 
