@@ -88,11 +88,15 @@ def test_idle_and_garbage_peers_cannot_keep_a_client_with_the_secret_out():
                               max_connections=4).start()
     flood = Flood(server.address, idle=12).start()
     try:
-        for i in range(12):                          # a fresh connection each time, while the flood goes on
+        # a fresh connection each time, while the flood goes on: 12 calls at least, and on until it has
+        # opened 30 (a loaded machine runs its thread less often between the calls)
+        i, deadline = 0, time.monotonic() + 60
+        while i < 12 or (flood.opened <= 30 and time.monotonic() < deadline):
             c = wire.Client(*server.address, secret, 1 << 16, timeout=2.0, retry_s=10.0)
-            kind, fields, arrays = c.call("echo", {"i": i}, {"x": np.arange(i)})
-            assert (kind, fields) == ("echo", {"i": i}) and np.array_equal(arrays["x"], np.arange(i))
+            kind, fields, arrays = c.call("echo", {"i": i}, {"x": np.arange(i % 12)})
+            assert (kind, fields) == ("echo", {"i": i}) and np.array_equal(arrays["x"], np.arange(i % 12))
             c.close()
+            i += 1
         assert flood.opened > 30
     finally:
         flood.stop()
