@@ -713,6 +713,27 @@ def test_a_frame_that_stops_midway_is_truncated_not_a_timeout(secret):
         server.close()
 
 
+def test_a_frames_time_counts_from_its_first_byte(secret):
+    """The magic's first byte begins a frame: its other three, each within the per-operation timeout, once
+    stretched a frame to four timeouts before its deadline started."""
+    client, server = pair(secret, timeout=0.3)
+
+    def trickle():
+        for byte in wire.MAGIC:
+            server.sock.send(bytes([byte]))
+            time.sleep(0.2)
+    t = threading.Thread(target=trickle)
+    t0 = time.monotonic()
+    t.start()
+    with pytest.raises(wire.WireError) as e:
+        client.recv()
+    took = time.monotonic() - t0
+    assert e.value.reason == "truncated" and took < 0.55, (took, str(e.value))
+    t.join()
+    client.close()
+    server.close()
+
+
 def test_thread_slots_are_given_back_by_every_connection_that_ends(secret):
     """A server of 3 thread slots (1 authenticated, 1 pending, 1 on its way out) serves connection
     after connection, garbage peers among them, and counts no slot still taken once they have gone:

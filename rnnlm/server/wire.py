@@ -293,9 +293,10 @@ class Conn:
         return self._recv(MAX_HEADER, self.max_frame)
 
     def _recv(self, max_header: int, max_body: int, deadline: float | None = None) -> tuple:
-        magic = self._fill(4, True, deadline)
-        if deadline is None:        # begun: it must end in time, however slowly its bytes trickle in
+        first = self._fill(1, True, deadline)
+        if deadline is None:        # begun with its first byte: it must end in time, however slowly the rest trickle in
             deadline = time.monotonic() + self.timeout
+        magic = first + self._fill(3, False, deadline)
         if magic != MAGIC:
             raise WireError("garbage", f"magic {bytes(magic)!r}")
         sizes = self._fill(_SIZES.size, False, deadline)
