@@ -203,6 +203,8 @@ class ParameterServer:
         self.stamps = {slot.name: np.zeros(slot.shape[0], np.int64) for slot in layout}
         self.failures: list = []                                  # a worker's or an apply's error: the run stops
         self._params_lock = threading.Lock() if sv.lock else None
+        # lock-free: a row block's gather-change-scatter holds its slot (NumPy has no in-place scatter-add at speed)
+        self._rows_locks = {} if sv.lock else {slot.name: threading.Lock() for slot in layout}
         self._say = LogLimit(log, "parameter server")             # refusals: a flood of them is not logged
 
     def flush_log(self) -> None:
@@ -403,18 +405,17 @@ class ParameterServer:
     def _land(self, pid, w, base, decoded, claim: int, stats: PushStats):
         """Apply a reserved push; its staleness is counted against the pushes applied by then."""
         stale = 0
-        try:
-            lock = self._params_lock or _NO_LOCK
-            with lock:
+        with self._params_lock or _NO_LOCK:     # locked: a pull sees the push with its bookkeeping, or neither
+            try:
                 with self._book:
                     stale = self._behind(pid, base)
                 self.apply(decoded, 1.0 / (1 + stale) if self.sv.staleness == "divide" else 1.0)
-        except Exception as e:
-            with self._book:
-                self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
-            raise
-        finally:
-            self._landed(claim, decoded, stale, stats)
+            except Exception as e:
+                with self._book:
+                    self.failures.append(f"server: applying partition {pid}'s window {w} failed: {e}")
+                raise
+            finally:
+                self._landed(claim, decoded, stale, stats)
 
     def _behind(self, pid: int, base: int) -> int:
         """The pushes landed since the copy a push of ``pid`` computed on, given as ``base``: the copy held
@@ -449,25 +450,40 @@ class ParameterServer:
         decoded rows (:func:`blocks_from_wire`) weighted by ``scale``; a reserved push lands through it,
         under the parameters' lock where ``server.lock`` asks for one.
 
+        Lock-free (Hogwild!), a dense change is added in place, so two pushes landing at the same instant
+        can overwrite each other's value of an element (the occasional overwrites Hogwild! allows); a row
+        block is gathered, changed and scattered back under its slot's lock: unlocked, a push landing on
+        the same rows meanwhile was overwritten whole.
+
         Raises FloatingPointError where the sum leaves the parameters' range (finite pushes can add up
         past it): the push's failure stops the run before a checkpoint holds them."""
         for slot, ids, values in decoded:
             R = slot.shape[0]
             view = self.params[slot.offset:slot.end].reshape(R, -1)             # (R, C)
+            acc = self.acc[slot.offset:slot.end].reshape(R, -1) if self.sv.update == "adagrad" else None
             values = values.astype(view.dtype, copy=False)    # a codec's float32, in a float64 model's type
-            rows = slice(None) if ids is None else ids
             with np.errstate(over="raise", invalid="raise"):
                 try:
-                    if self.sv.update == "add":
-                        view[rows] += values * scale
+                    if ids is None:
+                        self._step(view, acc, values, scale)
                         continue
-                    acc = self.acc[slot.offset:slot.end].reshape(R, -1)
-                    a = acc[rows] + values * values
-                    acc[rows] = a
-                    view[rows] += (self.sv.lr * scale) * values / (np.sqrt(a) + self.sv.eps)
+                    with self._rows_locks.get(slot.name, _NO_LOCK):
+                        rows, rows_acc = view[ids], None if acc is None else acc[ids]       # (n, C) copies
+                        self._step(rows, rows_acc, values, scale)
+                        view[ids] = rows
+                        if acc is not None:
+                            acc[ids] = rows_acc
                 except FloatingPointError as e:
                     raise FloatingPointError(f"{slot.name}: the server's parameters left {view.dtype.name}'s "
                                              f"range ({e}): the run diverged") from None
+
+    def _step(self, view, acc, values, scale: float) -> None:
+        """The update rule, in place on ``view`` (and AdaGrad's sums of squares ``acc``)."""
+        if acc is None:
+            view += values * scale
+            return
+        acc += values * values
+        view += (self.sv.lr * scale) * values / (np.sqrt(acc) + self.sv.eps)
 
     # -------------------------------------------------------------- driver
     def wait(self, pushes: int, timeout: float) -> int:
