@@ -1,4 +1,5 @@
 """Corpus RDDs: paragraphs, vocabulary by reduceByKey, contiguous partitions."""
+import gzip
 import os
 
 import numpy as np
@@ -186,3 +187,15 @@ def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop
         "b'\\n'" in str(e.value), str(e.value)
     (d / "a.txt").write_bytes(b"a b\r\n\r\nc\r\n")                      # alike: read as it is cut
     scan.check_local_records(str(d), "blank_line", 1, "data.train")
+
+
+def test_a_broken_gzip_is_left_to_hadoop_not_called_empty(tmp_path):
+    """What the check before Spark cannot read it leaves to Hadoop, which names the fault in its own words
+    (a gzip that is not one); only a file that holds no text is "empty"."""
+    bad = tmp_path / "part.txt.gz"
+    bad.write_bytes(b"not gzip at all\n")
+    scan.check_local_input(str(bad), "data.train")
+    empty = tmp_path / "empty.txt.gz"
+    empty.write_bytes(gzip.compress(b""))
+    with pytest.raises(scan.CorpusError, match="^data.train: .*empty.txt.gz is empty$"):
+        scan.check_local_input(str(empty), "data.train")
