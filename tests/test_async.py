@@ -211,6 +211,39 @@ def test_an_attempt_superseded_mid_run_stands_by_and_trains_on_if_the_newer_one_
         assert ps.totals["attempts_retried"] == 1
 
 
+def test_a_partitions_windows_are_a_function_of_the_seed_the_partition_and_the_window():
+    """docs/async.md's guarantee for more than one worker: each partition alone on a real server, twice, on the
+    same text and from the same weights, with dropout: a partition's pushes repeat bit for bit, and the two
+    partitions' differ (each draws its own masks; the one-worker test cannot see a partition id taken for 0)."""
+    from rnnlm.core.models import build as build_model
+    from rnnlm.server import wire
+    from rnnlm.server.paramserver import ParameterServer
+    from rnnlm.spark import async_task, memo
+    W = 3
+    cfg = config.resolve(cfg_of("data.partitions=2", "train.mode=async", "train.push_every=2", f"train.rounds={W}",
+                                "model.dropout=0.3"), 20)
+    model = build_model(cfg.model)
+    tokens = np.arange(400, dtype=np.int32) * 7 % 20
+
+    def alone(pid):
+        memo.MEMO.clear()
+        ps = ParameterServer(model.layout, model.init_params(cfg.train.seed), cfg.server, W, 2, log=lambda *_: None)
+        secret = wire.new_secret()
+        frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
+        try:
+            out = list(async_task.worker_task(cfg, frames.address, secret, [0.01] * W)(iter([(pid, tokens,
+                                                                                             np.array([0]))])))
+        finally:
+            frames.close()
+        assert out == [(pid, W, None)] and ps.done[pid] == W
+        return ps.params
+
+    first, again, other = alone(1), alone(1), alone(0)
+    np.testing.assert_array_equal(first, again)
+    diff = float(np.abs(first - other).max())
+    assert diff > 1e-4, diff
+
+
 def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_on_resume(spark, tmp_path):
     """A checkpoint by pushes can hold every window applied before the run's last line (which scores the
     held-out text) is written; the driver dying there left a run that --resume called done, unscored."""
