@@ -518,7 +518,9 @@ class FrameServer:
 
     Slots: ``max_pending`` connections may await their hello at once (default
     ``max_connections``): the next closes the oldest of them (``refused["pending"]``), so a flood
-    of idle peers delays a client with the secret by a retry or two, never keeps it out.
+    of idle peers delays a client with the secret by a retry or two; only one that opens more than
+    ``max_pending`` connections within the round trip of its handshake closes it, every retry, until
+    it gives up (docs/async.md, "Slots").
     ``max_connections`` connections may be authenticated at once: one more is closed before its
     welcome (``refused["busy"]``, logged once until an authenticated one ends); a client retries
     either. Threads: one per connection, at most ``max_connections + 2 * max_pending`` (the
