@@ -721,14 +721,14 @@ def test_a_frames_time_counts_from_its_first_byte(secret):
     def trickle():
         for byte in wire.MAGIC:
             server.sock.send(bytes([byte]))
-            time.sleep(0.2)
+            time.sleep(0.25)
     t = threading.Thread(target=trickle)
     t0 = time.monotonic()
     t.start()
     with pytest.raises(wire.WireError) as e:
         client.recv()
     took = time.monotonic() - t0
-    assert e.value.reason == "truncated" and took < 0.55, (took, str(e.value))
+    assert e.value.reason == "truncated" and took < 0.7, (took, str(e.value))     # was 1.05
     t.join()
     client.close()
     server.close()
