@@ -172,16 +172,19 @@ def test_a_closed_inbox_takes_nothing():
 def test_the_accumulator_merges_in_partition_order_whatever_the_arrival_order():
     """Rounds whose carryover stays in Spark without the channel: the accumulator keeps each partition's
     contribution and the round merges them in partition order."""
+    from pyspark.accumulators import Accumulator
     from rnnlm.exchange.aggregate import in_order
     from rnnlm.spark.lineage import Contributions
     values = {0: 2.0 ** 53, 1: -(2.0 ** 53), 2: 1.0}
-    for order in ([0, 1, 2], [2, 0, 1], [0, 2, 1]):
-        param, acc = Contributions(), {}
+    for aid, order in enumerate(([0, 1, 2], [2, 0, 1], [0, 2, 1]), 20_001):
+        param = Contributions()
+        acc = Accumulator(aid, {}, param)
         for pid in order:       # one task's value on its executor, then added on the driver
-            acc = param.addInPlace(acc, param.addInPlace(param.zero(None), _values_leaf(pid, values[pid])))
-        acc = param.addInPlace(acc, {0: _values_leaf(0, 7.0)})          # a partition computed twice
-        assert sorted(acc) == [0, 1, 2]
-        assert np.array_equal(in_order(acc.values()).mean("params.b"), np.full(5, np.float32(1 / 3)))
+            acc += param.addInPlace(param.zero(None), _values_leaf(pid, values[pid]))
+        acc += {0: _values_leaf(0, 7.0)}                                # a partition computed twice
+        leaves = Contributions.take(acc)
+        assert sorted(leaves) == [0, 1, 2]
+        assert np.array_equal(in_order(leaves.values()).mean("params.b"), np.full(5, np.float32(1 / 3)))
 
 
 @pytest.fixture

@@ -4,15 +4,16 @@ executor and replayed from the lineage's seed where the file is gone."""
 import functools
 import os
 import sys
-import types
 
 import numpy as np
 import pytest
 from pyspark import cloudpickle
+from pyspark.accumulators import Accumulator
 
 from rnnlm.exchange.aggregate import Aggregate
 from rnnlm.exchange.round import Carry
 from rnnlm.spark import filestore, lineage
+from rnnlm.spark.channel import ChannelError
 from rnnlm.spark.lineage import Contributions, Lineage
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])      # the toy round travels to the workers
@@ -166,17 +167,49 @@ def _from_files(it):
         yield pid, filestore.load(held, pid) is not None
 
 
+def leaf(pid, w, size=1):
+    return Aggregate.contribution(w, {"n": np.ones((size, 1), np.float32)}, {pid: Carry()})
+
+
 def test_a_round_taken_is_closed_to_contributions_that_arrive_later():
     """What arrives after the round was read (a partition computed twice) changes nothing, and the
     accumulator keeps none of the round's blocks."""
-    def leaf(pid, w):
-        return Aggregate.contribution(w, {"n": np.ones((1, 1), np.float32)}, {pid: Carry()})
     param = Contributions()
-    acc = types.SimpleNamespace(accum_param=param, value=param.addInPlace(param.zero(None), leaf(0, 1.0)))
-    param.addInPlace(acc.value, leaf(0, 9.0))                              # a duplicate: the first kept
+    sent = param.addInPlace(param.zero(None), leaf(0, 1.0))                # a task's, on its executor
+    assert list(sent) == [0]
+    acc = Accumulator(10_001, {}, param)
+    acc += sent                                                            # its update, on the driver
+    acc += {0: leaf(0, 9.0)}                                               # a duplicate: the first kept
     taken = Contributions.take(acc)
     assert sorted(taken) == [0] and taken[0].weight == 1.0 and acc.value == {}
-    assert param.addInPlace(acc.value, leaf(1, 2.0)) == {}                  # late: dropped
+    acc += {1: leaf(1, 2.0)}                                               # late: dropped
+    assert acc.value == {} and Contributions.take(acc) == {}
+
+
+def test_an_update_racing_the_take_puts_no_block_back():
+    """PySpark assigns what addInPlace returns to the accumulator's value after the call: an update that had
+    added its partition to the value (the round's own dict) as the round was taken put that dict back after
+    take() emptied it, a round's model-sized blocks held for the life of the context."""
+    import threading
+    param = Contributions()
+    acc = Accumulator(10_002, {}, param)
+    acc += {0: leaf(0, 1.0, 1000)}
+    returned, go, add = threading.Event(), threading.Event(), param.addInPlace
+
+    def add_then_pause(a, b):          # the accumulator server's thread, paused between the call and the assignment
+        out = add(a, b)
+        returned.set()
+        go.wait(5)
+        return out
+    param.addInPlace = add_then_pause
+    late = threading.Thread(target=acc.add, args=({1: leaf(1, 1.0, 1000)},))
+    late.start()
+    assert returned.wait(5)
+    taken = Contributions.take(acc)
+    go.set()
+    late.join()
+    assert sorted(taken) == [0, 1]
+    assert not acc.value and Contributions.take(acc) == {}
 
 
 def fail_on(pid_failing, step, sink):
@@ -205,6 +238,25 @@ def test_a_failed_round_leaves_no_contribution_in_the_accumulator_pyspark_keeps(
     assert len(made) == 1 and made[0].value == {}
     late = Contributions()
     late.closed = True
-    leaf = Aggregate.contribution(1.0, {}, {0: Carry()})
-    assert late.addInPlace({0: leaf}, leaf) == {}
-    assert Contributions().addInPlace({}, leaf) == {0: leaf}
+    one = leaf(0, 1.0)
+    assert late.addInPlace({}, {0: one}) == {} and late.leaves == {}
+    assert Contributions().addInPlace({}, one) == {0: one}
+
+
+def drop_contribution(pid_dropped, step, sink):
+    """A round's task in which partition ``pid_dropped`` trains but sends no contribution, in the round or
+    recomputed."""
+    def run(it):
+        rows = list(it)
+        dropped = bool(rows) and rows[0][0] == pid_dropped
+        for x in count_round(step, None if dropped else sink)(iter(rows)):
+            if not (dropped and isinstance(x, Aggregate)):
+                yield x
+    return run
+
+
+def test_a_round_missing_a_contribution_even_recomputed_stops_rather_than_averaging_fewer(lin):
+    """The accumulator's round recomputes the partitions whose contribution never came; where one still does
+    not come, the round stops naming it (as the direct channel's does), where it averaged the others alone."""
+    with pytest.raises(ChannelError, match=r"^no contribution from partitions \[1\]$"):
+        lin.submit(functools.partial(drop_contribution, 1, 1), lambda go: go())

@@ -20,6 +20,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
+from .channel import ChannelError
 from .filestore import Stored
 from .session import release, run_in_jvm
 
@@ -32,31 +33,39 @@ class Contributions(AccumulatorParam):
     """A round's accumulator: the partitions' contributions by partition, each partition's once (a
     duplicate, from a partition computed twice, is the same numbers and is dropped), merged in
     partition order once the round has them all (so the float64 sums do not depend on the order the
-    tasks finished in); closed once the round has read it, so that what arrives later changes nothing."""
+    tasks finished in); closed once the round has read it, so that what arrives later changes nothing.
+
+    The driver keeps them here (``leaves``), never in the accumulator's value: PySpark assigns what
+    :meth:`addInPlace` returns to that value after the call, outside any lock, so a value holding them
+    was put back by an update racing :meth:`take`, and PySpark keeps every accumulator for the life of
+    the context."""
 
     def __init__(self):
-        self.closed = False
+        self.closed, self.leaves = False, {}
+
+    def __getstate__(self):         # to the executors: none of the round's blocks
+        return {"closed": self.closed, "leaves": {}}
 
     def zero(self, value):
         return {}
 
     def addInPlace(self, a: dict, b) -> dict:
-        # b: a task's contribution (on the executor), or a task's accumulated {pid: contribution} (on the driver)
-        with _LOCK:
-            if self.closed:     # a late task's update racing take(): ``a`` may be the dict take() just emptied
-                return {}
-            for pid, leaf in (b.items() if isinstance(b, dict) else [(next(iter(b.local)), b)]):
-                a.setdefault(pid, leaf)
+        if not isinstance(b, dict):         # on the executor: a task's contribution, sent as {pid: it}
+            a.setdefault(next(iter(b.local)), b)
             return a
+        with _LOCK:                         # on the driver: a task's update, kept until the round is read
+            if not self.closed:
+                for pid, leaf in b.items():
+                    self.leaves.setdefault(pid, leaf)
+        return {}
 
     @staticmethod
     def take(acc) -> dict:
-        """pid -> contribution; the accumulator closed and emptied (PySpark keeps every accumulator
-        for the life of the context, so it must not keep the round's blocks)."""
+        """pid -> contribution; the accumulator closed, and left holding none of them."""
+        param = acc.accum_param
         with _LOCK:
-            acc.accum_param.closed = True
-            leaves = acc.value
-            acc.value = {}
+            param.closed = True
+            leaves, param.leaves = param.leaves, {}
         return leaves
 
 
@@ -211,6 +220,9 @@ class Lineage:
             if missing:                # computed inside another job: recomputed here, the same numbers
                 for a in recompute(missing):
                     leaves.setdefault(next(iter(a.local)), a)
+                lost = sorted(set(range(partitions)) - set(leaves))
+                if lost:                # a mean over fewer partitions is no round's
+                    raise ChannelError(f"no contribution from partitions {lost}")
             return in_order(leaves.values())
         return out, run(go)
 
