@@ -66,6 +66,10 @@ def test_lines_checkpoints_and_a_resume_in_a_local_run_directory(tmp_path):
         them = "them" if len(names) > 1 else "it"
         assert str(e.value) == (f"{mine} holds {', '.join(names)} but no run to resume: this run would replace "
                                 f"{them} (--overwrite to replace {them}, or another --out)")
+    for other in ({"config": {"mine": 1}}, {"started": "yesterday"}):      # half a run's record: another's file
+        (mine / "run.json").write_text(json.dumps(other))
+        with pytest.raises(TrainingError, match="holds checkpoint, best, run.json but no run to resume"):
+            RunDir(str(mine), fs=LocalFS()).prepare(resume=False)
     # a run's own record alone: one that stopped before its first round ended, started again as before
     stopped = tmp_path / "stopped"
     stopped.mkdir()
