@@ -119,8 +119,11 @@ class Channel:
     log : callable
         A line per refusal (at most five of each kind a minute) and when the channel is given up.
     max_frame : int
-        The largest contribution (:func:`max_frame_bytes`); the frames being read or merged at once
-        hold at most one per partition and one more.
+        The largest contribution (:func:`max_frame_bytes`); the frames being read at once hold at most
+        one per partition and one more (the server's cap on bytes in flight). Beyond the cap, each open
+        round's inbox holds the contributions that arrived before a lower partition's (decoded, as
+        large as their frames), and its float64 sum: under ``train.overlap`` two rounds are open, so
+        up to about twice the partitions' contributions besides the cap.
     """
 
     def __init__(self, expect: Expected, host: str, log, max_frame: int):

@@ -6,9 +6,9 @@ One ``(pid, tokens, starts, held, carry)`` element per partition: round r's task
 and emit element r, persisted on their executor. What a partition holds is a file on the
 executor's disk (:mod:`rnnlm.spark.filestore`), replayed from the lineage's seed when lost; the
 contributions come back through each round's accumulator (:class:`Contributions`), each
-partition's once. Checkpoints and :data:`MAX_LINEAGE` cut the lineage. Owned by
-:class:`rnnlm.spark.allreduce.AllReduce`; docs/design.md ("Rounds whose carryover stays in Spark")
-says why, and what it costs.
+partition's once, or through the driver's channel (``train.results = "direct"``). Checkpoints and
+:data:`MAX_LINEAGE` cut the lineage. Owned by :class:`rnnlm.spark.allreduce.AllReduce`;
+docs/design.md ("Rounds whose carryover stays in Spark") says why, and what it costs.
 """
 from __future__ import annotations
 
