@@ -335,6 +335,12 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     ("position", {"round": True, "tokens": 10}, "state.json: position: round must be an integer >= 0, not True"),
     ("position", {"round": 3, "wall_s": float("inf")}, "state.json: position: wall_s must be a finite number"),
     ("optim_t_local", {"2": 4}, "state.json: optim_t_local must be a table of integers >= 0 by partition (0 to 1)"),
+    ("position", {"round": 3, "tokens": 10 ** 400}, "state.json: position: tokens must be a finite number >= 0"),
+    ("schedule", {"lr": 10 ** 400, "best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("schedule", {"lr": 0.5, "best": 10 ** 400}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("schedule", {"lr": 0.5, "best": -1.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
+    ("format", 2, "state.json: its parameters are packed as format 2 with another layout than this rnnlm's"),
+    ("layout", [["embed", 0, [1, 1]]], "state.json: its parameters are packed as format 1 with another layout"),
 ])
 def test_state_json_fields_are_typed_by_the_loader(tmp_path, ck, field, value, needle):
     """``"round": "3"`` passed the loader and the pre-Spark checks, and failed in trainer._resume with a
@@ -352,8 +358,10 @@ def test_a_position_at_its_edges_loads(tmp_path, ck, best):
     position = {"round": 0, "version": 0, "step": 0, "tokens": 0, "bytes_sent": 0, "bytes_broadcast": 0,
                 "wall_s": 0.0, "eval_s": 0.0, "epoch": 0.0, "pending_lr": 0.0, "done": [0, 0],
                 "totals": {"refused_protocol": 0}, "best": best, "line": {"round": 0, "syncs": 0}}
-    got = ckpt.load(_crafted(tmp_path, ck, **{"state.json": _state(ck, position=position, optim_t=0)}))
-    assert got.position == position and got.optim_t == 0
+    schedule = {"lr": 0.0, "best": float("inf")}        # a plateau schedule before its first evaluation
+    got = ckpt.load(_crafted(tmp_path, ck, **{"state.json": _state(ck, position=position, optim_t=0,
+                                                                   schedule=schedule)}))
+    assert got.position == position and got.optim_t == 0 and got.schedule == schedule
 
 
 def test_a_checkpoint_to_resume_must_hold_what_its_trainer_reads_back(tmp_path, ck):
@@ -698,3 +706,17 @@ def test_arrays_larger_than_this_machines_memory_are_refused_before_they_are_all
                             f"machine's {(ck.params.nbytes - 1) / (1 << 30):,.1f} GiB of memory")
     monkeypatch.setattr(config, "memory_bytes", lambda: 1 << 20)             # each array fits: loaded
     assert np.array_equal(ckpt.load(path).params, ck.params)
+
+
+def test_a_json_file_that_grows_after_its_size_was_checked_is_read_no_further_than_its_limit(ck):
+    """A file's size is checked before it is read; one that grew since (a writer still at it) was read to its end."""
+    files = ckpt.to_files(ck)
+    grown = files["config.json"] + b" " * (ckpt.JSON_LIMITS["config.json"] + 1)
+
+    def read(name):
+        return grown if name == "config.json" else files.get(name)
+
+    def size(name):                         # what the filesystem said before the file grew
+        return len(files[name]) if name in files else None
+    with pytest.raises(ckpt.CheckpointError, match=r"^where: config.json grew past 1048576 bytes as it was read$"):
+        ckpt.from_files(read, "where", size=size)

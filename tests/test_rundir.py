@@ -261,8 +261,9 @@ def test_init_keeps_a_fresh_optimizer_unless_told():
 def test_best_record_and_improves():
     assert best_record({"round": 3, "valid_loss": 4}) == {"round": 3, "valid_loss": 4.0}
     for bad in (None, [], {"round": 3}, {"valid_loss": 4.0}, {"round": True, "valid_loss": 4.0},
-                {"round": 3, "valid_loss": "4"}):
-        assert best_record(bad) is None
+                {"round": 3, "valid_loss": "4"}, {"round": 3, "valid_loss": 10 ** 400},
+                {"round": 3, "valid_loss": float("nan")}, {"round": 3, "valid_loss": -float("inf")}):
+        assert best_record(bad) is None             # a huge integer: OverflowError; NaN: no loss beat it again
     assert improves(None, 9.0) and improves({"valid_loss": 4.0}, 3.5)
     assert not improves({"valid_loss": 4.0}, 4.0) and not improves({"valid_loss": 4.0}, 4.5)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
 import re
 import stat
@@ -44,12 +43,14 @@ import numpy as np
 
 from .. import config as config_mod
 from .files import LocalFS
+from .metrics import number
 from .models import build as build_model
 from .vocab import Vocab, VocabError
 
 MANIFEST = "MANIFEST.json"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")       # no directory, not hidden, not ".."
 _OPTIM_KEY = re.compile(r"(p[0-9]+/)?[A-Za-z0-9_.]+")             # "<slot>", "p<pid>/<slot>", "outer.view", ...
+FORMAT = 1                 # state.json's "format": how the parameters are packed, with its "layout"
 _NPY_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -88,7 +89,7 @@ def to_files(ck: Checkpoint) -> dict:
         "state.json": json.dumps({
             "position": ck.position, "optim_t": int(ck.optim_t), "schedule": ck.schedule,
             "optim_t_local": {str(pid): int(t) for pid, t in sorted(ck.optim_t_local.items())},
-            "layout": model.layout.describe(), "format": 1}, indent=2).encode(),
+            "layout": model.layout.describe(), "format": FORMAT}, indent=2).encode(),
     }
     optim = {k: np.asarray(v) for k, v in ck.optim.items()}
     if any(a.dtype.hasobject for a in optim.values()):      # np.savez would pickle them; the loader refuses pickles
@@ -388,8 +389,14 @@ class _Files:
     def text(self, name: str, limit: int) -> str:
         """A JSON file's text, checksummed."""
         with self.open(name, limit) as f:
-            data = b"".join(iter(lambda: f.read(_CHUNK), b""))         # at most limit bytes: its size was checked
+            chunks, got = [], 0
+            while got <= limit and (chunk := f.read(min(_CHUNK, limit + 1 - got))):
+                chunks.append(chunk)
+                got += len(chunk)
+            if got > limit:             # its size was checked: it grew since
+                raise CheckpointError(f"{self.where}: {name} grew past {limit} bytes as it was read")
             f.verify(self.where, name, self.manifest[name]["sha256"])
+        data = b"".join(chunks)
         try:
             return data.decode()
         except UnicodeDecodeError:
@@ -424,7 +431,13 @@ RESUME_POSITION = {"sync": ("round", "tokens", "bytes_sent", "bytes_broadcast", 
 
 
 def _amount(v) -> bool:
-    return type(v) in (int, float) and math.isfinite(v) and v >= 0
+    """A finite number >= 0 (an integer of 400 digits is none: it has no float)."""
+    return number(v) is not None and v >= 0
+
+
+def _loss(v) -> bool:
+    """A best loss as a plateau schedule keeps it: a number >= 0, infinite before the first evaluation."""
+    return type(v) is float and v >= 0 or _amount(v)
 
 
 def _position(pos: dict, partitions: int) -> str | None:
@@ -450,8 +463,9 @@ def _position(pos: dict, partitions: int) -> str | None:
     return None
 
 
-def _state(raw: str, where: str, partitions: int) -> tuple:
-    """(position, schedule, optim_t, optim_t_local) of ``state.json``, each field of a known key typed."""
+def _state(raw: str, where: str, partitions: int, layout: list) -> tuple:
+    """(position, schedule, optim_t, optim_t_local) of ``state.json``, each field of a known key typed; its
+    format and parameters' ``layout`` (:meth:`rnnlm.core.layout.Layout.describe`) the ones this code writes."""
     try:
         state = json.loads(raw)
     except (ValueError, RecursionError) as e:
@@ -459,6 +473,9 @@ def _state(raw: str, where: str, partitions: int) -> tuple:
     if not (isinstance(state, dict) and isinstance(state.get("position", {}), dict)
             and isinstance(state.get("schedule", {}), dict)):
         raise CheckpointError(f"{where}: state.json must be a table with position, schedule and optim_t")
+    if state.get("format", FORMAT) != FORMAT or state.get("layout", layout) != layout:
+        raise CheckpointError(f"{where}: state.json: its parameters are packed as format {state.get('format')!r:.20} "
+                              f"with another layout than this rnnlm's (format {FORMAT}): written by another version")
     optim_t = state.get("optim_t", 0)
     if type(optim_t) is not int or optim_t < 0:
         raise CheckpointError(f"{where}: state.json: optim_t must be an integer >= 0, not {optim_t!r:.40}")
@@ -471,8 +488,7 @@ def _state(raw: str, where: str, partitions: int) -> tuple:
     problem = _position(position, partitions)
     if problem:
         raise CheckpointError(f"{where}: state.json: position: {problem}")
-    if schedule and not (set(schedule) == {"lr", "best"} and _amount(schedule["lr"])
-                         and type(schedule["best"]) in (int, float) and not math.isnan(schedule["best"])):
+    if schedule and not (set(schedule) == {"lr", "best"} and _amount(schedule["lr"]) and _loss(schedule["best"])):
         raise CheckpointError(f"{where}: state.json: schedule must be empty or hold a finite lr >= 0 and a best loss")
     return position, schedule, optim_t, {int(k): t for k, t in local.items()}
 
@@ -506,15 +522,16 @@ def _load(source, where: str, expect, resume: bool) -> Checkpoint:
     manifest, the JSON files (the configuration first: it bounds every other file), then the arrays."""
     files = _Files(source, where)
     cfg, vocab = _described(files, where)
+    model = build_model(cfg.model)          # small to build: the configuration's ranges and memory check came first
     position, schedule, optim_t, optim_t_local = _state(files.text("state.json", JSON_LIMITS["state.json"]),
-                                                        where, cfg.data.partitions)
+                                                        where, cfg.data.partitions, model.layout.describe())
     m = cfg.model
     if expect is not None and expect != m:
         diff = [k for k in m.__dataclass_fields__ if getattr(m, k) != getattr(expect, k)]
         raise CheckpointError(f"{where}: model configuration differs from the checkpoint's in {', '.join(diff)}")
     if len(vocab) != m.vocab_size:
         raise CheckpointError(f"{where}: vocabulary has {len(vocab)} tokens, model.vocab_size is {m.vocab_size}")
-    params, optim, hidden = _arrays(files, cfg)
+    params, optim, hidden = _arrays(files, cfg, model)
     acc = optim.get("server.acc")
     if acc is not None and not (np.isfinite(acc).all() and (acc >= 0).all()):
         raise CheckpointError(f"{where}: the parameter server's AdaGrad sums (server.acc) must be finite and >= 0")
@@ -537,11 +554,10 @@ def _described(files: _Files, where: str) -> tuple:
     return cfg, vocab
 
 
-def _arrays(files: _Files, cfg: config_mod.Config) -> tuple:
-    """(params, optimizer state, hidden states or None), each checked against what ``cfg`` holds
-    (its layout is small to build: the configuration's ranges and memory check came first)."""
+def _arrays(files: _Files, cfg: config_mod.Config, model) -> tuple:
+    """(params, optimizer state, hidden states or None), each checked against what ``cfg`` (and its
+    ``model``) holds."""
     m, dtype = cfg.model, np.dtype(cfg.model.dtype)
-    model = build_model(m)
     size = model.layout.size
     member = HEADER_BYTES + dtype.itemsize * size
     params = files.array("params.npy", member, lambda shape, dt: None if (shape, dt) == ((size,), dtype) else

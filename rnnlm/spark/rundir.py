@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import config
 from ..core import checkpoint
-from ..core.metrics import MAX_METRICS, json_table
+from ..core.metrics import MAX_METRICS, json_table, number
 from ..core.optim import make_optimizer
 from . import runinfo
 from .hfs import HadoopFS, default_fs, read_checkpoint, resolve
@@ -184,9 +184,9 @@ class Init:
 def best_record(saved) -> dict | None:
     """A checkpoint's record of its run's best round, or None (none yet, or a checkpoint from before
     ``best/``: the next evaluation then starts the record again)."""
-    if (isinstance(saved, dict) and type(saved.get("round")) is int
-            and isinstance(saved.get("valid_loss"), (int, float))):
-        return {"round": saved["round"], "valid_loss": float(saved["valid_loss"])}
+    loss = number(saved.get("valid_loss")) if isinstance(saved, dict) else None      # NaN would beat nothing again
+    if loss is not None and type(saved.get("round")) is int:
+        return {"round": saved["round"], "valid_loss": loss}
     return None
 
 
