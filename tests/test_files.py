@@ -113,3 +113,23 @@ def test_every_file_written_is_on_disk_before_it_is_renamed_into_place(tmp_path,
     fs.write_atomic(str(tmp_path / "run.json"), b"{}")
     fs.append(str(tmp_path / "metrics.jsonl"), b"{}\n")
     assert synced == [str(tmp_path / p) for p in ("ck.tmp/a", "ck.tmp/b", "run.json.tmp", "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("fs", FS, ids=IDS)
+def test_a_deletion_cut_midway_leaves_the_directory_gone_not_half(tmp_path, fs, monkeypatch):
+    """A checkpoint removed in place and cut midway (kill -9 during --overwrite) was left without its arrays,
+    a directory the run then offered to resume. Moved aside first, it is whole or gone; the rest goes next time."""
+    d = str(tmp_path / "checkpoint")
+    fs.write_dir_atomic(d, {"MANIFEST.json": b"{}", "params.npy": b"1"})
+    real = files.shutil.rmtree
+
+    def cut(path, *args, **kwargs):               # the first file goes, then the process dies
+        os.remove(os.path.join(path, sorted(os.listdir(path))[-1]))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(files.shutil, "rmtree", cut)
+    with pytest.raises(KeyboardInterrupt):
+        fs.delete(d)
+    assert fs.readable(d) is None and not fs.restore(d)
+    monkeypatch.setattr(files.shutil, "rmtree", real)
+    fs.delete(d)
+    assert os.listdir(tmp_path) == []

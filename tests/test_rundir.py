@@ -350,3 +350,36 @@ def test_a_crash_between_a_best_rounds_two_writes_leaves_best_ahead_not_behind(t
         run.write_checkpoint(at(9), best=True)
     assert ckpt.load(str(tmp_path / "run" / "best")).position["round"] == 9
     assert ckpt.load(str(tmp_path / "run" / "checkpoint")).position["round"] == 3
+
+
+def test_an_overwrite_cut_midway_leaves_no_earlier_checkpoint_to_resume_without_its_lines(tmp_path, monkeypatch):
+    """--overwrite deleted metrics.jsonl first: killed after that, the earlier run's checkpoint was left, a plain
+    start said to --resume it, and the resume went on with the earlier run's lines gone. The checkpoint goes
+    first now: what a cut leaves is refused, naming --overwrite."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    position = {"round": 2, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
+    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
+    out.prepare(resume=False)
+    out.add_line({"round": 1}, 2, "line 1")
+    out.add_line({"round": 2}, 2, "line 2")
+    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position=position)
+    out.write_checkpoint(ck, best=True)
+    again = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
+    again.prepare(resume=False, overwrite=True)
+    deleted, real = [], LocalFS.delete
+
+    def killed_after_one(fs, p):
+        if deleted:
+            raise KeyboardInterrupt
+        deleted.append(os.path.basename(p))
+        real(fs, p)
+    monkeypatch.setattr(LocalFS, "delete", killed_after_one)
+    sc = types.SimpleNamespace(version="4", master="local[2]", defaultParallelism=2, applicationId="local-1",
+                               appName="rnnlm")
+    with pytest.raises(KeyboardInterrupt):
+        again.write_info(sc, cfg, False, {})
+    monkeypatch.setattr(LocalFS, "delete", real)
+    assert deleted == ["checkpoint"]
+    with pytest.raises(TrainingError, match="holds metrics but no checkpoint .*: start it again with --overwrite"):
+        RunDir(str(tmp_path), fs=LocalFS()).prepare(resume=True)

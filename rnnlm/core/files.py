@@ -100,9 +100,15 @@ class ReplaceSafely:
 
     def delete(self, p: str) -> None:
         """Delete file or directory ``p``, its backup (or :meth:`read` would bring it back) and
-        what a crashed replacement left."""
-        for q in (p, backup(p), temporary(p)):
-            self._remove(q)
+        what a crashed replacement left. A crash midway leaves ``p`` whole or gone: it is moved aside to
+        ``<p>.tmp`` (which no reader reads, and the next replacement or deletion clears) before it is
+        removed, where a directory removed in place could be left half (a checkpoint without its arrays)."""
+        self._remove(temporary(p))
+        self._remove(backup(p))
+        if self.exists(p):
+            self.rename(p, temporary(p))
+        self._remove(temporary(p))
+        self._remove(p)                 # what exists() does not see (a dangling link)
 
     def write_atomic(self, p: str, data: bytes) -> None:
         """Replace file ``p`` by ``data``; a crash leaves the old or the new content."""

@@ -334,7 +334,9 @@ class RunDir:
         resume whose texts are not the ones its record names is refused (TrainingError), the record left as
         it was."""
         if self._earlier:
-            for p in (self.metrics_path, self.ck_path, self.best_path):
+            # the checkpoint first: a crash midway leaves metrics without one, which --resume refuses
+            # (saying --overwrite), never an earlier checkpoint resumed without its lines
+            for p in (self.ck_path, self.best_path, self.metrics_path):
                 self.fs.delete(p)
             self._earlier = False
         replaced = runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None,
