@@ -383,3 +383,21 @@ def test_an_overwrite_cut_midway_leaves_no_earlier_checkpoint_to_resume_without_
     assert deleted == ["checkpoint"]
     with pytest.raises(TrainingError, match="holds metrics but no checkpoint .*: start it again with --overwrite"):
         RunDir(str(tmp_path), fs=LocalFS()).prepare(resume=True)
+
+
+def test_a_checkpoint_cut_between_its_two_renames_is_moved_back_and_resumed(tmp_path):
+    """Killed between a save's two renames, the last good checkpoint lies as checkpoint.old: the run's start
+    moves it back, and --resume reads it (no test ran this: without the move, --resume said to --overwrite)."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    position = {"round": 2, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
+    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
+    out.prepare(resume=False)
+    out.add_line({"round": 2}, 2, "line 2")
+    out.write_checkpoint(ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab,
+                                         position=position), best=False)
+    os.rename(tmp_path / "checkpoint", tmp_path / "checkpoint.old")
+    again = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
+    again.prepare(resume=True)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "metrics.jsonl"]
+    assert again.read_checkpoint(cfg).position == position
