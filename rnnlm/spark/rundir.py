@@ -339,8 +339,9 @@ class RunDir:
             for p in (self.ck_path, self.best_path, self.metrics_path):
                 self.fs.delete(p)
             self._earlier = False
-        replaced = runinfo.write(self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None,
-                                 corpus, lambda old: self._same_corpus(old.get("corpus"), corpus))
+        replaced = self._write(f"{self.out}/{runinfo.NAME}", lambda: runinfo.write(
+            self.fs, self.out, sc, cfg, resume, devices, init.record() if init else None, corpus,
+            lambda old: self._same_corpus(old.get("corpus"), corpus)))
         return replaced.get("devices")
 
     def _same_corpus(self, then, now) -> None:
@@ -396,10 +397,11 @@ class RunDir:
         run's length ``total``), or as the log line ``line``."""
         self.metrics.append(m)
         if self._rewrite:
-            self.fs.write_atomic(self.metrics_path, self._metrics_bytes())
+            self._write(self.metrics_path, lambda: self.fs.write_atomic(self.metrics_path, self._metrics_bytes()))
             self._rewrite = False
         else:
-            self.fs.append(self.metrics_path, (json.dumps(m) + "\n").encode(), self._metrics_bytes)
+            line_bytes = (json.dumps(m) + "\n").encode()
+            self._write(self.metrics_path, lambda: self.fs.append(self.metrics_path, line_bytes, self._metrics_bytes))
         for t in self.trackers:
             t.line(m)
         if self.progress is not None:
@@ -437,8 +439,16 @@ class RunDir:
         """
         files = checkpoint.to_files(ck)
         if best:
-            self.fs.write_dir_atomic(self.best_path, files)
-        self.fs.write_dir_atomic(self.ck_path, files)
+            self._write(self.best_path, lambda: self.fs.write_dir_atomic(self.best_path, files))
+        self._write(self.ck_path, lambda: self.fs.write_dir_atomic(self.ck_path, files))
+
+    def _write(self, path: str, write):
+        """``write()``'s value; its OSError (a full disk, a lost mount) one line naming ``path`` and what is kept (every
+        write replaces or appends whole: what was written before is as it was)."""
+        try:
+            return write()
+        except OSError as e:
+            raise TrainingError(f"cannot write {path}: {e.strerror or e}; {self.kept()}") from None
 
     def kept(self) -> str:
         """What a run that stops now leaves to resume from, for its one-line error."""
