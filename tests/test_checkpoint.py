@@ -328,6 +328,9 @@ def test_a_crafted_checkpoint_is_one_line_not_a_traceback(tmp_path, ck, what, ne
     ("position", {"totals": {"syncs": 9}}, "state.json: position: totals must be a table of the server's counters"),
     ("position", {"totals": {"refused_\x1b[2J": 1}}, "state.json: position: totals must be a table of the server's"),
     ("position", {"line": {"round": 1}}, "state.json: position: line must be a metrics line with integer round"),
+    ("position", {"line": {"round": 1, "syncs": 2, "bytes_sent": 0, "bytes_broadcast": 0}},
+     "state.json: position: line must be a metrics line with integer round and syncs, and bytes_sent, "
+     "bytes_broadcast, wall_s >= 0"),
     ("position", {"best": [1]}, "state.json: position: best must be a table or null"),
     ("schedule", {"lr": "0.5", "best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
     ("schedule", {"best": 2.0}, "state.json: schedule must be empty or hold a finite lr >= 0"),
@@ -357,7 +360,8 @@ def test_a_position_at_its_edges_loads(tmp_path, ck, best):
     position the trainers write, taken as written."""
     position = {"round": 0, "version": 0, "step": 0, "tokens": 0, "bytes_sent": 0, "bytes_broadcast": 0,
                 "wall_s": 0.0, "eval_s": 0.0, "epoch": 0.0, "pending_lr": 0.0, "done": [0, 0],
-                "totals": {"refused_protocol": 0}, "best": best, "line": {"round": 0, "syncs": 0}}
+                "totals": {"refused_protocol": 0}, "best": best,
+                "line": {"round": 0, "syncs": 0, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 0.0}}
     schedule = {"lr": 0.0, "best": float("inf")}        # a plateau schedule before its first evaluation
     got = ckpt.load(_crafted(tmp_path, ck, **{"state.json": _state(ck, position=position, optim_t=0,
                                                                    schedule=schedule)}))

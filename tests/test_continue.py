@@ -226,6 +226,22 @@ def test_an_out_the_run_cannot_write_in_is_one_line_before_spark(tmp_path, capsy
     assert os.listdir(tmp_path / "ok") == []                 # the try leaves nothing behind
 
 
+def test_an_async_resume_from_a_line_without_its_bytes_and_time_is_one_line(tmp_path, capsys):
+    """The first line after an asynchronous resume subtracts the last kept line's bytes and wall time: a line
+    without them (edited, damaged) was a KeyError traceback once the parameter server had started."""
+    lines = [{"round": 1, "syncs": 2, "bytes_sent": 10, "bytes_broadcast": 20, "wall_s": 1.5},
+             {"round": 2, "syncs": 4, "train_loss": 3.8}]
+    saved_run(tmp_path, "train.rounds=2", "train.mode=async", "train.push_every=3", lines=lines,
+              position={"round": 2, "version": 4, "done": [2, 2], "totals": {}, "tokens": 384, "bytes_sent": 0,
+                        "bytes_broadcast": 0, "wall_s": 1.0})
+    rc = train(tmp_path, "train.rounds=3", "train.mode=async", "train.push_every=3", resume=True)
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 2 and err[-1] == (f"error: {tmp_path}/metrics.jsonl: the line of round 2, which a resume goes on "
+                                   "from, lacks bytes_sent, bytes_broadcast, wall_s (numbers >= 0): mend it, or "
+                                   "start again with --overwrite"), err
+    assert not any("Traceback" in x for x in err)
+
+
 def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, capsys, no_jvm):
     """Its loss a string and its perplexity null: the closing line formatted them as numbers (a traceback)."""
     lines = [{"round": 1, "syncs": 1, "train_loss": 3.9},
@@ -280,7 +296,8 @@ def test_a_resumed_run_already_at_its_length_has_nothing_to_do_without_spark(tmp
     saved_run(tmp_path / "sync", "train.rounds=3", position={"round": 3, "tokens": 576, "bytes_sent": 0,
                                                              "bytes_broadcast": 0, "wall_s": 1.0},
               lines=[{"round": 1, "syncs": 1, "train_loss": 4.0}, *({**m, "round": m["round"] + 1} for m in lines)])
-    line = dict(lines[-1], syncs=4, pushes=2, windows_lost=0)        # the run's last line (test_async: one that is not)
+    line = dict(lines[-1], syncs=4, pushes=2, windows_lost=0, bytes_sent=0, bytes_broadcast=0,
+                wall_s=1.0)                                          # the run's last line (test_async: one that is not)
     saved_run(tmp_path / "async", "train.rounds=2", "train.mode=async", "train.push_every=3",
               lines=[lines[0], line], position={"round": 2, "version": 4, "done": [2, 2], "totals": {}, "line": line,
                                                 "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0})

@@ -425,6 +425,8 @@ class _Files:
 _TOTAL_KEY = re.compile(r"(refused|attempts|windows|workers)_[a-z_]{1,40}")  # a metrics line's other keys stay its own
 _COUNTS = ("round", "version", "step")                                  # integers >= 0
 _AMOUNTS = ("tokens", "bytes_sent", "bytes_broadcast", "wall_s", "eval_s", "epoch", "pending_lr")   # numbers >= 0
+# what the asynchronous trainer reads back from the last metrics line it keeps (the checkpoint's, or the file's)
+LINE_AMOUNTS = ("bytes_sent", "bytes_broadcast", "wall_s")
 # what a trainer reads back from a checkpoint's position when it resumes, by the train.mode that wrote it
 RESUME_POSITION = {"sync": ("round", "tokens", "bytes_sent", "bytes_broadcast", "wall_s"),
                    "async": ("round", "version", "done", "totals")}
@@ -458,8 +460,9 @@ def _position(pos: dict, partitions: int) -> str | None:
         return "best must be a table or null"
     line = pos.get("line")
     if line is not None and not (isinstance(line, dict) and all(type(line.get(k)) is int and line[k] >= 0
-                                                                for k in ("round", "syncs"))):
-        return "line must be a metrics line with integer round and syncs"
+                                                                for k in ("round", "syncs"))
+                                 and all(_amount(line.get(k)) for k in LINE_AMOUNTS)):
+        return f"line must be a metrics line with integer round and syncs, and {', '.join(LINE_AMOUNTS)} >= 0"
     return None
 
 

@@ -15,7 +15,7 @@ import time
 from .. import config
 from ..core import checkpoint
 from ..core.local import held_out_nll
-from ..core.metrics import log_line, loss_fields
+from ..core.metrics import log_line, loss_fields, number
 from ..core.models import build as build_model
 from ..core.schedule import Schedule
 from ..server import wire
@@ -142,7 +142,12 @@ class AsyncTrainer(Driver):
         lines = [m for m in self.dir.saved_lines(("round", "syncs")) or [] if m["syncs"] <= ck.position["version"]]
         line = ck.position.get("line")
         if line and (not lines or lines[-1]["syncs"] < line["syncs"]):
-            lines.append(line)        # the driver died between the checkpoint and its line
+            lines.append(line)        # the driver died between the checkpoint and its line (the loader checked it)
+        elif lines and not all(number(lines[-1].get(k)) is not None and lines[-1][k] >= 0
+                               for k in checkpoint.LINE_AMOUNTS):       # the next line subtracts them
+            raise TrainingError(f"{self.dir.metrics_path}: the line of round {lines[-1]['round']}, which a resume "
+                                f"goes on from, lacks {', '.join(checkpoint.LINE_AMOUNTS)} (numbers >= 0): mend "
+                                "it, or start again with --overwrite")
         self.dir.keep_lines(lines)
         return ck
 
