@@ -1,14 +1,16 @@
 """Local files written crash-safely, and the replacement logic every filesystem shares.
 
-Replacing a file or directory is crash-safe on any filesystem, including object
-stores without an atomic overwrite: the new content is written under a temporary
+Replacing a file or directory is crash-safe on any filesystem whose rename is atomic (a local
+disk, HDFS), even without an atomic overwrite: the new content is written under a temporary
 name ``<path>.tmp``, the old one is moved to the fixed backup name ``<path>.old``, the new
 one is renamed into place and the backup is deleted. A crash between the two renames leaves
 only ``<path>.old``, which readers read where it lies (:meth:`readable`, :meth:`read`) and the
 writer moves back (:meth:`restore`, at a run's start) or replaces (its next save). A crash
 before them leaves ``<path>.tmp``, which the next replacement (or deletion) clears.
 One process is assumed to write a given path at a time. :class:`rnnlm.spark.hfs.HadoopFS`
-runs the same logic over Hadoop's FileSystem client.
+runs the same logic over Hadoop's FileSystem client. On an object store (S3A, GCS) a directory's
+rename is a copy, then a delete: a crash inside it can leave a partial ``<path>`` beside a whole
+``<path>.old``, which the readers do not prefer (docs/cluster.md lists object stores as untested).
 """
 from __future__ import annotations
 
