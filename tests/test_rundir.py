@@ -352,19 +352,26 @@ def test_a_crash_between_a_best_rounds_two_writes_leaves_best_ahead_not_behind(t
     assert ckpt.load(str(tmp_path / "run" / "checkpoint")).position["round"] == 3
 
 
+def saved(path, rounds: tuple, best: bool = False) -> tuple:
+    """A run directory holding a line per round of ``rounds`` and a checkpoint at the last:
+    ``(configuration, checkpoint, RunDir)``."""
+    vocab = Vocab.build("abracadabra", "char")
+    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
+    position = {"round": rounds[-1], "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
+    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position=position)
+    out = RunDir(str(path), fs=LocalFS(), log=lambda _: None)
+    out.prepare(resume=False)
+    for r in rounds:
+        out.add_line({"round": r}, rounds[-1], f"line {r}")
+    out.write_checkpoint(ck, best=best)
+    return cfg, ck, out
+
+
 def test_an_overwrite_cut_midway_leaves_no_earlier_checkpoint_to_resume_without_its_lines(tmp_path, monkeypatch):
     """--overwrite deleted metrics.jsonl first: killed after that, the earlier run's checkpoint was left, a plain
     start said to --resume it, and the resume went on with the earlier run's lines gone. The checkpoint goes
     first now: what a cut leaves is refused, naming --overwrite."""
-    vocab = Vocab.build("abracadabra", "char")
-    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
-    position = {"round": 2, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
-    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
-    out.prepare(resume=False)
-    out.add_line({"round": 1}, 2, "line 1")
-    out.add_line({"round": 2}, 2, "line 2")
-    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position=position)
-    out.write_checkpoint(ck, best=True)
+    cfg, _, _ = saved(tmp_path, rounds=(1, 2), best=True)
     again = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
     again.prepare(resume=False, overwrite=True)
     deleted, real = [], LocalFS.delete
@@ -388,19 +395,12 @@ def test_an_overwrite_cut_midway_leaves_no_earlier_checkpoint_to_resume_without_
 def test_a_checkpoint_cut_between_its_two_renames_is_moved_back_and_resumed(tmp_path):
     """Killed between a save's two renames, the last good checkpoint lies as checkpoint.old: the run's start
     moves it back, and --resume reads it (no test ran this: without the move, --resume said to --overwrite)."""
-    vocab = Vocab.build("abracadabra", "char")
-    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
-    position = {"round": 2, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
-    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
-    out.prepare(resume=False)
-    out.add_line({"round": 2}, 2, "line 2")
-    out.write_checkpoint(ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab,
-                                         position=position), best=False)
+    cfg, ck, _ = saved(tmp_path, rounds=(2,))
     os.rename(tmp_path / "checkpoint", tmp_path / "checkpoint.old")
     again = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
     again.prepare(resume=True)
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "metrics.jsonl"]
-    assert again.read_checkpoint(cfg).position == position
+    assert again.read_checkpoint(cfg).position == ck.position
 
 
 def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept(tmp_path, monkeypatch):
@@ -408,14 +408,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept(tmp_path, monk
     not expect); the files already written are as they were."""
     import errno
     from rnnlm.core import files
-    vocab = Vocab.build("abracadabra", "char")
-    cfg = config.replace(config.load(None, ["model.hidden=4"]), "model", vocab_size=len(vocab))
-    position = {"round": 1, "tokens": 80, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.5}
-    ck = ckpt.Checkpoint(params=RNNLM(cfg.model).init_params(1), config=cfg, vocab=vocab, position=position)
-    out = RunDir(str(tmp_path), fs=LocalFS(), log=lambda _: None)
-    out.prepare(resume=False)
-    out.add_line({"round": 1}, 2, "line 1")
-    out.write_checkpoint(ck, best=False)
+    _, ck, out = saved(tmp_path, rounds=(1,))
     real = files._local_write
 
     def full(q, data, mode):
@@ -430,5 +423,5 @@ def test_a_full_disk_is_one_line_naming_the_file_and_what_is_kept(tmp_path, monk
         out.add_line({"round": 2}, 2, "line 2")
     assert str(e.value) == f"cannot write {tmp_path}/metrics.jsonl: No space left on device; {kept}"
     monkeypatch.setattr(files, "_local_write", real)
-    assert ckpt.load(str(tmp_path)).position == position
+    assert ckpt.load(str(tmp_path)).position == ck.position
     assert RunDir(str(tmp_path), fs=LocalFS()).saved_lines() == [{"round": 1}]         # the cut line dropped
