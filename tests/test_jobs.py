@@ -126,38 +126,6 @@ def signalled_after_three_rounds(out, sig, *items, args=()):
     return proc.returncode, log, err
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    store = f"file:{tmp_path / 'mlruns'}"           # MLflow's own store, on disk: both starts log there
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    out = tmp_path / "run"
-    rc, _, err = signalled_after_three_rounds(out, signal.SIGINT, "train.rounds=400", "train.checkpoint_every=50",
-                                              "data.valid=", args=("--log", "mlflow"))
-    assert rc == 130, err[-2000:]
-    lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
-    assert len(lines) == 1 and "interrupted after round" in lines[0] and "--resume continues" in lines[0], err
-    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
-    ck = checkpoint.load(str(out / "checkpoint"))
-    done = [m["round"] for m in metrics(out)]
-    assert 3 <= ck.position["round"] == done[-1] < 400 and np.isfinite(ck.params).all()
-    assert f"interrupted after round {done[-1]};" in lines[0]
-    # and the run resumes from it
-    r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(out), "--samples", "0", "--resume",
-            "--log", "mlflow", *sets(f"train.rounds={ck.position['round'] + 1}", "train.checkpoint_every=1",
-                                     "data.valid="))
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert checkpoint.load(str(out / "checkpoint")).position["round"] == ck.position["round"] + 1
-    # one MLflow run holds both starts' rounds (a resume started a second one)
-    from mlflow import MlflowClient
-    client = MlflowClient(tracking_uri=store)
-    (logged,) = client.search_runs([client.get_experiment_by_name("rnnlm").experiment_id])
-    steps = {h.step for h in client.get_metric_history(logged.info.run_id, "train_loss")}
-    assert logged.info.status == "FINISHED" and steps == set(range(1, ck.position["round"] + 2)), (logged, steps)
-    info = json.loads((out / "run.json").read_text())       # one record: the first start, then the resume
-    assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]
-    assert info["config"]["train"]["rounds"] == ck.position["round"] + 1
-
-
 def test_a_second_ctrl_c_inside_a_round_stops_at_once_with_one_line(tmp_path):
     """The first Ctrl-C asks for a checkpoint after the round, the second to stop now. It used to
     reach the driver blocked on the round's job, take that job off the run's books and destroy its
@@ -189,28 +157,41 @@ def test_a_second_ctrl_c_inside_a_round_stops_at_once_with_one_line(tmp_path):
     assert took < 30, took                      # the job cancelled, not waited out
 
 
-def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path):
-    """SIGTERM (kill, timeout, a scheduler) gets Ctrl-C's grace: the round ends, a checkpoint is
-    written, exit 143; resumed, the run ends exactly where an uninterrupted one does."""
+def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    """SIGTERM (kill, timeout, a scheduler) gets Ctrl-C's grace (the same stop request: test_startup checks
+    each one's exit code): the round ends, a checkpoint is written, exit 143, no traceback and no ERROR;
+    resumed, the run ends exactly where an uninterrupted one does, and one MLflow run holds both starts'
+    rounds (a resume started a second one)."""
+    store = f"file:{tmp_path / 'mlruns'}"           # MLflow's own store, on disk: both starts log there
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     common = ("train.rounds=40", "data.valid=")
     ref = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(tmp_path / "ref"), "--samples", "0",
               *sets(*common))
     assert ref.returncode == 0, ref.stderr[-2000:]
     out = tmp_path / "run"
-    rc, log, err = signalled_after_three_rounds(out, signal.SIGTERM, *common)
+    rc, log, err = signalled_after_three_rounds(out, signal.SIGTERM, *common, args=("--log", "mlflow"))
     assert rc == 143, err[-2000:]
     assert "SIGTERM: stopping after this round with a checkpoint (SIGTERM again to stop now)" in log
+    assert "Traceback" not in err and "ERROR" not in err, err[-3000:]
     lines = [x for x in err.strip().splitlines() if x.startswith("error: ")]
     done = [m["round"] for m in metrics(out)]
     assert lines == [f"error: interrupted after round {done[-1]}; its checkpoint is in {out}/checkpoint "
                      "(--resume continues)"], err
     assert 3 <= checkpoint.load(str(out)).position["round"] == done[-1] < 40
     r = run("jobs/train.py", "--config", "conf/demo.toml", "--out", str(out), "--samples", "0", "--resume",
-            *sets(*common))
+            "--log", "mlflow", *sets(*common))
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = checkpoint.load(str(tmp_path / "ref")), checkpoint.load(str(out))
     assert b.position["round"] == 40 and np.array_equal(a.params, b.params)
     assert [m["train_loss"] for m in metrics(out)] == [m["train_loss"] for m in metrics(tmp_path / "ref")]
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=store)
+    (logged,) = client.search_runs([client.get_experiment_by_name("rnnlm").experiment_id])
+    steps = {h.step for h in client.get_metric_history(logged.info.run_id, "train_loss")}
+    assert logged.info.status == "FINISHED" and steps == set(range(1, 41)), (logged, steps)
+    info = json.loads((out / "run.json").read_text())       # one record: the first start, then the resume
+    assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]
 
 
 def _mb(pattern, text):

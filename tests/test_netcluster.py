@@ -13,7 +13,6 @@ from rnnlm.netcluster import NetCluster, parse_rate
 from conftest import ROOT, metrics
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-pytestmark = pytest.mark.serial        # a link's measured rate needs the CPU to itself
 
 
 def namespaces() -> set:
@@ -21,6 +20,7 @@ def namespaces() -> set:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+@pytest.mark.serial          # a link's measured rate needs the CPU to itself
 def test_links_carry_their_configured_rate_and_vanish_on_close(netns_ok):
     with NetCluster(2, "100mbit") as c:
         made = {c.switch, *c.names}
@@ -79,6 +79,7 @@ def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
         assert after[w][0] - before[w][0] >= hosts[-1]["round_bytes_sent"] / 2 * 0.5
 
 
+@pytest.mark.serial          # run apart from the other cluster's test: both name the same namespaces
 def test_a_dead_clusters_namespaces_go_with_what_still_runs_in_them(netns_ok):
     """A cluster whose owner was killed left its namespaces; the sweep deleted them and the processes in them
     (its Spark JVMs, started in sessions of their own) ran on, unreachable."""
