@@ -189,9 +189,10 @@ def test_a_file_whose_line_ends_differ_from_the_first_files_is_scanned_as_hadoop
     scan.check_local_records(str(d), "blank_line", 1, "data.train")
 
 
-def test_a_broken_gzip_is_left_to_hadoop_not_called_empty(tmp_path):
-    """What the check before Spark cannot read it leaves to Hadoop, which names the fault in its own words
-    (a gzip that is not one); only a file that holds no text is "empty"."""
+def test_a_broken_gzip_is_not_called_empty_and_the_record_scan_names_it(tmp_path):
+    """Only a file that holds no text is "empty"; a gzip that is not one, or one cut short, is refused by the
+    record scan before Spark, naming the file: Hadoop's reader failed on it inside a Python worker, and the
+    driver heard only that the worker crashed (a review's `rnnlm evaluate --data cut.txt.gz`: 108 lines)."""
     bad = tmp_path / "part.txt.gz"
     bad.write_bytes(b"not gzip at all\n")
     scan.check_local_input(str(bad), "data.train")
@@ -199,3 +200,14 @@ def test_a_broken_gzip_is_left_to_hadoop_not_called_empty(tmp_path):
     empty.write_bytes(gzip.compress(b""))
     with pytest.raises(scan.CorpusError, match="^data.train: .*empty.txt.gz is empty$"):
         scan.check_local_input(str(empty), "data.train")
+    whole = gzip.compress(b"a b c\n\nd e f\n" * 2000)
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    scan.check_local_input(str(cut), "--data")         # it holds text: not empty
+    corrupt = tmp_path / "crc.txt.gz"
+    corrupt.write_bytes(whole[:-8] + bytes(4) + whole[-4:])     # its CRC-32 zeroed
+    for path, why in ((bad, r"Not a gzipped file"), (cut, r"ends before its compressed data does"),
+                      (corrupt, r"CRC check failed")):
+        with pytest.raises(scan.CorpusError, match=f"^--data: {path} is not a whole gzip file \\(.*{why}"):
+            scan.check_local_records(str(path), "blank_line", 1, "--data")
+    scan.check_local_records(str(empty), "blank_line", 1, "--data")     # whole: nothing to refuse

@@ -9,6 +9,7 @@ import glob
 import gzip
 import os
 import re
+import zlib
 
 from ..core.files import HADOOP_CODECS
 
@@ -38,7 +39,8 @@ def check_record_files(names: list, mode: str, max_record_mb: int, what: str) ->
     Raises
     ------
     CorpusError
-        Naming the file, where the record starts, the limit and how to raise it.
+        Naming the file, where the record starts, the limit and how to raise it; or naming a gzip file
+        that is not whole (cut short, not gzip, a failed checksum).
     """
     try:
         # a copy that keeps its source's time and size (cp -p, rsync -a) still has a new inode and change time
@@ -60,7 +62,10 @@ def check_record_files(names: list, mode: str, max_record_mb: int, what: str) ->
                 corpus_end = corpus_end or own
                 f.seek(0)
                 found = _long_record(f, mode, limit, corpus_end)
-        except (OSError, EOFError):       # unreadable, or a broken gzip: Hadoop reports it in its own words
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            # Hadoop's reader fails on it inside a Python worker, whose crash is all the driver hears of it
+            raise CorpusError(f"{what}: {name} is not a whole gzip file ({_gzip_fault(e)})") from None
+        except OSError:                   # unreadable: Hadoop reports it in its own words
             continue
         if found is not None:
             message = too_long(what, name, mode, max_record_mb, *found)
@@ -71,6 +76,13 @@ def check_record_files(names: list, mode: str, max_record_mb: int, what: str) ->
             raise CorpusError(message)
     if key is not None:
         _SCANNED.add(key)
+
+
+def _gzip_fault(e: Exception) -> str:
+    """What is wrong with a gzip file, in a few words, from the error reading it raised."""
+    if isinstance(e, EOFError):
+        return "it ends before its compressed data does: a copy cut short?"
+    return (str(e).splitlines() or [type(e).__name__])[0][:120]
 
 
 def _blank_line(head: bytes) -> bytes | None:
