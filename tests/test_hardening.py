@@ -489,6 +489,13 @@ py4j.protocol.Py4JJavaError: An error occurred
     ("An error occurred while calling o123.partitions.\n: org.apache.hadoop.mapreduce.lib.input."
      "InvalidInputException: Input path does not exist: file:/d/_valid.txt\n\tat org.apache.hadoop.x(y.java:1)",
      "org.apache.hadoop.mapreduce.lib.input.InvalidInputException: Input path does not exist: file:/d/_valid.txt"),
+    ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n: org.apache.spark."
+     "SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 failed 1 times, most recent failure: "
+     "Lost task 0.0 in stage 0.0 (TID 0) (192.0.2.2 executor driver): org.apache.spark.SparkException: Python "
+     "worker exited unexpectedly (crashed)\n\tat org.apache.spark.api.python.BasePythonRunner(x.scala:1)\n"
+     "Caused by: java.io.EOFException: Unexpected end of input stream\n\tat org.apache.hadoop.io.compress."
+     "DecompressorStream.decompress(DecompressorStream.java:165)\n",
+     "java.io.EOFException: Unexpected end of input stream"),           # else the JVM's root cause (a cut gzip)
     ("", ""),
     ("KeyError: " + "k" * 400, "KeyError: " + "k" * 290),                                     # 300 characters at most
 ])

@@ -139,18 +139,25 @@ def job_errors() -> tuple:
 def job_failure(text: str) -> str:
     """One line for a failed Spark job, from its error's text (a ``Py4JJavaError``'s): the last
     ``SomethingError: ...`` of the Python traceback it carries (its first line only names the py4j
-    call), else Spark's reason for aborting the job; with a hint where memory is what failed."""
+    call), else the last ``Caused by:`` of the JVM's stack (a task's input that Hadoop failed to read), else
+    Spark's reason for aborting the job; with a hint where memory is what failed."""
     # (py4j writes a Java exception raised on the driver as ": org.apache...Exception: why")
     lines = [x.strip().removeprefix(": ") for x in text.strip().splitlines() if x.strip()]
-    causes = [x for x in lines if re.match(r"^[\w.]*(Error|Exception): ", x) and "Py4JJavaError" not in x
-              and not x.startswith(("org.apache.spark", "py4j"))]
+    causes = [x for x in lines if _cause(x) and "Py4JJavaError" not in x]
+    # a task's JVM side that failed (Hadoop's reader): its root cause, where Spark says only that the worker crashed
+    java = [c for x in lines if x.startswith("Caused by: ") and _cause(c := x.removeprefix("Caused by: "))]
     aborted = [x.split("Job aborted due to stage failure: ", 1)[1] for x in lines
                if "Job aborted due to stage failure: " in x]
-    line = (causes[-1] if causes else aborted[0] if aborted else lines[0] if lines else "")[:300]
+    line = (causes[-1] if causes else java[-1] if java else aborted[0] if aborted else lines[0] if lines else "")[:300]
     if "OutOfMemoryError" in text or "TaskResultLost" in text:
         line += (" (a JVM's memory: raise spark.driver.memory, which in local mode holds the executors' "
                  "results too, or spark.executor.memory; plain python runs take $SPARK_DRIVER_MEMORY)")
     return line
+
+
+def _cause(line: str) -> bool:
+    """Whether a line of a failed job's text is an exception's ``Name: why`` other than Spark's or py4j's own."""
+    return bool(re.match(r"^[\w.]*(Error|Exception): ", line)) and not line.startswith(("org.apache.spark", "py4j"))
 
 
 def release(broadcasts=(), rdds=(), blocking: bool = False) -> None:
