@@ -273,13 +273,17 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=dense+onebit",
         "exchange.feedback=true", "train.rounds=5", "train.checkpoint_every=0"]))
     long = run(spark, cfg, tmp_path / "long")
+    # a checkpoint cuts it too, collecting the same residuals: counted as sent as well
+    saved = run(spark, config.from_dict(config.apply_overrides(cfg.to_dict(), ["train.checkpoint_every=2"])),
+                tmp_path / "saved")
     monkeypatch.setattr(lineage, "MAX_LINEAGE", 2)
     cut = run(spark, cfg, tmp_path / "cut")
-    assert np.array_equal(long.params, cut.params)
-    pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / "cut"))
-    extra = [c["round_bytes_sent"] - x["round_bytes_sent"] for x, c in pairs]
-    # rounds 2 and 4 collect both partitions' float32 residuals (round 5 is the final checkpoint's)
-    assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0]
+    for name, other in (("cut", cut), ("saved", saved)):
+        assert np.array_equal(long.params, other.params), name
+        pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / name))
+        extra = [c["round_bytes_sent"] - x["round_bytes_sent"] for x, c in pairs]
+        # rounds 2 and 4 collect both partitions' float32 residuals (round 5 is the final checkpoint's)
+        assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0], name
 
 
 class _ResidualFiles:

@@ -24,7 +24,7 @@ from ..exchange.aggregate import Aggregate, Gathered, gather
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
-from .lineage import MAX_LINEAGE, Lineage, recomputed
+from .lineage import MAX_LINEAGE, Lineage, held_bytes, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
 
@@ -91,6 +91,7 @@ class Snapshot:
     hidden: np.ndarray | None         # the partitions' hidden states, stacked
     next_lr: float | None             # train.overlap: the next round's learning rate
     held: dict | None                 # what the partitions hold, collected from Spark
+    collected_bytes: int = 0          # their bytes, moved to the driver for the checkpoint
 
 
 @dataclass
@@ -227,7 +228,7 @@ class AllReduce:
         held = st.held if self.lineage is not None else None
         optim, opt_t, opt_t_local = SyncRound.to_optim(st, view, held)
         hidden = np.stack([st.states[p] for p in sorted(st.states)]) if st.states else None
-        return Snapshot(optim, opt_t, opt_t_local, hidden, lr, held)
+        return Snapshot(optim, opt_t, opt_t_local, hidden, lr, held, held_bytes(held))
 
     def truncate(self, snapshot: Snapshot) -> None:
         """Restart the lineage from what a checkpoint just saved (not while a round runs)."""

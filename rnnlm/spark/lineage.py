@@ -261,7 +261,7 @@ class Lineage:
             return 0
         held = self.collect()
         self.truncate(held, carries)
-        return sum(a.nbytes for arrays in held.values() for a in arrays.values())
+        return held_bytes(held)
 
     def close(self, blocking: bool) -> None:
         """Release every output and broadcast held (``blocking``: see :func:`rnnlm.spark.session.release`)
@@ -272,3 +272,9 @@ class Lineage:
             self.data.foreachPartition(filestore.remover(self.key))
         except Exception:       # a stopped context: its directories go with it
             pass
+
+
+def held_bytes(held: dict | None) -> int:
+    """The bytes of what :meth:`Lineage.collect` moved to the driver (the arrays' own, as a round's
+    contributions are counted)."""
+    return sum(a.nbytes for arrays in (held or {}).values() for a in arrays.values())

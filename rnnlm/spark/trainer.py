@@ -124,9 +124,9 @@ class Trainer(Driver):
                 self.ck_time = time.monotonic()     # train.checkpoint_s counts training, not the corpus's read
                 # the loop: a round, its evaluation when due, a checkpoint when due
                 while at.round < rounds:
-                    save, best = self._round(cfg, model.layout, data, per.epoch, sync, at, rounds, stop)
-                    if save or stop.requested:
-                        self._checkpoint(cfg, data.vocab, sync, at, best)
+                    snapshot, best = self._round(cfg, model.layout, data, per.epoch, sync, at, rounds, stop)
+                    if snapshot is not None or stop.requested:
+                        self._checkpoint(cfg, data.vocab, sync, at, best, snapshot)
                     if stop.requested and at.round < rounds:
                         ended = True         # between rounds, checkpointed: the executors are there to answer
                         raise Interrupted(f"interrupted after round {at.round}; its checkpoint is in "
@@ -164,7 +164,8 @@ class Trainer(Driver):
                 or bool(t.checkpoint_s and time.monotonic() - self.ck_time >= t.checkpoint_s))
 
     def _round(self, cfg, layout, data, per_epoch: int, sync: AllReduce, at: RunState, rounds: int, stop) -> tuple:
-        """Train round ``at.round + 1``; return (whether a checkpoint follows, whether it is the best)."""
+        """Train round ``at.round + 1``; return (the checkpoint's snapshot when one is due, else None;
+        whether the round is the best)."""
         r, t0 = at.round + 1, time.perf_counter()
         sched = Schedule(cfg.optim, at.schedule)
         lr = sched.lr(at.tokens / per_epoch)
@@ -186,15 +187,21 @@ class Trainer(Driver):
         if not np.isfinite(params.sum(dtype=np.float64)):
             self._stop(r, "the averaged parameters are not finite")
         applied = time.perf_counter()
-        save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
-        if not save:
-            agg.wire_bytes += sync.trim()      # what partitions hold, collected to cut their lineage, if due
+        # what partitions hold, collected to cut their lineage: for a checkpoint (its time is the checkpoint's,
+        # as its write is) or, if due, for depth
+        snapshot = None
+        if self._checkpoint_due(cfg, r, rounds, evaluated, stop):
+            round_s = time.perf_counter() - t0
+            snapshot = sync.snapshot()
+            agg.wire_bytes += snapshot.collected_bytes
+        else:
+            agg.wire_bytes += sync.trim()
+            round_s = time.perf_counter() - t0
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         at.bytes_sent += agg.wire_bytes
         at.bytes_broadcast += job.bc_bytes
-        at.wall_s += time.perf_counter() - t0
-        m = round_metrics(cfg, layout, at, per_epoch, agg, job.bc_bytes, job.rebased, job.lr,
-                          time.perf_counter() - t0)
+        at.wall_s += round_s
+        m = round_metrics(cfg, layout, at, per_epoch, agg, job.bc_bytes, job.rebased, job.lr, round_s)
         # where the round's time went (benchmarks/spark_sync.py --profile): the driver's phases and the slowest
         # task's; under overlap a job may wait for the one before it, so its launch counts from that one's end
         started = max(job.submitted, self.last_task_end or 0.0)
@@ -208,7 +215,7 @@ class Trainer(Driver):
             best = self._evaluate_round(cfg, data, params, at, sched, m)
         self.sc.setJobDescription(None)
         self.dir.add_line(m, rounds, log_line(m, skip=_quiet(cfg)))
-        return save, best
+        return snapshot, best
 
     def _evaluate_round(self, cfg, data, params, at: RunState, sched, m: dict) -> bool:
         """Score held-out text into ``m``; step a plateau schedule; return whether this round is the best."""
@@ -239,9 +246,12 @@ class Trainer(Driver):
     def evaluate(self, cfg, params, rdd) -> float:
         return evaluate_rdd(self.sc, cfg, params, rdd)
 
-    def _checkpoint(self, cfg, vocab, sync: AllReduce, at: RunState, best: bool = False):
-        """Write the checkpoint of round ``at.round`` (and, with ``best``, the same files to ``best/``)."""
-        snapshot = sync.snapshot()
+    def _checkpoint(self, cfg, vocab, sync: AllReduce, at: RunState, best: bool = False, snapshot=None):
+        """Write the checkpoint of round ``at.round`` from ``snapshot`` (taken now if None: a stop asked
+        for after the round's line) and, with ``best``, the same files to ``best/``."""
+        if snapshot is None:
+            snapshot = sync.snapshot()
+            at.bytes_sent += snapshot.collected_bytes       # in the position; the round's line is written
         position = {"round": at.round, "tokens": at.tokens, "bytes_sent": at.bytes_sent,
                     "bytes_broadcast": at.bytes_broadcast, "wall_s": at.wall_s, "eval_s": at.eval_s, "best": at.best}
         if snapshot.next_lr is not None:
