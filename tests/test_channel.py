@@ -215,7 +215,7 @@ def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong(
     assert sink.add(leaf(1))
     agg = ch.take(5, recompute=lambda missing: pytest.fail("nothing is missing"))
     payload = sum(a.nbytes for p in range(3) for a in contribution_to_wire(p, leaf(p))[1].values())
-    assert payload < agg.wire_bytes < ch.server.bytes_received           # the arrays and the JSON, not the framing
+    assert payload < agg.wire_bytes < ch.server.bytes_received           # not the refused frames' bytes
     want = leaf(0).merge(leaf(1)).merge(leaf(2))
     assert np.array_equal(agg.mean("params.E"), want.mean("params.E"))
     assert sorted(agg.local) == [0, 1, 2] and agg.stats["tokens"] == 300 and agg.weight == 300.0
@@ -228,6 +228,16 @@ def test_the_channel_takes_each_partition_once_and_refuses_what_does_not_belong(
     assert any("weight must be a finite number" in line for line in lines)
     assert not sink.add(leaf(1))                          # the round has closed: late
     assert ch.broken is None
+
+
+def test_a_round_counts_every_byte_its_contributions_brought_to_the_driver(channel):
+    """Not the payload alone: each task's hello, each frame's header, sizes and MAC too, as the
+    server's socket counted them."""
+    ch, _ = channel
+    sink = ch.sink(3)
+    assert all(sink.add(leaf(p)) for p in (1, 0, 2))
+    agg = ch.take(3, recompute=lambda missing: pytest.fail("nothing is missing"))
+    assert agg.wire_bytes == ch.server.bytes_received
 
 
 def test_a_round_missing_a_partition_recomputes_it_and_gives_the_channel_up(channel):

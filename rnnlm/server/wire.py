@@ -172,6 +172,25 @@ def _checked(secret) -> bytes:
     return secret
 
 
+def _head(kind: str, seq: int, fields: dict | None, arrays: dict | None) -> bytes:
+    """A frame's JSON header (NumPy scalars among ``fields`` as numbers)."""
+    specs = [[name, np.asarray(a).dtype.name, list(np.shape(a))] for name, a in (arrays or {}).items()]
+    return json.dumps({"kind": kind, "seq": seq, "fields": fields or {}, "arrays": specs},
+                      separators=(",", ":"), default=np.generic.item).encode()
+
+
+def frame_bytes(kind: str, seq: int, fields: dict | None = None, arrays: dict | None = None) -> int:
+    """The bytes of the frame :meth:`Conn.encode` makes of these: magic, sizes, header, body, MAC.
+    A frame received re-measures exactly (JSON numbers decode and encode to the same text)."""
+    body = sum(np.asarray(a).nbytes for a in (arrays or {}).values())
+    return len(MAGIC) + _SIZES.size + len(_head(kind, seq, fields, arrays)) + body + _MAC
+
+
+def client_hello_bytes() -> int:
+    """The bytes of a client's hello (:meth:`Conn.handshake`): its first frame on a connection."""
+    return frame_bytes("hello", 0, {"v": VERSION, "nonce_s": "0" * 32, "nonce_c": "0" * 32})
+
+
 def _seal(key: bytes, direction: bytes, head: bytes, body: list) -> list:
     """The frame as byte pieces (magic, sizes and header; the body's pieces; the MAC). Checks nothing."""
     first = MAGIC + _SIZES.pack(len(head), sum(memoryview(p).nbytes for p in body)) + head
@@ -251,15 +270,13 @@ class Conn:
         """The next frame as byte pieces for :meth:`write`, nothing written yet: a frame that cannot be
         sent (WireError "dtype" or "size") leaves the connection usable. It carries the next sequence
         number, so write it before encoding another."""
-        specs, body = [], []
+        body = []
         for name, a in (arrays or {}).items():
             a = np.asarray(a)
             if not isinstance(name, str) or a.dtype.name not in DTYPES:
                 raise WireError("dtype", f"cannot send array {name!r:.40} of dtype {a.dtype}")
-            specs.append([name, a.dtype.name, list(a.shape)])
             body.append(np.ascontiguousarray(a, a.dtype.newbyteorder("<")).reshape(-1).view(np.uint8))
-        head = json.dumps({"kind": kind, "seq": self._seq_out, "fields": fields or {}, "arrays": specs},
-                          separators=(",", ":"), default=np.generic.item).encode()    # NumPy scalars as numbers
+        head = _head(kind, self._seq_out, fields, arrays)
         size = sum(b.nbytes for b in body)
         if len(head) > MAX_HEADER or size > self.max_frame:
             raise WireError("size", f"header {len(head)} bytes, body {size} (max {MAX_HEADER}, {self.max_frame})")

@@ -10,7 +10,6 @@ driver") says why and how.
 """
 from __future__ import annotations
 
-import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from ..exchange.round import OPT, PARAMS
 from ..server import wire
 
 CONNECT_S = 10.0           # a task's connect and each socket operation (s)
+HELLO_BYTES = wire.client_hello_bytes()
 
 
 class ChannelError(RuntimeError):
@@ -178,8 +178,8 @@ class Channel:
         except Malformed as e:
             self._say("contribution", f"direct results: refused a contribution from {peer}: {e}")
             return "refused", {"reason": str(e)}, {}
-        # the frame's body (its arrays) and its JSON fields
-        leaf.wire_bytes = sum(a.nbytes for a in arrays.values()) + len(json.dumps(fields, separators=(",", ":")))
+        # what crossed to the driver: the task's hello and this frame, the connection's first after it
+        leaf.wire_bytes = HELLO_BYTES + wire.frame_bytes(kind, 1, fields, arrays)
         if not box.put(pid, leaf):
             return ("late" if box.closed else "duplicate"), {}, {}
         with self._lock:
