@@ -11,11 +11,12 @@ from rnnlm.spark.executor import make_source
 
 
 def test_the_probe_reads_round_1s_bytes_and_later_rounds_medians():
-    lines = [{"round_bytes_sent": 1000, "round_bytes_broadcast": 5000, "block_bytes.embed": 300,
+    """A round's broadcast bytes count a copy per executor that read it; the link's model takes one copy."""
+    lines = [{"round_bytes_sent": 1000, "round_bytes_broadcast": 15000, "executors": 3, "block_bytes.embed": 300,
               "block_bytes.softmax": 400, "compute_s": 9.0, "round_s": 20.0},
-             {"round_bytes_sent": 990, "round_bytes_broadcast": 700, "compute_s": 1.0, "round_s": 1.5},
-             {"round_bytes_sent": 980, "round_bytes_broadcast": 800, "compute_s": 2.0, "round_s": 2.2},
-             {"round_bytes_sent": 970, "round_bytes_broadcast": 900, "compute_s": 3.0, "round_s": 2.5}]
+             {"round_bytes_sent": 990, "round_bytes_broadcast": 1400, "executors": 2, "compute_s": 1.0, "round_s": 1.5},
+             {"round_bytes_sent": 980, "round_bytes_broadcast": 800, "executors": 1, "compute_s": 2.0, "round_s": 2.2},
+             {"round_bytes_sent": 970, "round_bytes_broadcast": 2700, "executors": 3, "compute_s": 3.0, "round_s": 2.5}]
     got = measured(lines, partitions=3, params=1000)
     assert got == {"sent": 1000, "broadcast": 800, "blocks": 700, "first_broadcast": 5000, "dense": 12000,
                    "model": 4000, "compute_s": 2.0, "overhead_s": pytest.approx(0.2)}    # 0.5, 0.2, and 0 (not -0.5)
@@ -24,7 +25,7 @@ def test_the_probe_reads_round_1s_bytes_and_later_rounds_medians():
 def test_under_overlap_the_broadcast_is_not_round_2s_which_carries_no_change():
     """Round 2's job is defined from round 1's parameters under train.overlap (its broadcast holds
     the round message alone, as a probe of AllReduce measured: 104 bytes against 20,784)."""
-    lines = [{"round_bytes_sent": 900, "round_bytes_broadcast": b, "compute_s": 1.0, "round_s": 1.0}
+    lines = [{"round_bytes_sent": 900, "round_bytes_broadcast": b, "executors": 1, "compute_s": 1.0, "round_s": 1.0}
              for b in (20784, 104, 20784, 20784)]
     assert measured(lines, partitions=2, params=5138)["broadcast"] == 20784
 

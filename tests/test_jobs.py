@@ -219,7 +219,8 @@ def test_dry_run_prints_the_model_and_a_rounds_bytes_and_writes_nothing(tmp_path
     # averaged state), their median
     broadcast = statistics.median(x["round_bytes_broadcast"] for x in later)
     assert f"partitions send {m['round_bytes_sent']:,} bytes" in d.stdout, (d.stdout, m)
-    assert (f"the driver broadcasts {broadcast:,} bytes (the median of rounds 2-4; round 1: "
+    assert all(x["executors"] == 1 for x in (m, *later))         # local mode: the driver's JVM alone
+    assert (f"the driver broadcasts {broadcast:,} bytes, each executor a copy (the median of rounds 2-4; round 1: "
             f"{m['round_bytes_broadcast']:,})") in d.stdout, (d.stdout, later)
     params = int(header.split("params ")[1].split(" ")[0].replace(",", ""))
     assert _mb("dense float32's", d.stdout) == round(2 * params * 4 / 1e6, 3)

@@ -272,15 +272,17 @@ def test_a_rounds_metrics_line_by_hand():
                              "exchange.sampled_softmax=true"])
     agg = Aggregate()
     agg.stats.update(tokens=800, loss_sum=1600.0, steps=8, compute_s=1.23456, gpu_partitions=2, softmax_v_all=100,
-                     **{"block_bytes.embed": 12, "block_bytes.softmax": 11, "rows_embed": 5})
+                     **{"block_bytes.embed": 12, "block_bytes.softmax": 11, "rows_embed": 5,
+                        "executor.0a1b2c3d4e5f": 3, "executor.ffffffffffff": 1})     # 4 partitions on 2 executors
     agg.words, agg.wire_bytes = np.array([1, 4, 9], np.int32), 4096
     st = RunState(round=3, tokens=2000, bytes_sent=9000, bytes_broadcast=7000, wall_s=12.34567)
     m = round_metrics(cfg, LAYOUT, st, 3000, agg, 512, True, 0.5, 4.00049)
     assert m == {"round": 3, "epoch": 0.66667, "tokens": 2000, "syncs": 3, "bytes_sent": 9000, "bytes_broadcast": 7000,
                  "round_bytes_sent": 4096, "round_bytes_broadcast": 512, "rebased": True, "wall_s": 12.346,
                  "round_s": 4.0, "compute_s": 1.235, "tokens_per_s": 200, "train_loss": 2.0, "lr": 0.5,
-                 "unique_words": 3, "device": "gpu+cpu", "block_bytes.embed": 12, "block_bytes.softmax": 11,
-                 "rows_embed": 5, "compression": 4.174,        # 6 float32 parameters from 4 partitions in 23 bytes
+                 "unique_words": 3, "executors": 2, "device": "gpu+cpu", "block_bytes.embed": 12,
+                 "block_bytes.softmax": 11, "rows_embed": 5,
+                 "compression": 4.174,        # 6 float32 parameters from 4 partitions in 23 bytes
                  "seed_groups": 2, "softmax_v_all": 12.5, "softmax_v_f": 0.0}
     dense = round_metrics(config.load(None, ["data.partitions=4"]), LAYOUT, st, 4000, Aggregate(), 0, False, 0.5, 0.0)
     assert dense["train_loss"] == 0.0 and dense["tokens_per_s"] == 0 and dense["compression"] == 96.0

@@ -88,11 +88,16 @@ def measured(lines: list, partitions: int, params: int) -> dict:
     ``train.overlap`` round 2's job is defined from round 1's parameters, so it broadcasts no change)."""
     first, later = lines[0], lines[1:]
     return {"sent": first["round_bytes_sent"],
-            "broadcast": statistics.median(m["round_bytes_broadcast"] for m in later),
+            "broadcast": statistics.median(one_copy(m) for m in later),
             "blocks": sum(v for k, v in first.items() if k.startswith("block_bytes.")),
-            "first_broadcast": first["round_bytes_broadcast"], "dense": partitions * params * 4,
+            "first_broadcast": one_copy(first), "dense": partitions * params * 4,
             "model": params * 4, "compute_s": statistics.median(m["compute_s"] for m in later),
             "overhead_s": statistics.median(max(0.0, m["round_s"] - m["compute_s"]) for m in later)}
+
+
+def one_copy(m: dict) -> int:
+    """A round's broadcast bytes as one copy (its metrics count one per executor that read it)."""
+    return m["round_bytes_broadcast"] // max(1, m["executors"])
 
 
 def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, latency: str = "0ms",
@@ -137,8 +142,8 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
         f"{est['sent']:,} bytes in all ({est['sent'] / est['dense']:.1%} of dense float32's "
         f"{est['dense'] / 1e6:.3f} MB, every partition's change of the weights uncoded): the change as coded "
         f"here {est['blocks']:,} bytes, the rest {est['sent'] - est['blocks']:,} (optimizer state, carried "
-        f"hidden states, framing); the driver broadcasts {est['broadcast']:,} bytes (the median of rounds "
-        f"2-4; round 1: {est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
+        f"hidden states, framing); the driver broadcasts {est['broadcast']:,} bytes, each executor a copy (the "
+        f"median of rounds 2-4; round 1: {est['first_broadcast']:,}); compute {est['compute_s']:.2f} s, "
         f"overhead {est['overhead_s']:.2f} s on {sc.master}")
     if link:
         pr = predict(est["sent"], est["broadcast"], P, *link, overhead_s=est["overhead_s"],

@@ -12,6 +12,9 @@ would fail the same way.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import socket
 import time
 
 import numpy as np
@@ -26,6 +29,21 @@ from ..core.optim import make_optimizer
 from ..core.strategies import Source, TooShort
 from . import memo
 from .memo import digest
+
+
+EXECUTOR_STAT = "executor."      # + this executor's key: the partitions it ran in the round (summed when merged)
+
+
+def executor_key() -> str:
+    """This executor's name among a round's statistics: its host and block manager directories (Spark
+    gives each executor its own; in local mode the driver's), hashed to 12 hex digits."""
+    where = f"{socket.gethostname()}|{os.environ.get('SPARK_LOCAL_DIRS', '')}"
+    return hashlib.sha1(where.encode()).hexdigest()[:12]
+
+
+def executors(stats: dict) -> int:
+    """The executors that ran a round's tasks, from its merged statistics."""
+    return sum(k.startswith(EXECUTOR_STAT) for k in stats)
 
 
 def assigned_gpus() -> list:
@@ -176,8 +194,8 @@ def round_task(cfg: config.Config, bc_base, bc, bc_carry: dict, rnd: int, lr: fl
             except FloatingPointError as e:
                 yield from emit(protocol.failed(pid, str(e)), pid, tokens, starts, held, spark_carry)
                 continue
-            block_stats.update(task_start=started, task_end=time.time(), view_s=view_s,
-                               gpu_partitions=int(xp is not np))
+            block_stats.update({"task_start": started, "task_end": time.time(), "view_s": view_s,
+                                "gpu_partitions": int(xp is not np), EXECUTOR_STAT + executor_key(): 1})
             agg = protocol.contribution(pid, res, blocks, block_stats, src.carries_state, words,
                                         time.perf_counter() - t0, backend.to_numpy)
             keep = {"feedback": left, "eager": change if t.eager else None}

@@ -198,10 +198,13 @@ class Trainer(Driver):
             agg.wire_bytes += sync.trim()
             round_s = time.perf_counter() - t0
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
+        # every executor that ran a task of the round fetched each of its broadcasts once (a task's closure
+        # names them all, the carries of other partitions too)
+        bc_bytes = job.bc_bytes * max(1, executor.executors(agg.stats))
         at.bytes_sent += agg.wire_bytes
-        at.bytes_broadcast += job.bc_bytes
+        at.bytes_broadcast += bc_bytes
         at.wall_s += round_s
-        m = round_metrics(cfg, layout, at, per_epoch, agg, job.bc_bytes, job.rebased, job.lr, round_s)
+        m = round_metrics(cfg, layout, at, per_epoch, agg, bc_bytes, job.rebased, job.lr, round_s)
         # where the round's time went (benchmarks/spark_sync.py --profile): the driver's phases and the slowest
         # task's; under overlap a job may wait for the one before it, so its launch counts from that one's end
         started = max(job.submitted, self.last_task_end or 0.0)
@@ -269,7 +272,7 @@ def _quiet(cfg) -> tuple:
     metrics file has them), and fields that say nothing in this run's setting."""
     x = cfg.exchange
     skip = ["bytes", "round_", "rows_", "block_bytes.", "optim_bytes", "unique_", "rebased", "seed_groups",
-            "softmax_v", "phase.", "syncs", "device"]    # syncs = round, in rounds; device: said once at the start
+            "softmax_v", "phase.", "syncs", "device", "executors"]    # syncs = round, in rounds; device: said once
     if x.embed == x.softmax == x.hidden == "dense":
         skip.append("compression")      # dense float32 blocks: 1 every round (1/3 with Adam's averaged state)
     return tuple(skip)
@@ -303,7 +306,7 @@ def round_metrics(cfg, layout, st: RunState, per_epoch: int, agg: Aggregate, bc_
          "wall_s": round(st.wall_s, 3), "round_s": round(round_s, 3), "compute_s": round(agg.stats["compute_s"], 3),
          "tokens_per_s": round(agg.stats["tokens"] / max(1e-9, round_s)),
          "train_loss": agg.stats["loss_sum"] / max(1, agg.stats["tokens"]), "lr": lr,
-         "unique_words": int(len(agg.words)),
+         "unique_words": int(len(agg.words)), "executors": executor.executors(agg.stats),
          "device": executor.device_field(agg.stats.get("gpu_partitions", 0), cfg.data.partitions)}
     # what travelled per parameter group (Zipf's law for the exchange: unique_words against tokens)
     m.update({k: v for k, v in sorted(agg.stats.items()) if k.startswith(("rows_", "block_bytes.", "optim_bytes"))})
