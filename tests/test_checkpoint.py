@@ -82,6 +82,9 @@ def test_missing_manifest_and_missing_dir(tmp_path, ck):
         ckpt.load(path)
     with pytest.raises(ckpt.CheckpointError, match="not found"):
         ckpt.load(str(tmp_path / "nope"))
+    with pytest.raises(ckpt.CheckpointError, match=f"not a checkpoint: {tmp_path}/plain.txt is a file"):
+        (tmp_path / "plain.txt").write_text("text\n")
+        ckpt.load(str(tmp_path / "plain.txt"))
 
 
 def test_mismatched_config_is_rejected(tmp_path, ck):

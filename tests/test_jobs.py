@@ -54,6 +54,9 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "model.hiden" in r.stderr
     r = run("jobs/generate.py", "--checkpoint", str(tmp_path / "missing"))
     assert r.returncode == 2 and "checkpoint not found" in r.stderr
+    (tmp_path / "plain.txt").write_text("text\n")
+    r = run("jobs/generate.py", "--checkpoint", str(tmp_path / "plain.txt"))
+    assert r.returncode == 2 and f"not a checkpoint: {tmp_path}/plain.txt is a file" in r.stderr, r.stderr
     r = run("jobs/demo.py", "--set", f"data.train={tmp_path / 'none.txt'}")
     assert r.returncode == 2 and "No such file" in r.stderr
 

@@ -108,8 +108,9 @@ def read_checkpoint(sc, path: str) -> checkpoint.Checkpoint:
         fs, path = HadoopFS(sc, path), path.rstrip("/")
         path = checkpoint.in_run(path, fs)
         path = fs.readable(path) or path          # <path>.old where a save is cut between its renames
-        if not fs.exists(path):
-            raise checkpoint.CheckpointError(f"checkpoint not found: {path}")
+        local = fs.local_path(path)
+        if not fs.exists(path) or (local is not None and os.path.isfile(local)):
+            raise checkpoint.CheckpointError(checkpoint.not_found(path, fs.exists(path)))
         return hfs_checkpoint(fs, path)
     except job_errors() as e:
         java = getattr(e, "java_exception", None)

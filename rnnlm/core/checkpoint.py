@@ -631,5 +631,12 @@ def load(path: str, expect: config_mod.ModelConfig | None = None, resume: bool =
     # a save cut (or under way) between its two renames has the last checkpoint as <path>.old: read there
     path = fs.readable(path) or path
     if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint not found: {path}")
+        raise CheckpointError(not_found(path, os.path.isfile(path)))
     return _load(_Directory(path), path, expect, resume)
+
+
+def not_found(path: str, is_file: bool) -> str:
+    """The line for a ``path`` that holds no checkpoint: nothing there, or a file."""
+    if is_file:
+        return f"not a checkpoint: {path} is a file (give a checkpoint directory, or the run directory holding one)"
+    return f"checkpoint not found: {path}"
