@@ -271,19 +271,26 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
     from rnnlm.spark import lineage
     cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
         "exchange.embed=rows+onebit", "exchange.hidden=dense+onebit", "exchange.softmax=dense+onebit",
-        "exchange.feedback=true", "train.rounds=5", "train.checkpoint_every=0"]))
+        "exchange.feedback=true", "train.rounds=6", "train.checkpoint_every=0"]))
+
+    def every(n):
+        return config.from_dict(config.apply_overrides(cfg.to_dict(), [f"train.checkpoint_every={n}"]))
     long = run(spark, cfg, tmp_path / "long")
     # a checkpoint cuts it too, collecting the same residuals: counted as sent as well
-    saved = run(spark, config.from_dict(config.apply_overrides(cfg.to_dict(), ["train.checkpoint_every=2"])),
-                tmp_path / "saved")
+    saved = run(spark, every(2), tmp_path / "saved")
     monkeypatch.setattr(lineage, "MAX_LINEAGE", 2)
     cut = run(spark, cfg, tmp_path / "cut")
-    for name, other in (("cut", cut), ("saved", saved)):
+    # 2 deep after rounds 2 and 5, with a checkpoint a round later at depth 3 (half as deep again): the
+    # checkpoint's cut alone, not two
+    waits = run(spark, every(3), tmp_path / "waits")
+    residuals = 2 * 4 * cut.params.size                 # both partitions' float32 residuals
+    for name, other, want in (("cut", cut, [0, 1, 0, 1, 0, 0]), ("saved", saved, [0, 1, 0, 1, 0, 0]),
+                              ("waits", waits, [0, 0, 1, 0, 0, 0])):
         assert np.array_equal(long.params, other.params), name
         pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / name))
         extra = [c["round_bytes_sent"] - x["round_bytes_sent"] for x, c in pairs]
-        # rounds 2 and 4 collect both partitions' float32 residuals (round 5 is the final checkpoint's)
-        assert extra == [0, 2 * 4 * cut.params.size, 0, 2 * 4 * cut.params.size, 0], name
+        # the rounds marked collect the residuals (round 6 is the final checkpoint's, in every run)
+        assert extra == [residuals * w for w in want], name
 
 
 class _ResidualFiles:

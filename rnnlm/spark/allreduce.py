@@ -24,7 +24,7 @@ from ..exchange.aggregate import Aggregate, Gathered, gather
 from ..exchange.round import SyncRound
 from . import channel, executor
 from .broadcasts import DeltaBroadcast, ParamsBroadcast
-from .lineage import MAX_LINEAGE, Lineage, held_bytes, recomputed
+from .lineage import Lineage, held_bytes, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
 
@@ -128,14 +128,19 @@ class AllReduce:
         Spark's job group of the run's jobs (cancelled by :meth:`close`).
     log : callable
         Where the direct channel's warnings go.
+    next_checkpoint : callable, optional
+        Round r -> the first round after r that checkpoints by count (an evaluation, ``checkpoint_every``,
+        the last): a lineage cut due soon before it waits for it.
 
     Verbs: :meth:`start` (define and submit), :meth:`wait`, :meth:`apply`, :meth:`trim`,
     :meth:`snapshot` and :meth:`truncate` (around a checkpoint), :meth:`close`.
     """
 
-    def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print):
+    def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print,
+                 next_checkpoint=None):
         t = cfg.train
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
+        self.next_checkpoint = next_checkpoint
         self.overlap = overlapped(t)
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
         self.lineage = self.broadcasts = self.channel = self.pool = None
@@ -182,7 +187,7 @@ class AllReduce:
             self._submit(job)
         if self.overlap:
             self.next = self._define(r + 1, st.params, lr)
-            if not (pause or r >= self.rounds or self.lineage.depth >= MAX_LINEAGE):
+            if not (pause or r >= self.rounds or self.lineage.cut_due(self._to_checkpoint(r))):
                 self._submit(self.next)
         return job
 
@@ -207,10 +212,14 @@ class AllReduce:
         self.protocol.apply(self.state, agg)
         return self.state.params
 
-    def trim(self) -> int:
-        """Cut a lineage grown :data:`~rnnlm.spark.lineage.MAX_LINEAGE` deep (no job in flight);
-        the bytes collected to cut it."""
-        return self.lineage.trim(self._carries()) if self.lineage is not None else 0
+    def trim(self, r: int) -> int:
+        """After round ``r``, cut a lineage grown :data:`~rnnlm.spark.lineage.MAX_LINEAGE` deep (no job in
+        flight) unless a checkpoint cuts it soon (:meth:`~rnnlm.spark.lineage.Lineage.cut_due`); the bytes
+        collected to cut it."""
+        return self.lineage.trim(self._carries(), self._to_checkpoint(r)) if self.lineage is not None else 0
+
+    def _to_checkpoint(self, r: int) -> int | None:
+        return None if self.next_checkpoint is None else self.next_checkpoint(r) - r
 
     # -------------------------------------------------------- checkpoints
     def snapshot(self) -> Snapshot:

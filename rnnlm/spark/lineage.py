@@ -24,7 +24,7 @@ from .channel import ChannelError
 from .filestore import Stored
 from .session import release, run_in_jvm
 
-MAX_LINEAGE = 48           # rounds; one cached RDD each
+MAX_LINEAGE = 48           # rounds; one cached RDD each (Spark's recursive task serialisation overflowed at 135)
 
 _LOCK = threading.Lock()   # the driver's accumulator server thread adds while a round may be taken
 
@@ -254,10 +254,17 @@ class Lineage:
         release(old, outs)
         return True
 
-    def trim(self, carries: dict | None = None) -> int:
-        """Truncate the lineage once it is :data:`MAX_LINEAGE` rounds deep and no job is in flight;
-        return the bytes collected."""
-        if self.depth < MAX_LINEAGE or self.in_flight:
+    def cut_due(self, to_checkpoint: int | None = None) -> bool:
+        """Whether the lineage, :data:`MAX_LINEAGE` rounds deep, is to be cut now: not when a checkpoint,
+        which cuts it anyway, comes ``to_checkpoint`` rounds later at a depth at most half as much again
+        (a cut costs what partitions hold, to the driver and back)."""
+        if self.depth < MAX_LINEAGE:
+            return False
+        return to_checkpoint is None or self.depth + to_checkpoint > MAX_LINEAGE + MAX_LINEAGE // 2
+
+    def trim(self, carries: dict | None = None, to_checkpoint: int | None = None) -> int:
+        """Truncate the lineage when :meth:`cut_due` and no job is in flight; return the bytes collected."""
+        if not self.cut_due(to_checkpoint) or self.in_flight:
             return 0
         held = self.collect()
         self.truncate(held, carries)

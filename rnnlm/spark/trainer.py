@@ -8,6 +8,7 @@ ahead) is :class:`rnnlm.spark.allreduce.AllReduce`'s; docs/design.md says how a 
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -120,7 +121,9 @@ class Trainer(Driver):
                                arithmetic_notes(data.devices, before))
             stop = StopRequest(self.log)
             try:
-                sync, ended = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log), False
+                sync = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log,
+                                 functools.partial(next_checkpoint, cfg.train, data, rounds))
+                ended = False
                 self.ck_time = time.monotonic()     # train.checkpoint_s counts training, not the corpus's read
                 # the loop: a round, its evaluation when due, a checkpoint when due
                 while at.round < rounds:
@@ -195,7 +198,7 @@ class Trainer(Driver):
             snapshot = sync.snapshot()
             agg.wire_bytes += snapshot.collected_bytes
         else:
-            agg.wire_bytes += sync.trim()
+            agg.wire_bytes += sync.trim(r)
             round_s = time.perf_counter() - t0
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         # every executor that ran a task of the round fetched each of its broadcasts once (a task's closure
@@ -265,6 +268,13 @@ class Trainer(Driver):
         self.dir.write_checkpoint(ck, best)
         self.ck_time = time.monotonic()
         sync.truncate(snapshot)            # not while a round runs
+
+
+def next_checkpoint(t, data: Corpus, rounds: int, r: int) -> int:
+    """The first round after ``r`` that checkpoints by count: every ``t.checkpoint_every``, at each evaluation
+    (every ``t.eval_every`` with held-out text), the last."""
+    every = [t.checkpoint_every] + ([t.eval_every] if data.valid is not None or data.test is not None else [])
+    return min([rounds] + [(r // e + 1) * e for e in every if e > 0])
 
 
 def _quiet(cfg) -> tuple:
