@@ -79,23 +79,11 @@ SPARSE = ("exchange.embed=rows+fp16", "exchange.softmax=rows+onebit", "exchange.
 
 
 @pytest.mark.slow
-def test_killed_executor_does_not_change_the_result(tmp_path, spark):
+def test_killed_executor_does_not_change_the_result(tmp_path):
     master = "local-cluster[2,1,1024]"
     ref = subprocess.run(cluster_cmd(tmp_path / "ref", master, "train.rounds=8", *SPARSE), cwd=ROOT, env=env(),
                          capture_output=True, text=True, timeout=400)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    # each executor that ran a round's tasks fetched its broadcasts, a copy each: the same run in local mode,
-    # whose one JVM reads them once, the same numbers, broadcasts the same bytes once
-    from rnnlm import config
-    from rnnlm.spark.trainer import Trainer
-    cfg = config.load(os.path.join(ROOT, "conf", "demo.toml"), [*CLUSTER_RUN, "train.rounds=8", *SPARSE])
-    Trainer(spark, cfg, str(tmp_path / "local"), log=lambda s: None).run()
-    on_cluster, local = metrics(tmp_path / "ref"), metrics(tmp_path / "local")
-    assert [m["train_loss"] for m in on_cluster] == [m["train_loss"] for m in local]
-    assert [m["executors"] for m in local] == [1] * 8 and {m["executors"] for m in on_cluster} <= {1, 2}
-    assert 2 in {m["executors"] for m in on_cluster}, on_cluster
-    assert ([m["round_bytes_broadcast"] for m in on_cluster]
-            == [c["executors"] * m["round_bytes_broadcast"] for c, m in zip(on_cluster, local)])
     # its executors end with it (the worker stops them as the application ends: a moment later under load)
     app, deadline = application_id(tmp_path / "ref"), time.time() + 20
     while executor_pids(app) and time.time() < deadline:

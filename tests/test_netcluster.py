@@ -73,6 +73,10 @@ def test_a_spark_run_across_hosts_equals_the_local_run(netns_ok, tmp_path):
     hosts, ref = metrics(tmp_path / "hosts"), metrics(tmp_path / "local")
     assert [m["train_loss"] for m in hosts] == [m["train_loss"] for m in ref]
     assert [m["round_bytes_sent"] for m in hosts] == [m["round_bytes_sent"] for m in ref]
+    # each executor that ran a round's tasks fetched its broadcasts, a copy each: local mode's one JVM read one
+    assert {m["executors"] for m in ref} == {1} and 2 in {m["executors"] for m in hosts}, hosts
+    assert ([m["round_bytes_broadcast"] for m in hosts]
+            == [h["executors"] * m["round_bytes_broadcast"] for h, m in zip(hosts, ref)])
     received = after[0][1] - before[0][1]                 # what reached the driver's host over its link
     assert received >= sum(m["round_bytes_sent"] for m in hosts)
     for w in (1, 2):                                      # each worker's executor sent its share
