@@ -14,6 +14,7 @@ import dataclasses
 import math
 import os
 import statistics
+import tempfile
 import textwrap
 
 import matplotlib
@@ -281,9 +282,22 @@ def save(fig_or_ax, path: str) -> str:
     if ext not in FORMATS:
         raise ValueError(f"{path}: the figure's format comes from its suffix: {', '.join(FORMATS)}")
     fig = getattr(fig_or_ax, "figure", fig_or_ax)
-    fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    pyplot().close(fig)
+    try:
+        fig.tight_layout()
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        # written beside it, then renamed: a write that fails (a full disk) leaves the figure there whole
+        fd, tmp = tempfile.mkstemp(prefix=".rnnlm-plot-", suffix=ext, dir=d)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                fig.savefig(f, format=ext[1:], dpi=120)
+            os.replace(tmp, path)
+        except BaseException as e:
+            os.unlink(tmp)
+            if isinstance(e, (OSError, ValueError, OverflowError)) or not isinstance(e, Exception):
+                raise
+            # matplotlib's PDF writer, its file cut short, fails as AttributeError
+            raise OSError(f"writing the figure failed ({type(e).__name__}: {e})") from None
+    finally:
+        pyplot().close(fig)
     return path

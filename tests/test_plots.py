@@ -242,6 +242,28 @@ def test_save_picks_the_format_from_the_suffix(tmp_path):
         plots.save(plots.plot_metric([r]), str(tmp_path / "f.jpg"))
 
 
+# a disk that fills at 4,000 bytes: the file-size limit, its signal ignored so that the write fails with EFBIG
+_FULL_DISK = """import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))
+from rnnlm.cli.main import main
+sys.exit(main(["plot", "--runs", sys.argv[1], "--out", sys.argv[2]]))
+"""
+
+
+@pytest.mark.parametrize("ext", ["png", "svg", "pdf"])
+def test_a_figure_that_cannot_be_written_leaves_the_one_there_whole(tmp_path, ext):
+    run = make_run(tmp_path, "a", LINES)
+    out = tmp_path / "figs" / f"f.{ext}"
+    plots.save(plots.plot_metric([runs.load(str(run))]), str(out))
+    before = out.read_bytes()
+    assert len(before) > 4000
+    r = subprocess.run([sys.executable, "-c", _FULL_DISK, str(run), str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --out {out}: ") and r.stderr.count("\n") == 1, r.stderr
+    assert out.read_bytes() == before and os.listdir(out.parent) == [out.name]        # no part-written file left
+
+
 def plot_job(*args):
     return subprocess.run([sys.executable, "jobs/plot.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
