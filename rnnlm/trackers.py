@@ -54,9 +54,17 @@ def parse(specs: list, out: str, overwrite: bool = False) -> list:
 
 def start(parsed: list, cfg: config.Config, out: str, log=print, resume: bool = False) -> list:
     """The trackers of ``parsed`` (:func:`parse`), started for a run of ``cfg`` in ``out`` (``resume``:
-    the run in ``out`` goes on)."""
-    return [TensorBoard(*arg, log=log) if kind == "tensorboard" else MLflow(cfg, out, log, resume)
-            for kind, arg in parsed]
+    the run in ``out`` goes on). One that cannot start closes those started before it (an MLflow run
+    left active would be ended FINISHED by MLflow's exit hook) and raises."""
+    started = []
+    try:
+        for kind, arg in parsed:
+            started.append(TensorBoard(*arg, log=log) if kind == "tensorboard" else MLflow(cfg, out, log, resume))
+    except BaseException:
+        for t in started:
+            t.close(False)
+        raise
+    return started
 
 
 def scalars(m: dict) -> dict:

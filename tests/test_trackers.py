@@ -248,6 +248,25 @@ def test_a_broken_mlflow_tracker_still_ends_its_run_with_the_trainings_status(tm
             t.mlflow.end_run()
 
 
+def test_a_tracker_that_cannot_start_ends_the_ones_started_before_it(tmp_path, monkeypatch):
+    """MLflow started, then TensorBoard refused: the MLflow run was left active (MLflow's exit hook ended
+    it FINISHED, for a command that failed)."""
+    store = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    (tmp_path / "file").write_text("x")
+    parsed = [("mlflow", ""), ("tensorboard", (str(tmp_path / "file" / "tb"), False))]
+    import mlflow
+    try:
+        with pytest.raises(trackers.TrackerError, match="Not a directory"):
+            trackers.start(parsed, config.load(None, []), str(tmp_path / "run"), log=lambda s: None)
+        assert mlflow.active_run() is None
+        assert _mlflow_run(store, "run")[1].info.status == "FAILED"
+    finally:
+        if mlflow.active_run() is not None:      # not left to this process's other tests
+            mlflow.end_run()
+
+
 @pytest.mark.parametrize("out", ["run", "it's", "both'\""])
 def test_a_resumed_run_goes_on_in_its_mlflow_run(tmp_path, monkeypatch, out):
     """A resume started a second MLflow run of the same name: the first, FAILED, held the rounds up to
