@@ -63,6 +63,7 @@ class Progress:
         self.width, self.clock, self.columns = width, clock, columns
         self.t0 = None
         self.first = None        # the first round reported: the rate is measured from it (a resumed run's too)
+        self.base = 0.0          # the run's own clock at that report (its first round, a resumed run's earlier time)
         self.loss = None         # the latest training loss: an async line without pushes carries none
         self.drawn = False
 
@@ -94,6 +95,8 @@ class Progress:
         self.loss = m.get("train_loss", self.loss)
         if self.t0 is None:
             self.t0, self.first = now, r
+            wall = m.get("wall_s")
+            self.base = float(wall) if type(wall) in (int, float) and 0 <= wall < float("inf") else 0.0
         if any(k.startswith(("valid_", "test_")) for k in m):
             self.message(line)
         self._clear()
@@ -108,8 +111,9 @@ class Progress:
         since = now - self.t0          # since the first round reported: the rate's span
         done = r - self.first
         eta = _clock(since / done * (total - r)) if done > 0 else "?"
-        # the run's own clock (its first round included, a resumed run's earlier time too), where it says
-        elapsed = m["wall_s"] if type(m.get("wall_s")) in (int, float) and m["wall_s"] >= 0 else since
+        # the run's clock at the first report, then the bar's own: a sync run's wall_s leaves out its evaluations
+        # and checkpoints, which the ETA, from the bar's clock, counts
+        elapsed = self.base + since
         per_round = m.get("round_bytes_sent", 0) + m.get("round_bytes_broadcast", 0)
         fields = [f"{_clock(elapsed)} < {eta}", "loss -" if self.loss is None else f"loss {self.loss:.3f}"]
         if "tokens_per_s" in m:

@@ -58,15 +58,26 @@ def test_a_resumed_run_counts_its_eta_from_where_it_started():
 
 
 def test_the_elapsed_time_is_the_runs_own_clock_its_first_round_included():
-    """Counted from the first report, three rounds of 10 minutes read 20:00 elapsed."""
+    """Counted from the first report, three rounds of 10 minutes read 20:00 elapsed; with the first
+    round's, 30:00. After the first report the bar's own clock counts: a sync run's wall_s leaves out its
+    evaluations (here 50 of every 60 s), which the ETA counts (it read 0:30 < 1:00)."""
     out, clock = io.StringIO(), Clock()
     p = Progress(out, tty=True, width=4, clock=clock, columns=200)
     for r in (1, 2, 3):
         p.update(m(r, wall_s=600.0 * r), 4, "")
         clock.t += 600.0
     assert out.getvalue().endswith("round 3/4 [###.]  75% | 30:00 < 10:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
-    p.update(m(4, wall_s=-5.0), 4, "")           # a clock that is none: the bar's own, since the first report
-    assert out.getvalue().endswith("round 4/4 [####] 100% | 30:00 < 0:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
+    p.update(m(4, wall_s=-5.0), 4, "")           # whatever the later lines say
+    assert out.getvalue().endswith("round 4/4 [####] 100% | 40:00 < 0:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
+    out, clock = io.StringIO(), Clock()
+    p = Progress(out, tty=True, width=4, clock=clock, columns=200)
+    for r in (1, 2, 3):
+        clock.t += 60.0                           # 10 s of training, 50 of evaluation
+        p.update(m(r, wall_s=10.0 * r), 4, "")
+    assert out.getvalue().endswith("round 3/4 [###.]  75% | 2:10 < 1:00 | loss 2.500 | 41.2k tok/s | 2.00 MB/round")
+    out = io.StringIO()
+    Progress(out, tty=True, width=4, clock=Clock(), columns=200).update(m(1, wall_s=-5.0), 4, "")
+    assert out.getvalue().endswith("25% | 0:00 < ? | loss 2.500 | 41.2k tok/s | 2.00 MB/round")   # a clock that is none
 
 
 def test_a_line_without_a_training_loss_keeps_the_latest_one_on_the_bar():
