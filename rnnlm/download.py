@@ -93,6 +93,8 @@ def _fetch(corpus: str, dest: str, mirror: str | None, log) -> list:
             if got != digest:
                 raise DownloadError(f"{name}: checksum mismatch (got {got[:16]}..., expected {digest[:16]}...)")
             os.chmod(tmp, 0o666 & ~_umask())          # mkstemp's 0600 would keep the corpus from others
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())                  # whole on disk before its name says it is
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -124,7 +126,8 @@ def _download(name: str, url: str, size: int, path: str) -> None:
                 f.write(block)
             if got < size:
                 raise DownloadError(f"{name}: {url} ended after {got} of {size} bytes")
-    except (OSError, http.client.HTTPException) as e:      # HTTPException: e.g. IncompleteRead
+    # HTTPException: e.g. IncompleteRead; ValueError: a redirect to a Location urllib cannot parse
+    except (OSError, http.client.HTTPException, ValueError) as e:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise DownloadError(f"{name}: cannot fetch {url}: {type(e).__name__}: {first}") from None
 
@@ -144,10 +147,14 @@ def split_train_valid(path: str, fraction: float) -> list:
     stem = os.path.splitext(path)[0]
     paths = [f"{stem}.train.txt", f"{stem}.valid.txt"]
     for p, part in zip(paths, (text[:cut], text[cut:])):
-        tmp = f"{p}.{os.getpid()}.tmp"      # this process's: two splits of one text never write one file
+        # this process's: two splits of one text never write one file; hidden: a directory read as a corpus
+        # skips it, should a kill leave it
+        tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.{os.getpid()}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(part)
+                f.flush()
+                os.fsync(f.fileno())        # whole on disk before its name says it is
             os.replace(tmp, p)
         finally:                            # failed, or interrupted: no part of a copy stays
             if os.path.isfile(tmp):

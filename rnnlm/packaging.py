@@ -44,7 +44,8 @@ def build_pyfiles(dest: str) -> str:
     tmp = f"{dest}.{os.getpid()}.tmp"       # this process's: two builds of one dest never write one file
     try:
         os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        # strict_timestamps off: a file dated before 1980 (a Nix store's, SOURCE_DATE_EPOCH=0) is stored as 1980
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, strict_timestamps=False) as z:
             for d, dirs, files in os.walk(pkg):
                 dirs[:] = sorted(x for x in dirs if x != "__pycache__")
                 for f in sorted(files):

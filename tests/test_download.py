@@ -20,6 +20,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if how == "missing":
             self.send_error(404)
             return
+        if how == "redirect":                       # to a Location urllib cannot parse (ValueError, not OSError)
+            self.send_response(302)
+            self.send_header("Location", "http://[nn/x")
+            self.end_headers()
+            return
         self.send_response(200)
         if how != "endless":
             self.send_header("Content-Length", str(10 ** 12 if how == "announced" else len(DATA)))
@@ -69,6 +74,7 @@ def test_a_corpus_is_fetched_over_http_and_verified(monkeypatch, tmp_path, serve
     ("trickle", "took longer than 0.3 s (after "),
     ("short", "ended after 100 of 1024 bytes"),
     ("missing", "HTTPError: HTTP Error 404"),
+    ("redirect", "ValueError: Invalid IPv6 URL"),
 ])
 def test_a_server_cannot_fill_the_disk_hold_the_fetch_or_cut_it_short(monkeypatch, tmp_path, server, how, needle):
     """Every fetch before read the whole response (shutil.copyfileobj) with only a per-read timeout:
@@ -129,7 +135,15 @@ def test_a_fifo_or_a_link_to_an_endless_file_under_the_final_name_is_replaced_no
     """The check of a file already present read a FIFO there (blocked for ever) or a link to /dev/zero."""
     (tmp_path / "data").mkdir()
     os.mkfifo(tmp_path / "data" / "toy.txt")
-    assert fetch(monkeypatch, tmp_path, f"{server}/ok") == [str(tmp_path / "data" / "toy.txt")]
+    got = []                       # in a thread: a fetch that reads the FIFO blocks, and the test fails, not hangs
+    t = threading.Thread(target=lambda: got.append(fetch(monkeypatch, tmp_path, f"{server}/ok")), daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():
+        with open(tmp_path / "data" / "toy.txt", "wb"):     # the reader's writer: it unblocks and ends
+            pass
+        pytest.fail("the fetch read the FIFO under the final name")
+    assert got == [[str(tmp_path / "data" / "toy.txt")]]
     assert (tmp_path / "data" / "toy.txt").read_bytes() == DATA
     os.remove(tmp_path / "data" / "toy.txt")
     os.symlink("/dev/zero", tmp_path / "data" / "toy.txt")

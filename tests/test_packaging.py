@@ -68,6 +68,19 @@ def test_a_destination_that_is_not_a_regular_file_is_not_replaced(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 
+def test_a_source_dated_before_1980_is_packed(tmp_path, monkeypatch):
+    """A Nix store's files (mtime 1) were a traceback: ZIP does not support timestamps before 1980."""
+    import zipfile
+    copy = tmp_path / "src" / "rnnlm"
+    shutil.copytree(os.path.dirname(packaging.__file__), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    os.utime(copy / "config.py", (86400, 86400))                      # 1970-01-02
+    monkeypatch.setattr(packaging, "__file__", str(copy / "packaging.py"))       # the package packed: the copy
+    packaging.build_pyfiles(str(tmp_path / "out.zip"))
+    with zipfile.ZipFile(tmp_path / "out.zip") as z:
+        assert z.getinfo("rnnlm/config.py").date_time[0] == 1980
+        assert z.read("rnnlm/config.py") == (copy / "config.py").read_bytes()
+
+
 def test_a_destination_under_a_file_names_that_file(tmp_path):
     """Making the directories under a file said only "File exists"."""
     (tmp_path / "afile").write_text("mine")
