@@ -312,6 +312,17 @@ def test_the_default_filesystem_is_read_from_core_site_as_sparks_launcher_reads_
     assert default_fs() == "hdfs://yarn:8020"                            # else YARN_CONF_DIR
     monkeypatch.delenv("YARN_CONF_DIR")
     assert default_fs() == "file:///"
+    # as Hadoop reads them: the deprecated key, and a name without "/" (FileSystem.fixName: HDFS)
+    assert default_fs(site("old", prop("fs.default.name", "hdfs://old:8020"))) == "hdfs://old:8020"
+    assert default_fs(site("both", prop("fs.default.name", "hdfs://old:8020") + prop("fs.defaultFS", "file:///"))) \
+        == "file:///"
+    assert default_fs(site("bare", prop("fs.defaultFS", "namenode"))) == "hdfs://namenode"
+    assert default_fs(site("local", prop("fs.defaultFS", "local"))) == "file:///"
+    assert resolve("runs/x", "namenode") == (False, "runs/x") and resolve("/x", "local") == (True, "/x")
+    # Spark's launcher puts its conf directory on the classpath before Hadoop's: its core-site.xml is loaded
+    monkeypatch.setenv("HADOOP_CONF_DIR", hdfs)
+    monkeypatch.setenv("SPARK_CONF_DIR", site("spark", prop("fs.defaultFS", "hdfs://spark:8020")))
+    assert default_fs() == "hdfs://spark:8020"
 
 
 def test_a_checkpoint_read_through_hadoops_paths_is_checked_before_its_bytes_are_read(spark, tmp_path, ck):

@@ -52,32 +52,58 @@ def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
         return True, os.path.abspath(rest)
     if url.scheme:
         return False, path
-    if parse_url(default_fs, "fs.defaultFS").scheme in ("", "file"):
+    if parse_url(fix_name(default_fs), "fs.defaultFS").scheme == "file":
         return True, os.path.abspath(path)
     return False, path
+
+
+def fix_name(fs_name: str) -> str:
+    """``fs.defaultFS`` as Hadoop's ``FileSystem.fixName`` reads it: ``local`` is ``file:///``, and a name
+    without a ``/`` an HDFS authority (``namenode`` is ``hdfs://namenode``, deprecated but still so)."""
+    if fs_name == "local":
+        return "file:///"
+    if "/" not in fs_name:
+        return f"hdfs://{fs_name}"
+    return fs_name
 
 
 def default_fs(conf_dir: str | None = None) -> str:
     """``fs.defaultFS`` read without a JVM, as Spark's launcher finds it: ``spark.hadoop.fs.defaultFS``
     given to the launcher (:func:`launcher_property`), which Spark copies over Hadoop's; else the
-    one in ``core-site.xml`` in ``conf_dir`` (default ``$HADOOP_CONF_DIR``, else ``$YARN_CONF_DIR``);
-    else ``file:///``."""
+    one in the ``core-site.xml`` Hadoop loads, the first on the classpath: in ``conf_dir``, or by default
+    in Spark's conf directory, else ``$HADOOP_CONF_DIR``, else ``$YARN_CONF_DIR`` (its deprecated name
+    ``fs.default.name`` where ``fs.defaultFS`` is not set); else ``file:///``. As Hadoop reads it
+    (:func:`fix_name`)."""
     given = launcher_property("spark.hadoop.fs.defaultFS")
     if given:
-        return given
-    if conf_dir is None:
-        conf_dir = os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")
-    site = os.path.join(conf_dir, "core-site.xml")
-    try:        # a FIFO would block the parse, an unknown encoding raised LookupError through every command
-        root = ET.fromstring(files.read_regular(site, MAX_SITE_XML)) if conf_dir else None
-    except (OSError, ET.ParseError, ValueError, LookupError):
-        root = None
-    for prop in root.iter("property") if root is not None else ():
-        if (prop.findtext("name") or "").strip() == "fs.defaultFS":
-            value = (prop.findtext("value") or "").strip() or "file:///"
-            parse_url(value, f"fs.defaultFS in {site}")
-            return value
+        return fix_name(given)
+    dirs = [conf_dir] if conf_dir is not None else [
+        _spark_conf_dir(), os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")]
+    for d in dirs:
+        site = os.path.join(d, "core-site.xml") if d else ""
+        if not site or not os.path.exists(site):
+            continue
+        try:    # a FIFO would block the parse, an unknown encoding raised LookupError through every command
+            root = ET.fromstring(files.read_regular(site, MAX_SITE_XML))
+        except (OSError, ET.ParseError, ValueError, LookupError):
+            return "file:///"
+        found = {}
+        for prop in root.iter("property"):
+            name = (prop.findtext("name") or "").strip()
+            if name in ("fs.defaultFS", "fs.default.name"):
+                found[name] = (prop.findtext("value") or "").strip() or "file:///"
+        value = found.get("fs.defaultFS", found.get("fs.default.name"))
+        if value is None:
+            return "file:///"
+        parse_url(fix_name(value), f"fs.defaultFS in {site}")
+        return fix_name(value)
     return "file:///"
+
+
+def _spark_conf_dir() -> str:
+    """Spark's conf directory, which its launcher puts on the classpath before Hadoop's."""
+    home = os.environ.get("SPARK_HOME") or _pyspark_home()
+    return os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
 
 
 def launcher_property(key: str) -> str | None:
@@ -104,8 +130,7 @@ def launcher_property(key: str) -> str | None:
         return flag_master
     if value is not None:
         return value
-    home = os.environ.get("SPARK_HOME") or _pyspark_home()
-    conf_dir = os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
+    conf_dir = _spark_conf_dir()
     paths = [props] if props else []
     if defaults and conf_dir:
         paths.append(os.path.join(conf_dir, "spark-defaults.conf"))
