@@ -19,11 +19,12 @@ def _clock(seconds: float) -> str:
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:.2f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+    # the unit chosen after rounding: 999,999,999 is 1.00 GB, not 1000.00 MB
+    return f"{n / 1e6:.2f} MB" if n < 999.995e6 else f"{n / 1e9:.2f} GB"
 
 
 def _rate(n: float) -> str:
-    return f"{n:.0f}" if n < 1e4 else f"{n / 1e3:.1f}k" if n < 1e6 else f"{n / 1e6:.2f}M"
+    return f"{n:.0f}" if n < 9_999.5 else f"{n / 1e3:.1f}k" if n < 999_950 else f"{n / 1e6:.2f}M"
 
 
 def wrap(line: str, columns: int, sep: str = " | ") -> str:

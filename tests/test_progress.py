@@ -119,10 +119,11 @@ def test_the_fields_formats_at_their_thresholds():
     from rnnlm.progress import _clock, _mb, _rate
     assert [_clock(s) for s in (-3, 59.9, 61, 3599, 3600, 3661, 90061)] == \
         ["0:00", "0:59", "1:01", "59:59", "1:00:00", "1:01:01", "25:01:01"]
-    assert [_mb(n) for n in (0, 1_234_567, 999_999_999, 1e9, 2.5e9)] == \
-        ["0.00 MB", "1.23 MB", "1000.00 MB", "1.00 GB", "2.50 GB"]
-    assert [_rate(n) for n in (12.4, 9_999, 10_000, 999_949, 1e6, 2.345e6)] == \
-        ["12", "9999", "10.0k", "999.9k", "1.00M", "2.35M"]
+    # no unit past its own range after rounding (1000.00 MB, 1000.0k, 10000 were printed)
+    assert [_mb(n) for n in (0, 1_234_567, 999_994_999, 999_999_999, 1e9, 2.5e9)] == \
+        ["0.00 MB", "1.23 MB", "999.99 MB", "1.00 GB", "1.00 GB", "2.50 GB"]
+    assert [_rate(n) for n in (12.4, 9_999, 9_999.6, 10_000, 999_949, 999_960, 1e6, 2.345e6)] == \
+        ["12", "9999", "10.0k", "10.0k", "999.9k", "1.00M", "1.00M", "2.35M"]
 
 
 def test_wrap_fills_all_but_the_last_column():
