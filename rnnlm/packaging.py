@@ -77,6 +77,9 @@ def build_env(dest: str, requirements: list | None = None, python: str = sys.exe
     Python at the same path, as nodes installed from one image have. ``spark-submit
     --archives dest#env`` unpacks it in each container as ``./env``.
     """
+    if not dest.endswith((".tar.gz", ".tgz")):      # Spark and YARN unpack an archive by its suffix
+        raise PackagingError(f"cannot write {dest}: an environment is packed as .tar.gz (or .tgz); Spark "
+                             "unpacks an archive by its suffix")
     try:
         import venv_pack
     except ImportError:

@@ -53,10 +53,10 @@ def test_the_archive_replaces_dest_and_a_directory_is_refused(tmp_path, packed):
     dest.write_bytes(b"old")
     assert packaging.build_env(str(dest), ["numpy"]) == str(dest)
     assert dest.read_bytes() == b"new" * 350_000
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
-        packaging.build_env(str(tmp_path / "dir"), ["numpy"])
-    assert list((tmp_path / "dir").iterdir()) == []
+    (tmp_path / "dir.tgz").mkdir()
+    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir.tgz: a directory$"):
+        packaging.build_env(str(tmp_path / "dir.tgz"), ["numpy"])
+    assert list((tmp_path / "dir.tgz").iterdir()) == []
 
 
 def test_a_destination_that_is_not_a_regular_file_is_not_replaced(tmp_path):
@@ -100,7 +100,11 @@ def test_a_directory_is_refused_before_the_environment_is_built(tmp_path, monkey
     done = types.SimpleNamespace(returncode=0, stderr="")
     monkeypatch.setattr(subprocess, "run", lambda cmd, **k: ran.append(cmd) or done)
     monkeypatch.setitem(sys.modules, "venv_pack", types.SimpleNamespace(pack=lambda **k: ran.append("pack")))
-    (tmp_path / "dir").mkdir()
-    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir: a directory$"):
-        packaging.build_env(str(tmp_path / "dir"), ["numpy"])
-    assert ran == []
+    (tmp_path / "dir.tar.gz").mkdir()
+    with pytest.raises(packaging.PackagingError, match=r"^cannot write .*/dir.tar.gz: a directory$"):
+        packaging.build_env(str(tmp_path / "dir.tar.gz"), ["numpy"])
+    # a gzip tarball named .zip was written: Spark unpacks by the suffix, so it failed on the cluster alone
+    for dest in ("env.zip", "env.tar", "env"):
+        with pytest.raises(packaging.PackagingError, match=rf"^cannot write .*/{dest}: an environment is packed as "):
+            packaging.build_env(str(tmp_path / dest), ["numpy"])
+    assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["dir.tar.gz"]
