@@ -192,14 +192,13 @@ class Trainer(Driver):
         applied = time.perf_counter()
         # what partitions hold, collected to cut their lineage: for a checkpoint (its time is the checkpoint's,
         # as its write is) or, if due, for depth
-        snapshot = None
-        if self._checkpoint_due(cfg, r, rounds, evaluated, stop):
-            round_s = time.perf_counter() - t0
-            snapshot = sync.snapshot()
-            agg.wire_bytes += snapshot.collected_bytes
-        else:
+        save = self._checkpoint_due(cfg, r, rounds, evaluated, stop)
+        if not save:
             agg.wire_bytes += sync.trim(r)
-            round_s = time.perf_counter() - t0
+        round_s = time.perf_counter() - t0
+        snapshot = sync.snapshot() if save else None
+        if snapshot is not None:
+            agg.wire_bytes += snapshot.collected_bytes
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         # every executor that ran a task of the round fetched each of its broadcasts once (a task's closure
         # names them all, the carries of other partitions too)
