@@ -292,12 +292,13 @@ def save(fig_or_ax, path: str) -> str:
             with os.fdopen(fd, "wb") as f:
                 fig.savefig(f, format=ext[1:], dpi=120)
             os.replace(tmp, path)
-        except BaseException as e:
-            os.unlink(tmp)
-            if isinstance(e, (OSError, ValueError, OverflowError)) or not isinstance(e, Exception):
-                raise
-            # matplotlib's PDF writer, its file cut short, fails as AttributeError
+        except (OSError, ValueError, OverflowError):
+            raise
+        except Exception as e:          # matplotlib's PDF writer, its file cut short, fails as AttributeError
             raise OSError(f"writing the figure failed ({type(e).__name__}: {e})") from None
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
     finally:
         pyplot().close(fig)
     return path
