@@ -93,10 +93,35 @@ def test_a_lineage_is_truncated_only_with_no_round_in_flight_and_keeps_counting_
     held = lin.collect()
     assert lin.truncate(held) and lin.depth == 0 and lin.seq == 1
     assert released[:-1] == [((), {"rdds": []})]                    # finished: no output before round 1's
-    (old, outs), k = released[-1]                                   # the seed's two, the kept one; round 1's output
-    assert kept[0] in old and len(old) == 3 and outs == [out1] and k == {}
+    (old, outs), k = released[-1]                                   # the kept one (no carries); round 1's output
+    assert old == kept and outs == [out1] and k == {}
     out2, agg = submit(lin, 1)
     assert lin.seq == 2 and lin.depth == 1 and agg.weight == 12 + 22
+
+
+def test_a_cut_lineage_starts_from_the_partitions_files_and_fetches_only_what_is_gone(lin):
+    """Seeded from a checkpoint, every partition fetches its own share from the driver (no executor
+    has a file); after a cut, each reads the file it was collected from, and only a partition whose
+    file is gone fetches, the same numbers."""
+    out, agg = submit(lin, 1)
+    lin.finished(out, True)
+    to_executors, from_executors = lin.take_served()
+    assert agg.weight == 11 + 21 and to_executors > 2 * 8 and from_executors > 0
+    assert lin.take_served() == (0, 0)                              # taken once
+    held = lin.collect()
+    assert sorted(held.files) == [0, 1] and all(f.seq == 1 for f in held.files.values())
+    assert lin.truncate(held)
+    out, agg = submit(lin, 2)
+    lin.finished(out, True)
+    assert agg.weight == 13 + 23 and lin.take_served() == (0, 0)    # both files read: nothing fetched
+    held = lin.collect()
+    assert lin.truncate(held)
+    local_dirs = lin.sc.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first()
+    os.unlink(os.path.join(filestore.root(lin.key, local_dirs), f"1.{held.files[1].seq}.n.npy"))  # partition 1's alone
+    out, agg = submit(lin, 3)
+    lin.finished(out, True)
+    one, _ = lin.take_served()
+    assert agg.weight == 16 + 26 and 8 < one < to_executors         # partition 1's share alone
 
 
 def test_a_lineage_is_trimmed_at_its_depth_bound(lin, monkeypatch):

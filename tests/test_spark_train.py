@@ -287,10 +287,12 @@ def test_residual_lineage_is_cut_every_max_lineage_rounds_without_changing_numbe
     for name, other, want in (("cut", cut, [0, 1, 0, 1, 0, 0]), ("saved", saved, [0, 1, 0, 1, 0, 0]),
                               ("waits", waits, [0, 0, 1, 0, 0, 0])):
         assert np.array_equal(long.params, other.params), name
-        pairs = zip(metrics(tmp_path / "long"), metrics(tmp_path / name))
+        pairs = list(zip(metrics(tmp_path / "long"), metrics(tmp_path / name)))
         extra = [c["round_bytes_sent"] - x["round_bytes_sent"] for x, c in pairs]
         # the rounds marked collect the residuals (round 6 is the final checkpoint's, in every run)
         assert extra == [residuals * w for w in want], name
+        # and none comes back: after a cut each partition reads the file its residual was collected from
+        assert [c["round_bytes_broadcast"] - x["round_bytes_broadcast"] for x, c in pairs] == [0] * 6, name
 
 
 class _ResidualFiles:

@@ -37,8 +37,8 @@ class RoundMessage:
 @dataclass(frozen=True)
 class Carry:
     """A partition's carry: what it alone takes from a round to the next through the driver (each
-    its own broadcast, so an executor fetches only its own partitions' share; under
-    ``train.overlap`` it stays in Spark), or the error that stopped it. What it holds on its
+    its own broadcast; a task's closure names them all, so every executor fetches every partition's;
+    under ``train.overlap`` it stays in Spark), or the error that stopped it. What it holds on its
     executor (:attr:`StateKeys.HELD`) is the rest of its carryover."""
 
     state: np.ndarray | None = None     # hidden state (L, S, H, B), for strategies that carry it

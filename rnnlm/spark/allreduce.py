@@ -109,6 +109,7 @@ class Job:
     submitted: float | None = None     # wall clock
     future: object = None
     out: object = None                 # its output RDD when the carryover stays in Spark
+    fetched: int = 0                   # bytes the driver sent tasks that fetched a lineage's seed
 
 
 class AllReduce:
@@ -149,7 +150,7 @@ class AllReduce:
         try:
             # the partitions' carryover stays in Spark where it cannot pass through the driver
             if in_lineage(cfg):
-                self.lineage = Lineage(sc, data, state.held, self._carries())
+                self.lineage = Lineage(sc, data, state.held, self._carries(), log)
             retire = self.lineage.keep if self.lineage else None
             bc = (sc, model.layout, t.rebase_every, t.rebase_fraction)
             if cfg.exchange.broadcast == "rows":
@@ -192,12 +193,16 @@ class AllReduce:
         return job
 
     def wait(self, job: Job) -> Aggregate:
-        """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them).
-        A wait interrupted (a second Ctrl-C) leaves the job running and in flight, for :meth:`close`
-        to cancel before its broadcasts go."""
+        """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them), the
+        bytes its tasks' seed fetches moved counted: to the driver in its ``wire_bytes``, from it in
+        ``job.fetched``. A wait interrupted (a second Ctrl-C) leaves the job running and in flight, for
+        :meth:`close` to cancel before its broadcasts go."""
         ok = False
         try:
             agg, ok = job.future.result(), True
+            if self.lineage is not None:
+                job.fetched, received = self.lineage.take_served()
+                agg.wire_bytes += received
             return agg
         finally:
             if job.future.done():
@@ -339,7 +344,7 @@ class AllReduce:
                 return take(lambda missing: recomputed(self.sc, self.data, job.task(), missing))
             job.future = run(go)
         else:
-            # the carryover re-seeded from a checkpoint travels now, one broadcast per partition
+            # the carries of a lineage seeded from a checkpoint travel now, one broadcast per partition
             job.bc_bytes += sum(broadcast_bytes(b) for b in self.lineage.take_seeds())
             self.lineage.keep(job.bcs)       # the lineage reads them until the next truncation
             job.out, job.future = self.lineage.submit(job.task, run, direct)

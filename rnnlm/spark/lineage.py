@@ -7,7 +7,8 @@ and emit element r, persisted on their executor. What a partition holds is a fil
 executor's disk (:mod:`rnnlm.spark.filestore`), replayed from the lineage's seed when lost; the
 contributions come back through each round's accumulator (:class:`Contributions`), each
 partition's once, or through the driver's channel (``train.results = "direct"``). Checkpoints and
-:data:`MAX_LINEAGE` cut the lineage. Owned by :class:`rnnlm.spark.allreduce.AllReduce`;
+:data:`MAX_LINEAGE` cut the lineage; the next starts from each partition's file where its executor
+has it, else from the driver's copy (:mod:`rnnlm.spark.seeds`). Owned by :class:`rnnlm.spark.allreduce.AllReduce`;
 docs/design.md ("Rounds whose carryover stays in Spark") says why, and what it costs.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .channel import ChannelError
 from .filestore import Stored
-from .session import release, run_in_jvm
+from .seeds import SeedServer, unseeded
+from .session import bind_host, release, run_in_jvm
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each (Spark's recursive task serialisation overflowed at 135)
 
@@ -81,14 +83,6 @@ def recomputed(sc, rdd, task, missing: set) -> list:
     return [a for a in sc.runJob(rdd, leaves, sorted(missing)) if set(a.local) <= missing]
 
 
-def _from_broadcasts(bcs: dict):
-    def read(item):
-        pid, tokens, starts = item
-        held, carry = bcs[pid].value if pid in bcs else (None, None)
-        return pid, tokens, starts, held, carry
-    return read
-
-
 def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
     """What ``ref`` names the partition held, recomputed: the partition's rounds since the lineage's seed
     (``chain``: their task factories, called with no sink) run again in this process, the same
@@ -126,10 +120,21 @@ def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
 
 def _held(seed, base: int, chain: tuple):
     def go(it):
-        for pid, _, _, held, _ in _resolve(it, seed, base, chain):
+        for pid, tokens, starts, ref, carry in it:
+            (_, _, _, held, _), = _resolve(iter([(pid, tokens, starts, ref, carry)]), seed, base, chain)
             if held:
-                yield pid, held
+                yield pid, (held, ref if isinstance(ref, Stored) else None)
     return go
+
+
+class Collected(dict):
+    """pid -> what it holds ({name: array}), as :meth:`Lineage.collect` read it, and ``files``: pid ->
+    the file (:class:`Stored`) each partition's was read from on its executor, which a lineage
+    started from these (:meth:`Lineage.truncate`) reads before asking the driver."""
+
+    def __init__(self, pairs: list):
+        super().__init__((pid, held) for pid, (held, _) in pairs)
+        self.files = {pid: ref for pid, (_, ref) in pairs if ref is not None}
 
 
 class Lineage:
@@ -145,26 +150,42 @@ class Lineage:
     carries : dict of int -> Carry, optional
         Each partition's carry into the next round (``train.overlap``; None: carries
         travel through the driver).
+    log : callable
+        Where the seed server's refusals go.
     """
 
-    def __init__(self, sc, data, held: dict | None = None, carries: dict | None = None):
-        self.sc, self.data = sc, data
+    def __init__(self, sc, data, held: dict | None = None, carries: dict | None = None, log=print):
+        self.sc, self.data, self.log = sc, data, log
         self.partitions = data.getNumPartitions()
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self._seeds = []                    # per-partition broadcasts the next round measures
+        self._server, self._served = None, [0, 0]   # the seed's server; bytes it and those before moved, not taken
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names the files of what this run's partitions hold (filestore)
         self.seq = 0                        # rounds defined, over every lineage
+        self._host = bind_host("", sc.master, sc.getConf().get("spark.driver.host"))
         self._seed(held or {}, carries or {})
 
     def _seed(self, held: dict, carries: dict):
-        pids = set(held) | set(carries)
-        bcs = {pid: self.sc.broadcast((held.get(pid), carries.get(pid))) for pid in sorted(pids)}
+        """Start a lineage from ``held`` (each partition's file first, where :class:`Collected` names
+        one) and ``carries`` (a broadcast each)."""
+        bcs = {pid: self.sc.broadcast(carries[pid]) for pid in sorted(carries)}
         self._kept += bcs.values()
         self._seeds = list(bcs.values())
-        self._from = _from_broadcasts(bcs)
+        self._close_server()
+        if held:
+            self._server = SeedServer(held, self._host, self.log)
+            self._from = self._server.seed(getattr(held, "files", {}), bcs)
+        else:
+            self._from = unseeded(bcs)
         self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
         self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
+
+    def _close_server(self):
+        if self._server is not None:
+            self._served = [a + b for a, b in zip(self._served, self._server.bytes)]
+            self._server.close()
+            self._server = None
 
     @property
     def depth(self) -> int:
@@ -172,10 +193,18 @@ class Lineage:
         return len(self._chain)
 
     def take_seeds(self) -> list:
-        """The per-partition broadcasts the lineage was last seeded with, once: the next round counts
-        their bytes."""
+        """The per-partition broadcasts (carries) the lineage was last seeded with, once: the next round
+        counts their bytes."""
         seeds, self._seeds = self._seeds, []
         return seeds
+
+    def take_served(self) -> tuple:
+        """(bytes to the executors, bytes from them) that seeds fetched from the driver moved since the
+        last call (counted by the round that takes them)."""
+        now = self._server.bytes if self._server is not None else (0, 0)
+        out = tuple(a + b for a, b in zip(self._served, now))
+        self._served = [-b for b in now]
+        return out
 
     def keep(self, broadcasts) -> None:
         """Broadcasts a round's tasks read: alive until the lineage is next truncated."""
@@ -237,15 +266,16 @@ class Lineage:
         release(rdds=self._outs[:i])
         del self._outs[:i]
 
-    def collect(self) -> dict:
+    def collect(self) -> Collected:
         """pid -> what it holds ({name: array}) after the last finished round, one partition at a time
-        (for a checkpoint)."""
+        (for a checkpoint), and the files each was read from."""
         read = _held(self._from, self._base, self._chain)
-        return dict(self.done.mapPartitions(read).toLocalIterator())
+        return Collected(list(self.done.mapPartitions(read).toLocalIterator()))
 
     def truncate(self, held: dict, carries: dict | None = None) -> bool:
-        """Restart the lineage from ``held`` (what :meth:`collect` returned and a checkpoint holds)
-        and ``carries``; only when no job is in flight (returns whether it did)."""
+        """Restart the lineage from ``held`` (what :meth:`collect` returned and a checkpoint holds: its
+        partitions read their files first) and ``carries``; only when no job is in flight (returns
+        whether it did)."""
         if self.in_flight:
             return False
         old, outs = self._kept, self._outs
@@ -275,6 +305,7 @@ class Lineage:
         and remove the files of what partitions hold."""
         release(self._kept, self._outs, blocking)
         self._kept, self._outs = [], []
+        self._close_server()
         try:        # on the executors that hold the corpus partitions, where the rounds ran
             self.data.foreachPartition(filestore.remover(self.key))
         except Exception:       # a stopped context: its directories go with it

@@ -201,8 +201,8 @@ class Trainer(Driver):
             agg.wire_bytes += snapshot.collected_bytes
         at.round, at.tokens = r, at.tokens + agg.stats["tokens"]
         # every executor that ran a task of the round fetched each of its broadcasts once (a task's closure
-        # names them all, the carries of other partitions too)
-        bc_bytes = job.bc_bytes * max(1, executor.executors(agg.stats))
+        # names them all, the carries of other partitions too); a lineage's seed, only the tasks that lacked it
+        bc_bytes = job.bc_bytes * max(1, executor.executors(agg.stats)) + job.fetched
         at.bytes_sent += agg.wire_bytes
         at.bytes_broadcast += bc_bytes
         at.wall_s += round_s

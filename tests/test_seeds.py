@@ -1,0 +1,77 @@
+"""A lineage's seed (:mod:`rnnlm.spark.seeds`): each partition's file first, else its own share from
+the driver's server, checked against what the lineage expects; whatever else answers is refused in
+one line. No Spark: the server and the tasks' side in this process."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rnnlm.server import wire
+from rnnlm.spark import filestore
+from rnnlm.spark.seeds import SeedError, SeedServer
+
+
+@pytest.fixture
+def served():
+    held = {0: {"r": np.arange(6, dtype=np.float32).reshape(2, 3)}, 1: {"r": np.full((2, 3), 7, np.float32)}}
+    server = SeedServer(held, "127.0.0.1", log=lambda line: None)
+    yield server, held
+    server.close()
+
+
+def test_a_partition_fetches_its_own_share_and_the_bytes_are_counted(served):
+    server, held = served
+    seed = server.seed({}, {})
+    pid, tokens, starts, got, carry = seed((1, "tokens", "starts"))
+    assert (pid, tokens, starts, carry) == (1, "tokens", "starts", None)
+    assert list(got) == ["r"] and got["r"].dtype == np.float32 and np.array_equal(got["r"], held[1]["r"])
+    to_executors, from_executors = server.bytes
+    assert to_executors > held[1]["r"].nbytes and 0 < from_executors < 1000        # one share, a small request
+    assert seed((2, None, None))[3] is None                                          # a partition holding nothing
+
+
+def test_a_file_on_this_host_is_read_and_nothing_fetched(served, tmp_path, monkeypatch):
+    server, held = served
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    ref = filestore.save("run", 4, 0, {"r": held[0]["r"] + 1})
+    seed = server.seed({0: ref}, {})
+    assert np.array_equal(seed.held(0)["r"], held[0]["r"] + 1) and server.bytes == (0, 0)
+    filestore.remove("run")                                                          # gone: the driver's copy
+    assert np.array_equal(seed.held(0)["r"], held[0]["r"]) and server.bytes[0] > 0
+
+
+def test_a_seed_that_is_not_what_the_lineage_expects_is_refused(served):
+    server, held = served
+    seed = server.seed({}, {})
+    for specs, match in (({0: (("r", "<f4", (3, 2)),)}, r"answered 'seed'.*expected \(\('r', '<f4', \(3, 2\)\),\)"),
+                         ({0: (("r", "<f8", (2, 3)),)}, "expected"),
+                         ({0: (("s", "<f4", (2, 3)),)}, "expected")):
+        with pytest.raises(SeedError, match=match):
+            dataclasses.replace(seed, specs=specs).held(0)
+    with pytest.raises(SeedError, match="answered 'refused'"):                      # a partition the driver lacks
+        dataclasses.replace(seed, specs={5: seed.specs[0]}).held(5)
+
+
+def test_a_reply_larger_than_the_share_is_not_read():
+    big = SeedServer({0: {"r": np.zeros(1 << 19, np.float32)}}, "127.0.0.1", log=lambda line: None)   # 2 MiB
+    try:
+        seed = dataclasses.replace(big.seed({}, {}), specs={0: (("r", "<f4", (1,)),)})
+        with pytest.raises(SeedError, match="could not be fetched.*WireError") as e:
+            seed.held(0)            # a 4-byte share and 1 MiB of slack: the 2 MiB body is refused unread
+        assert "\n" not in str(e.value)
+    finally:
+        big.close()
+
+
+def test_a_server_without_the_secret_or_none_at_all_is_one_line():
+    held = {0: {"r": np.zeros(3, np.float32)}}
+    server = SeedServer(held, "127.0.0.1", log=lambda line: None)
+    seed = server.seed({}, {})
+    try:
+        with pytest.raises(SeedError, match="could not be fetched from the driver at 127.0.0.1:.*WireError"):
+            dataclasses.replace(seed, secret=wire.new_secret()).held(0)
+    finally:
+        server.close()
+    with pytest.raises(SeedError, match="could not be fetched from the driver.*(Connection|refused)") as e:
+        seed.held(0)
+    assert "\n" not in str(e.value)
