@@ -242,6 +242,21 @@ def test_evaluate_and_generate_read_a_checkpoint_on_hdfs(hadoop, webhdfs, refere
     assert outs[0] == outs[1] and len(outs[0]) >= 80
 
 
+def test_a_file_longer_than_its_status_says_is_read_no_further_than_the_limit(spark, hadoop):
+    """A bounded read trusts the bytes it reads, not the length the NameNode gave before (a file that
+    grew between the two, as a run's metrics appended by its writer): here a status that says 10 bytes
+    of a 4,096-byte file on HDFS."""
+    class Stale(HadoopFS):
+        def size(self, p):
+            return 10 if super().size(p) is not None else None
+    p = f"{hadoop.endpoints.fs_default}/bound/metrics.jsonl"
+    fs = Stale(spark.sparkContext, p)
+    fs.write(p, b"x" * 4096)
+    assert fs.read_at_most(p, 4096) == b"x" * 4096
+    with pytest.raises(ValueError, match=r"/bound/metrics.jsonl: more than the 1,000 bytes it is read up to"):
+        fs.read_at_most(p, 1000)
+
+
 def test_checkpoint_replacement_survives_a_crash_at_every_step(spark, hadoop):
     """The <name>.old protocol against the NameNode's own rename semantics: a write that dies
     after any of its steps leaves the old or the new checkpoint for the next reader, never neither."""

@@ -46,8 +46,9 @@ def _local_write(p: str, data: bytes, mode: str) -> None:
 class ReplaceSafely:
     """Crash-safe replacement and recovery, written once over a few primitives.
 
-    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove``, ``_read`` (bytes,
-    or None when the file is missing) and ``size`` (bytes before any is read, None when missing).
+    Subclasses provide ``exists``, ``mkdirs``, ``rename``, ``write``, ``_remove``, ``_read(p, limit=None)``
+    (bytes, at most ``limit + 1`` of them where a limit is given, or None when the file is missing) and
+    ``size`` (bytes before any is read, None when missing).
     """
 
     def restore(self, p: str) -> bool:
@@ -91,14 +92,18 @@ class ReplaceSafely:
 
     def read_at_most(self, p: str, limit: int) -> bytes | None:
         """:meth:`read`, refused (ValueError, one line) before a byte is read when ``p`` holds more than
-        ``limit`` bytes or is not a regular file (a FIFO, /dev/zero: read forever)."""
+        ``limit`` bytes or is not a regular file (a FIFO, /dev/zero: read forever); and once ``limit + 1``
+        are read where its size said less (it grew, or HDFS's status left out a block being written)."""
         q = self.readable(p)
         if q is None:
             return None
         n = self.size(q)
         if n is not None and n > limit:
             raise ValueError(f"{q}: {n:,} bytes, more than the {amount(limit)} it is read up to")
-        return self._read(q)
+        data = self._read(q, limit)
+        if data is not None and len(data) > limit:
+            raise ValueError(f"{q}: more than the {amount(limit)} it is read up to")
+        return data
 
     def delete(self, p: str) -> None:
         """Delete file or directory ``p``, its backup (or :meth:`read` would bring it back) and
@@ -185,8 +190,8 @@ class LocalFS(ReplaceSafely):
         elif os.path.lexists(p):
             os.remove(p)
 
-    def _read(self, p: str) -> bytes | None:
-        return read_file(p)
+    def _read(self, p: str, limit: int | None = None) -> bytes | None:
+        return read_file(p, limit)
 
     def read_at_most(self, p: str, limit: int) -> bytes | None:
         """:meth:`ReplaceSafely.read_at_most` through :func:`read_regular`: checked on the file it reads, so
@@ -209,11 +214,12 @@ def amount(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 and nbytes % (1 << 20) == 0 else f"{nbytes:,} bytes"
 
 
-def read_file(p: str) -> bytes | None:
-    """A local file's bytes, or None when it does not exist."""
+def read_file(p: str, limit: int | None = None) -> bytes | None:
+    """A local file's bytes (at most ``limit + 1`` of them where a limit is given), or None when it
+    does not exist."""
     try:
         with open(p, "rb") as f:
-            return f.read()
+            return f.read(-1 if limit is None else limit + 1)
     except FileNotFoundError:
         return None
 

@@ -22,6 +22,7 @@ from ..core.files import LocalFS, ReplaceSafely, parse_url, read_file
 from .session import hadoop_conf, jvm
 
 MAX_SITE_XML = 16 << 20         # bytes of core-site.xml read at most (Hadoop's are kilobytes)
+_MAX_ARRAY = (1 << 31) - 9     # the longest byte[] a JVM makes
 
 
 def resolve(path: str, default_fs: str = "file:///") -> tuple[bool, str]:
@@ -270,15 +271,17 @@ class HadoopFS(ReplaceSafely):
         else:
             self._fs(p).delete(self._path(p), True)
 
-    def _read(self, p: str) -> bytes | None:
+    def _read(self, p: str, limit: int | None = None) -> bytes | None:
         q = self.local_path(p)
         if q is not None:
-            return read_file(q)
+            return read_file(q, limit)
         fs, path = self._fs(p), self._path(p)
         if not fs.exists(path):
             return None
         stream = fs.open(path)
         try:
+            if limit is not None:           # InputStream.readNBytes (Java 11): never more than asked
+                return bytes(stream.readNBytes(min(limit + 1, _MAX_ARRAY)))
             return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
         finally:
             stream.close()
