@@ -99,6 +99,28 @@ def test_a_lineage_is_truncated_only_with_no_round_in_flight_and_keeps_counting_
     assert lin.seq == 2 and lin.depth == 1 and agg.weight == 12 + 22
 
 
+def test_where_executors_cannot_reach_the_driver_a_lineage_starts_from_broadcasts(spark, monkeypatch):
+    """The probe (tests/test_seeds.py) found the driver's port closed to the executors: each partition's
+    share goes to them as a broadcast, counted by the next round, the same numbers, and a warning says so."""
+    monkeypatch.setattr(lineage, "unreachable", lambda data, host, log: f"{host}:1: ConnectionRefusedError")
+    sc, said = spark.sparkContext, []
+    data = sc.parallelize([(0, np.arange(3), np.array([0])), (1, np.arange(4), np.array([0]))], 2).cache()
+    lin = Lineage(sc, data, held={0: {"n": np.array([10.0])}, 1: {"n": np.array([20.0])}}, log=said.append)
+    try:
+        assert len(said) == 1 and "cannot reach the driver" in said[0] and "ConnectionRefusedError" in said[0]
+        assert [b.value for b in lin.take_seeds()] == [{"n": np.array([10.0])}, {"n": np.array([20.0])}]
+        out, agg = submit(lin, 1)
+        lin.finished(out, True)
+        assert agg.weight == 11 + 21 and lin.take_served() == (0, 0)
+        assert lin.truncate(lin.collect()) and len(lin.take_seeds()) == 2 and len(said) == 1     # probed once
+        out, agg = submit(lin, 2)
+        assert agg.weight == 13 + 23
+        lin.finished(out, True)
+    finally:
+        lin.close(blocking=True)
+        data.unpersist()
+
+
 def test_a_cut_lineage_starts_from_the_partitions_files_and_fetches_only_what_is_gone(lin):
     """Seeded from a checkpoint, every partition fetches its own share from the driver (no executor
     has a file); after a cut, each reads the file it was collected from, and only a partition whose

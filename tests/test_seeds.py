@@ -8,7 +8,7 @@ import pytest
 
 from rnnlm.server import wire
 from rnnlm.spark import filestore
-from rnnlm.spark.seeds import SeedError, SeedServer
+from rnnlm.spark.seeds import Probe, SeedError, SeedServer
 
 
 @pytest.fixture
@@ -75,3 +75,12 @@ def test_a_server_without_the_secret_or_none_at_all_is_one_line():
     with pytest.raises(SeedError, match="could not be fetched from the driver.*(Connection|refused)") as e:
         seed.held(0)
     assert "\n" not in str(e.value)
+
+
+def test_the_probe_says_why_a_driver_port_cannot_be_reached_and_nothing_when_it_can(served):
+    server, _ = served
+    host, port = server.server.address
+    assert list(Probe(host, port, server.server.secret)(iter([]))) == []
+    server.close()                                          # nothing listens there now: refused, as a firewall's REJECT
+    (why,) = Probe(host, port, server.server.secret)(iter([]))
+    assert why.startswith("ConnectionRefusedError") and "\n" not in why

@@ -23,7 +23,7 @@ from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .channel import ChannelError
 from .filestore import Stored
-from .seeds import SeedServer, unseeded
+from .seeds import Broadcasts, SeedServer, unreachable, unseeded
 from .session import bind_host, release, run_in_jvm
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each (Spark's recursive task serialisation overflowed at 135)
@@ -160,6 +160,7 @@ class Lineage:
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self._seeds = []                    # per-partition broadcasts the next round measures
         self._server, self._served = None, [0, 0]   # the seed's server; bytes it and those before moved, not taken
+        self._fetch = None                  # whether executors fetch seeds from the driver (probed when first due)
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names the files of what this run's partitions hold (filestore)
         self.seq = 0                        # rounds defined, over every lineage
@@ -168,18 +169,39 @@ class Lineage:
 
     def _seed(self, held: dict, carries: dict):
         """Start a lineage from ``held`` (each partition's file first, where :class:`Collected` names
-        one) and ``carries`` (a broadcast each)."""
+        one, else the driver's copy; where the executors cannot reach the driver, a broadcast per
+        partition) and ``carries`` (a broadcast each)."""
         bcs = {pid: self.sc.broadcast(carries[pid]) for pid in sorted(carries)}
-        self._kept += bcs.values()
-        self._seeds = list(bcs.values())
+        shares = {}
         self._close_server()
-        if held:
+        if held and self._fetches():
             self._server = SeedServer(held, self._host, self.log)
             self._from = self._server.seed(getattr(held, "files", {}), bcs)
+        elif held:                          # the executors cannot reach the driver: every share to every one
+            shares = {pid: self.sc.broadcast(held[pid]) for pid in sorted(held)}
+            self._from = Broadcasts(shares, bcs)
         else:
             self._from = unseeded(bcs)
+        self._seeds = [*bcs.values(), *shares.values()]
+        self._kept += self._seeds
         self.rdd = self.done = self.data.map(self._from, preservesPartitioning=True)
         self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
+
+    def _fetches(self) -> bool:
+        """Whether the executors reach the driver's seed server (probed once, the first time it is due)."""
+        if self._fetch is None:
+            try:
+                why = unreachable(self.data, self._host, self.log)
+            except Exception as e:          # the probe's job failed (an executor lost): broadcast, probe again later
+                self.log(f"warning: probing whether the executors reach the driver failed ({type(e).__name__}); "
+                         "what partitions hold goes back to them as broadcasts this time")
+                return False
+            self._fetch = why is None
+            if why:
+                self.log(f"warning: the executors cannot reach the driver on a port of its own ({why}); what "
+                         "partitions hold goes back to them after each lineage cut as a broadcast per partition, "
+                         "which every executor fetches whole")
+        return self._fetch
 
     def _close_server(self):
         if self._server is not None:
@@ -193,8 +215,8 @@ class Lineage:
         return len(self._chain)
 
     def take_seeds(self) -> list:
-        """The per-partition broadcasts (carries) the lineage was last seeded with, once: the next round
-        counts their bytes."""
+        """The per-partition broadcasts the lineage was last seeded with (carries; what partitions hold
+        where the executors cannot reach the driver), once: the next round counts their bytes."""
         seeds, self._seeds = self._seeds, []
         return seeds
 

@@ -9,6 +9,9 @@ ran a partition's last round still has that partition's share in a file. So the 
 driver's :class:`SeedServer`: a task reads the file, and only where it is not (the task landed on
 another executor, the executor was lost, a checkpoint is being resumed) asks the driver for its own
 partition's arrays, over the asynchronous mode's wire (HMAC-authenticated frames, never pickle).
+Where the executors cannot reach the driver on a port of its own (a firewall that opens Spark's
+pinned ports alone: :func:`unreachable` finds it once, by a probe job, before the first such seed),
+the lineage starts from one broadcast per partition instead (:class:`Broadcasts`), as before.
 docs/design.md ("Rounds whose carryover stays in Spark") says what it saves.
 """
 from __future__ import annotations
@@ -129,3 +132,50 @@ class SeedServer:
 def unseeded(carries: dict) -> Seed:
     """A lineage's start with nothing held (a fresh run): only ``carries``."""
     return Seed(None, 0, b"", {}, {}, carries)
+
+
+@dataclass(frozen=True)
+class Broadcasts:
+    """A lineage's start where the executors cannot reach the driver: ``held`` and ``carries``, pid ->
+    a broadcast each (every executor fetches every one of them)."""
+
+    held: dict
+    carries: dict
+
+    def __call__(self, item) -> tuple:
+        pid, tokens, starts = item
+        held = self.held[pid].value if pid in self.held else None
+        carry = self.carries[pid].value if pid in self.carries else None
+        return pid, tokens, starts, held, carry
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A task that connects to a driver's server and yields why it could not (nothing when it could)."""
+
+    host: str
+    port: int
+    secret: bytes
+
+    def __call__(self, it):
+        try:
+            conn = wire.connect(self.host, self.port, self.secret, 1 << 10, CONNECT_S)
+            try:
+                conn.send("ping")
+                conn.recv()
+            finally:
+                conn.close()
+        except (OSError, wire.WireError) as e:
+            yield f"{type(e).__name__}: {e}"
+
+
+def unreachable(data, host: str, log) -> str | None:
+    """Why the executors that hold ``data``'s partitions cannot reach a server of the driver's on
+    ``host`` (a port of its own), or None when each of them did."""
+    server = wire.FrameServer(lambda *request: ("pong", {}, {}), wire.new_secret(), host, 0, 1 << 10,
+                              timeout=CONNECT_S, log=log, idle=CONNECT_S).start()
+    try:
+        errors = data.mapPartitions(Probe(*server.address, server.secret)).collect()
+    finally:
+        server.close()
+    return f"{server.address[0]}:{server.address[1]}: {errors[0]}" if errors else None
