@@ -52,12 +52,14 @@ def test_a_seed_that_is_not_what_the_lineage_expects_is_refused(served):
         dataclasses.replace(seed, specs={5: seed.specs[0]}).held(5)
 
 
-def test_a_reply_larger_than_the_share_is_not_read():
-    big = SeedServer({0: {"r": np.zeros(1 << 19, np.float32)}}, "127.0.0.1", log=lambda line: None)   # 2 MiB
+def test_a_share_is_fetched_whole_and_a_reply_larger_than_it_is_not_read():
+    big = SeedServer({0: {"r": np.ones(1 << 19, np.float32)}}, "127.0.0.1", log=lambda line: None)   # 2 MiB
     try:
-        seed = dataclasses.replace(big.seed({}, {}), specs={0: (("r", "<f4", (1,)),)})
-        with pytest.raises(SeedError, match="could not be fetched.*WireError") as e:
-            seed.held(0)            # a 4-byte share and 1 MiB of slack: the 2 MiB body is refused unread
+        seed = big.seed({}, {})
+        assert seed.held(0)["r"].sum() == 1 << 19
+        seed = dataclasses.replace(seed, specs={0: (("r", "<f4", ((1 << 19) - 1,)),)})
+        with pytest.raises(SeedError, match="could not be fetched.*WireError.*body 2097152") as e:
+            seed.held(0)            # 4 bytes short of the body: refused unread
         assert "\n" not in str(e.value)
     finally:
         big.close()

@@ -25,7 +25,6 @@ from ..server import wire
 from . import filestore
 
 CONNECT_S = 10.0            # s: a task's connect and each socket operation
-SLACK = 1 << 20             # bytes a reply may take beyond its arrays (the header)
 
 
 class SeedError(RuntimeError):
@@ -68,10 +67,10 @@ class Seed:
         return found if found is not None else self.fetch(pid)
 
     def fetch(self, pid: int) -> dict:
-        """Partition ``pid``'s arrays from the driver, checked against :attr:`specs` (a reply is read
-        only up to their size)."""
+        """Partition ``pid``'s arrays from the driver, checked against :attr:`specs` (a reply whose body
+        is larger than theirs is refused before it is read)."""
         spec = self.specs[pid]
-        limit = sum(np.dtype(d).itemsize * math.prod(s) for _, d, s in spec) + SLACK
+        limit = sum(np.dtype(d).itemsize * math.prod(s) for _, d, s in spec)
         where = f"{self.host}:{self.port}"
         try:
             conn = wire.connect(self.host, self.port, self.secret, limit, CONNECT_S, retry_s=CONNECT_S)
@@ -105,8 +104,9 @@ class SeedServer:
     def __init__(self, held: dict, host: str, log):
         self.held = held
         largest = max((sum(np.asarray(a).nbytes for a in h.values()) for h in held.values()), default=0)
-        self.server = wire.FrameServer(self._handle, wire.new_secret(), host, 0, largest + SLACK, timeout=CONNECT_S,
-                                       log=log, max_connections=max(64, 4 * len(held)), idle=CONNECT_S).start()
+        self.server = wire.FrameServer(self._handle, wire.new_secret(), host, 0, max(largest, 1 << 10),
+                                       timeout=CONNECT_S, log=log, max_connections=max(64, 4 * len(held)),
+                                       idle=CONNECT_S).start()
 
     def seed(self, files: dict, carries: dict) -> Seed:
         """The lineage's :class:`Seed`: ``files`` (pid -> Stored) are read first where present."""
