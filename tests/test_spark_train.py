@@ -1,4 +1,5 @@
 """Distributed training in Spark local mode (one shared session)."""
+import dataclasses
 import math
 import time
 
@@ -362,6 +363,15 @@ def test_resume_with_incompatible_config_is_refused(spark, tiny_cfg, tmp_path):
     assert open(tmp_path / "metrics.jsonl").read() == before
     assert {f.name: f.read_bytes() for f in (tmp_path / "checkpoint").iterdir()} == saved     # untouched
     assert checkpoint.load(str(tmp_path / "checkpoint")).position["round"] == 2
+    # optimizer state under a name no run of this configuration writes: a partition it lacks, a slot Adam lacks
+    ck = checkpoint.load(str(tmp_path / "checkpoint"))
+    for name in ("p7/m", "p0/s", "feedback.p2"):
+        optim = dict(ck.optim)
+        optim[name] = optim.pop("m")
+        checkpoint.save(str(tmp_path / "checkpoint"), dataclasses.replace(ck, optim=optim))
+        why = f"holds optimizer state '{name}' that no run of this configuration writes"
+        with pytest.raises(TrainingError, match=why + r" \(2 partitions; the optimizer's slots: m, v\)"):
+            run(spark, tiny_cfg, tmp_path, resume=True)
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(spark, tiny_cfg, tmp_path):

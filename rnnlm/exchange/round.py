@@ -164,6 +164,19 @@ class SyncRound:
         return optim, t, {pid: d["t"] for pid, d in st.opt_local.items() if "t" in d}
 
     @staticmethod
+    def foreign(keys, slots: tuple, partitions: int) -> str | None:
+        """The first of a checkpoint's ``optim.npz`` ``keys`` that no run of ``partitions`` partitions
+        whose optimizer has ``slots`` writes (:meth:`to_optim`), or None."""
+        for k in sorted(keys):
+            pid, _, slot = k.partition("/")
+            held = StateKeys.held(k)
+            if not (k in (StateKeys.VELOCITY, StateKeys.VIEW) or k in slots
+                    or (slot in slots and pid[:1] == "p" and pid[1:].isdigit() and int(pid[1:]) < partitions)
+                    or (held is not None and held[1] < partitions)):
+                return k
+        return None
+
+    @staticmethod
     def from_optim(optim: dict, t: int, t_local: dict) -> dict:
         """What a checkpoint's ``optim.npz`` and step counts (:meth:`to_optim`) restore: the
         :class:`~rnnlm.spark.allreduce.SyncState` fields ``opt``, ``opt_local``, ``velocity`` and

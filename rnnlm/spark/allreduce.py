@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.optim import make_optimizer
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate, Gathered, gather
 from ..exchange.round import SyncRound
@@ -62,6 +63,12 @@ class SyncState:
 
         Its ``outer.view`` is a delta broadcast's view and, under overlap, what the next round trains
         from (with a delta broadcast the two are the same parameters)."""
+        slots, partitions = tuple(make_optimizer(cfg.optim).slots), cfg.data.partitions
+        foreign = SyncRound.foreign(ck.optim, slots, partitions)
+        if foreign is not None:
+            raise TrainingError(f"cannot resume: {where} holds optimizer state {foreign!r:.60} that no run of "
+                                f"this configuration writes ({partitions} partitions; the optimizer's slots: "
+                                f"{', '.join(slots) or 'none'})")
         kept = SyncRound.from_optim(ck.optim, ck.optim_t, ck.optim_t_local)
         stored = kept.pop("view")
         state = cls(params=ck.params, **kept)
