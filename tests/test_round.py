@@ -323,7 +323,7 @@ def test_a_run_started_from_a_checkpoint_with_its_optimizer_leaves_that_checkpoi
 
 def test_a_resumed_state_takes_each_part_of_the_checkpoint_where_the_run_needs_it():
     view = np.full(6, 7.0, np.float32)
-    plain = config.load(None, [])
+    plain = config.load(None, ["optim.name=adam"])       # its slots: m, v
     st = SyncState.resumed(_ck(optim={"m": np.ones(6), "outer.view": view}), plain, "ck")
     assert st.view is None and st.next_params is None and st.opt["t"] == 5 and st.states == {}
     delta = config.load(None, ["exchange.broadcast=delta"])
@@ -344,3 +344,10 @@ def test_a_resumed_state_takes_each_part_of_the_checkpoint_where_the_run_needs_i
     assert sorted(st.states) == [0, 1] and st.states[1].shape == (1, 1, 4, 3)
     with pytest.raises(TrainingError, match="one stream's hidden state"):
         SyncState.resumed(_ck(hidden=h[0]), plain, "ck")
+
+
+def test_optimizer_state_that_no_run_writes_is_named():
+    slots, written = ("m", "v"), ["m", "v", "p0/m", "p1/v", "outer.view", "outer.velocity", "feedback.p1", "eager.p0"]
+    assert SyncRound.foreign(written, slots, 2) is None
+    for foreign in ("p2/m", "p0/s", "s", "feedback.p2", "outer.x", "q0/m", "p/m", "p0/", "residual.p0"):
+        assert SyncRound.foreign(written + [foreign], slots, 2) == foreign
