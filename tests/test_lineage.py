@@ -121,6 +121,31 @@ def test_where_executors_cannot_reach_the_driver_a_lineage_starts_from_broadcast
         data.unpersist()
 
 
+def test_a_probe_that_fails_sends_broadcasts_that_once_and_probes_again_at_the_next_cut(spark, monkeypatch):
+    answers = iter([RuntimeError("an executor lost during the probe"), None])
+
+    def unreachable(data, host, log):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(lineage, "unreachable", unreachable)
+    sc, said = spark.sparkContext, []
+    data = sc.parallelize([(0, np.arange(3), np.array([0])), (1, np.arange(4), np.array([0]))], 2).cache()
+    lin = Lineage(sc, data, held={0: {"n": np.array([10.0])}, 1: {"n": np.array([20.0])}}, log=said.append)
+    try:
+        assert len(lin.take_seeds()) == 2 and len(said) == 1 and "probing" in said[0]
+        out, agg = submit(lin, 1)
+        lin.finished(out, True)
+        assert lin.truncate(lin.collect()) and lin.take_seeds() == [] and len(said) == 1    # probed: reachable
+        out, agg = submit(lin, 2)
+        lin.finished(out, True)
+        assert agg.weight == 13 + 23 and lin.take_served() == (0, 0)
+    finally:
+        lin.close(blocking=True)
+        data.unpersist()
+
+
 def test_a_cut_lineage_starts_from_the_partitions_files_and_fetches_only_what_is_gone(lin):
     """Seeded from a checkpoint, every partition fetches its own share from the driver (no executor
     has a file); after a cut, each reads the file it was collected from, and only a partition whose
