@@ -23,7 +23,7 @@ from ..exchange.aggregate import Aggregate, in_order
 from . import filestore
 from .channel import ChannelError
 from .filestore import Stored
-from .seeds import Broadcasts, SeedServer, unreachable, unseeded
+from .seeds import Seed, SeedServer, unreachable, unseeded
 from .session import bind_host, release, run_in_jvm
 
 MAX_LINEAGE = 48           # rounds; one cached RDD each (Spark's recursive task serialisation overflowed at 135)
@@ -98,13 +98,19 @@ def _replayed(item, ref: Stored, seed, base: int, chain: tuple):
     return element[3]
 
 
+def _resolved(pid: int, tokens, starts, held, seed, base: int, chain: tuple):
+    """What a partition holds: ``held`` itself, or the arrays its :class:`Stored` names, read back from
+    this host's files or replayed."""
+    if not isinstance(held, Stored):
+        return held
+    found = filestore.load(held, pid)
+    return found if found is not None else _replayed((pid, tokens, starts), held, seed, base, chain)
+
+
 def _resolve(it, seed, base: int, chain: tuple):
-    """Elements with what they hold read back from this host's files, or replayed."""
+    """Elements with what they hold resolved (:func:`_resolved`)."""
     for pid, tokens, starts, held, carry in it:
-        if isinstance(held, Stored):
-            found = filestore.load(held, pid)
-            held = found if found is not None else _replayed((pid, tokens, starts), held, seed, base, chain)
-        yield pid, tokens, starts, held, carry
+        yield pid, tokens, starts, _resolved(pid, tokens, starts, held, seed, base, chain), carry
 
 
 def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
@@ -120,8 +126,8 @@ def _through_files(task, run: str, seq: int, seed, base: int, chain: tuple):
 
 def _held(seed, base: int, chain: tuple):
     def go(it):
-        for pid, tokens, starts, ref, carry in it:
-            (_, _, _, held, _), = _resolve(iter([(pid, tokens, starts, ref, carry)]), seed, base, chain)
+        for pid, tokens, starts, ref, _ in it:
+            held = _resolved(pid, tokens, starts, ref, seed, base, chain)
             if held:
                 yield pid, (held, ref if isinstance(ref, Stored) else None)
     return go
@@ -159,7 +165,8 @@ class Lineage:
         self.partitions = data.getNumPartitions()
         self._kept, self._outs = [], []     # broadcasts the lineage reads; outputs defined and still cached
         self._seeds = []                    # per-partition broadcasts the next round measures
-        self._server, self._served = None, [0, 0]   # the seed's server; bytes it and those before moved, not taken
+        self._server, self._closed = None, (0, 0)  # the seed's server; the bytes of those closed before it
+        self._taken = (0, 0)                # the bytes served that rounds have counted (take_served)
         self._fetch = None                  # whether executors fetch seeds from the driver (probed when first due)
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names the files of what this run's partitions hold (filestore)
@@ -179,7 +186,7 @@ class Lineage:
             self._from = self._server.seed(getattr(held, "files", {}), bcs)
         elif held:                          # the executors cannot reach the driver: every share to every one
             shares = {pid: self.sc.broadcast(held[pid]) for pid in sorted(held)}
-            self._from = Broadcasts(shares, bcs)
+            self._from = Seed.broadcast(held, shares, bcs)
         else:
             self._from = unseeded(bcs)
         self._seeds = [*bcs.values(), *shares.values()]
@@ -205,9 +212,14 @@ class Lineage:
 
     def _close_server(self):
         if self._server is not None:
-            self._served = [a + b for a, b in zip(self._served, self._server.bytes)]
+            self._closed = self._served()
             self._server.close()
             self._server = None
+
+    def _served(self) -> tuple:
+        """(bytes to the executors, bytes from them) every seed server of the run has moved."""
+        now = self._server.bytes if self._server is not None else (0, 0)
+        return tuple(a + b for a, b in zip(self._closed, now))
 
     @property
     def depth(self) -> int:
@@ -223,9 +235,8 @@ class Lineage:
     def take_served(self) -> tuple:
         """(bytes to the executors, bytes from them) that seeds fetched from the driver moved since the
         last call (counted by the round that takes them)."""
-        now = self._server.bytes if self._server is not None else (0, 0)
-        out = tuple(a + b for a, b in zip(self._served, now))
-        self._served = [-b for b in now]
+        total = self._served()
+        out, self._taken = tuple(a - b for a, b in zip(total, self._taken)), total
         return out
 
     def keep(self, broadcasts) -> None:

@@ -11,13 +11,13 @@ another executor, the executor was lost, a checkpoint is being resumed) asks the
 partition's arrays, over the asynchronous mode's wire (HMAC-authenticated frames, never pickle).
 Where the executors cannot reach the driver on a port of its own (a firewall that opens Spark's
 pinned ports alone: :func:`unreachable` finds it once, by a probe job, before the first such seed),
-the lineage starts from one broadcast per partition instead (:class:`Broadcasts`), as before.
+the lineage starts from one broadcast per partition instead (:meth:`Seed.broadcast`), as before.
 docs/design.md ("Rounds whose carryover stays in Spark") says what it saves.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,7 +43,8 @@ class Seed:
     ``host``, ``port``, ``secret``: the :class:`SeedServer` of this lineage (None with nothing held);
     ``specs``: pid -> what the partition holds (:func:`_spec`); ``files``: pid -> the file it was
     collected from (absent: none, as after a resume); ``carries``: pid -> the broadcast of its carry
-    into the next round (``train.overlap``)."""
+    into the next round (``train.overlap``); ``shares``: pid -> a broadcast of what it holds, where
+    the executors cannot reach the driver (:meth:`broadcast`)."""
 
     host: str | None
     port: int
@@ -51,6 +52,13 @@ class Seed:
     specs: dict
     files: dict
     carries: dict
+    shares: dict = field(default_factory=dict)
+
+    @classmethod
+    def broadcast(cls, held: dict, shares: dict, carries: dict) -> Seed:
+        """Where the executors cannot reach the driver: ``shares``, pid -> a broadcast of ``held[pid]``
+        (every executor fetches every one)."""
+        return cls(None, 0, b"", {pid: _spec(h) for pid, h in held.items()}, {}, carries, shares)
 
     def __call__(self, item) -> tuple:
         """A corpus element ``(pid, tokens, starts)`` -> the lineage's first ``(pid, tokens, starts, held,
@@ -61,7 +69,10 @@ class Seed:
         return pid, tokens, starts, held, carry
 
     def held(self, pid: int) -> dict:
-        """What partition ``pid`` held at the cut: its file on this host, else the driver's copy."""
+        """What partition ``pid`` held at the cut: its broadcast share, else its file on this host, else
+        the driver's copy."""
+        if pid in self.shares:
+            return self.shares[pid].value
         ref = self.files.get(pid)
         found = None if ref is None else filestore.load(ref, pid)
         return found if found is not None else self.fetch(pid)
@@ -132,21 +143,6 @@ class SeedServer:
 def unseeded(carries: dict) -> Seed:
     """A lineage's start with nothing held (a fresh run): only ``carries``."""
     return Seed(None, 0, b"", {}, {}, carries)
-
-
-@dataclass(frozen=True)
-class Broadcasts:
-    """A lineage's start where the executors cannot reach the driver: ``held`` and ``carries``, pid ->
-    a broadcast each (every executor fetches every one of them)."""
-
-    held: dict
-    carries: dict
-
-    def __call__(self, item) -> tuple:
-        pid, tokens, starts = item
-        held = self.held[pid].value if pid in self.held else None
-        carry = self.carries[pid].value if pid in self.carries else None
-        return pid, tokens, starts, held, carry
 
 
 @dataclass(frozen=True)
