@@ -123,10 +123,11 @@ def test_init_from_needs_the_vocabulary_level_and_the_shape_and_kept_state_the_s
                    keep_optimizer=True)
 
 
-def test_kept_optimizer_state_must_be_in_the_checkpoint():
+def test_kept_optimizer_state_must_be_the_checkpoints_state():
     """A single-process trainer's checkpoint holds one Adam state (m, v) whatever its configuration's
     train.optim_state says: a run keeping per-partition state (local) started fresh and said "kept"; an
-    async AdaGrad run from a checkpoint without the server's accumulator did the same."""
+    async AdaGrad run from a checkpoint without the server's accumulator did the same; a run that resets
+    its state each round dropped the checkpoint's and said "kept" too."""
     cfg = config.resolve(cfg_of(), 47)
     zeros = np.zeros(4, np.float32)
 
@@ -151,6 +152,18 @@ def test_kept_optimizer_state_must_be_in_the_checkpoint():
     with pytest.raises(TrainingError, match="holds no server.acc"):
         check_kept(adagrad, ck(m=zeros, v=zeros), "ck")
     check_kept(adagrad, ck(**{"server.acc": zeros}), "ck")
+    # state it would not read: kept would be a claim with nothing behind it
+    with pytest.raises(TrainingError, match=r"^--keep-optimizer: ck holds optimizer state 'm' that this run would "
+                                            r"not read \(train.optim_state = 'reset'"):
+        check_kept(differs(cfg, "train", optim_state="reset"), ck(m=zeros, v=zeros), "ck")   # a one-process run's
+    with pytest.raises(TrainingError, match="holds optimizer state 'p2/m'"):
+        check_kept(local, ck(**{f"p{p}/{s}": zeros for p in range(3) for s in "mv"}), "ck")
+    with pytest.raises(TrainingError, match="holds optimizer state 'outer.velocity'"):
+        check_kept(cfg, ck(m=zeros, v=zeros, **{"outer.velocity": zeros}), "ck")
+    with pytest.raises(TrainingError, match="holds optimizer state 'm'"):
+        check_kept(adagrad, ck(m=zeros, **{"server.acc": zeros}), "ck")
+    # what its partitions held and its executors' view belong to its own run: a new run leaves them
+    check_kept(cfg, ck(m=zeros, v=zeros, **{"feedback.p0": zeros, "eager.p5": zeros, "outer.view": zeros}), "ck")
 
 
 def test_run_json_keeps_where_the_weights_came_from_across_resumes(spark):

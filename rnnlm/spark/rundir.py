@@ -14,6 +14,7 @@ from .. import config
 from ..core import checkpoint
 from ..core.metrics import MAX_METRICS, json_table, number
 from ..core.optim import make_optimizer
+from ..exchange.round import StateKeys
 from . import runinfo
 from .hfs import HadoopFS, default_fs, read_checkpoint, resolve
 
@@ -145,7 +146,9 @@ def check_init(cfg: config.Config, saved: config.Config, where: str, keep_optimi
 def check_kept(cfg: config.Config, ck: checkpoint.Checkpoint, where: str) -> None:
     """With ``--keep-optimizer``: refuse a checkpoint that lacks the optimizer state a run of ``cfg``
     reads (a single-process trainer's holds one state whatever its configuration's
-    ``train.optim_state`` says), which the run would otherwise start fresh while saying it kept it."""
+    ``train.optim_state`` says), which the run would otherwise start fresh while saying it kept it,
+    or that holds optimizer state the run would not read (the same single-process state under
+    ``train.optim_state = "reset"``), which it would drop while saying it kept it."""
     if cfg.train.mode == "async":
         need = ["server.acc"] if cfg.server.update == "adagrad" else []
     else:
@@ -158,6 +161,12 @@ def check_kept(cfg: config.Config, ck: checkpoint.Checkpoint, where: str) -> Non
     if missing:
         raise TrainingError(f"--keep-optimizer: {where} holds no {missing[0]} ({len(missing)} of the {len(need)} "
                             "arrays of optimizer state this run reads); without --keep-optimizer it starts fresh")
+    # what a partition held between rounds and the executors' view are its run's, never a new run's
+    unread = sorted(k for k in ck.optim if k not in need and k != StateKeys.VIEW and StateKeys.held(k) is None)
+    if unread:
+        raise TrainingError(f"--keep-optimizer: {where} holds optimizer state {unread[0]!r:.60} that this run would "
+                            f"not read (train.optim_state = {cfg.train.optim_state!r}); without --keep-optimizer "
+                            "it starts fresh")
 
 
 @dataclass(frozen=True)
