@@ -118,6 +118,9 @@ class ServerConfig:
     max_frame_mb: float = 256.0    # larger frames are refused
     heartbeat_s: float = 2.0       # a worker's heartbeat period
     timeout_s: float = 30.0        # a worker silent this long is reported lost
+    # a worker heard from that pushes no window for this many times the slowest window seen (and at least
+    # timeout_s) is stuck: it ends, and Spark retries its task (0 = never)
+    stall_factor: float = 10.0
     checkpoint_s: float = 60.0     # the server's state is checkpointed this often (0 = by pushes only)
     checkpoint_pushes: int = 0     # ... and every this many applied pushes (0 = by time only)
 
@@ -237,6 +240,7 @@ RANGES = {
     ("server", "max_frame_mb"): (0, 4096, "(]"),
     ("server", "heartbeat_s"): (0, 3600, "(]"),
     ("server", "timeout_s"): (0, 86_400, "(]"),
+    ("server", "stall_factor"): (0, 1_000_000, "[]"),
     ("server", "checkpoint_s"): (0, 1_000_000, "[]"),
     ("server", "checkpoint_pushes"): (0, 10 ** 9, "[]"),
     ("exchange", "frequent"): (0, 1, "[]"),

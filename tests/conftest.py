@@ -29,6 +29,7 @@ SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")     # the co
 # a small, fast LSTM for a run of one machine (local[2]), and one for a run on a real cluster
 TINY = ["model.hidden=16", "train.bptt=8", "train.batch=4", "train.local_steps=3"]
 TINY_CLUSTER = ["model.hidden=24", "train.bptt=16", "train.batch=4", "train.local_steps=4"]
+CLUSTER_RUN = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]      # such a run, no held-out text
 
 
 def set_options(*sets) -> list:

@@ -1,5 +1,8 @@
 """Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
-from conftest import metrics, wait_for
+from conftest import CLUSTER_RUN, ROOT, metrics, train_cmd, wait_for
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -581,3 +584,65 @@ def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkey
                                  lines.written[-1])
     m = resumed._line(time.perf_counter(), final=True, checkpoint=True)
     assert m["wall_s"] >= m["eval_s"] >= 0.6, m
+
+
+# a partition's first attempt blocks at its third window, for ever, as a read that never returns would; its
+# heartbeats' thread goes on (executors import it through PYTHONPATH: sitecustomize)
+BLOCKED = '''import importlib.abc, importlib.util, os, sys, threading
+
+
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "rnnlm.spark.executor":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            train = module.train_and_encode
+
+            def blocked(*args, **kw):
+                if args[8] == 3 and args[9] == 1:         # round 3 (window 2) of partition 1
+                    try:
+                        os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
+                    except FileExistsError:
+                        pass                              # a retried attempt trains on
+                    else:
+                        threading.Event().wait()
+                return train(*args, **kw)
+            module.train_and_encode = blocked
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp_path):
+    """Heartbeats proved an attempt's process alive, not that it trained: one blocked inside its training held
+    its partition and the run never ended. Now the server finds it stuck (no window for stall_factor x the
+    slowest, its heartbeats arriving), its worker ends, Spark retries the task (local[2,2]: two tries), and the
+    run ends with every window applied once."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BLOCKED)
+    env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+    out = tmp_path / "out"
+    r = subprocess.run(train_cmd(out, *CLUSTER_RUN, "train.mode=async", "train.push_every=4", "train.rounds=8",
+                                 "server.heartbeat_s=0.2", "server.timeout_s=3", master="local[2,2]"),
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "blocked").exists()                  # the first attempt did block
+    said = r.stdout + r.stderr
+    assert "partition 1: worker heard from but no window pushed for" in said, said[-3000:]
+    assert "reported stuck and told to end; a retried task resumes at window 2" in said
+    assert "the parameter server found this task stuck" in said          # the worker's own line, before it ends
+    m = metrics(out)
+    last = m[-1]
+    assert last["workers_stuck"] == 1 and last["attempts_retried"] == 1 and last["windows_redone"] == 1
+    assert last["syncs"] == 16 and sum(x["pushes"] for x in m) == 16 and last["windows_lost"] == 0
+    assert last.get("refused_duplicate", 0) == 0 and last.get("workers_lost", 0) == 0

@@ -16,10 +16,9 @@ import pytest
 
 from rnnlm.core import checkpoint
 
-from conftest import ROOT, TINY_CLUSTER, metrics, set_options, train_cmd, wait_for
+from conftest import CLUSTER_RUN, ROOT, metrics, set_options, train_cmd, wait_for
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
-CLUSTER_RUN = [*TINY_CLUSTER, "train.eval_every=0", "data.valid="]
 
 
 def env():

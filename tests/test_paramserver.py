@@ -380,6 +380,83 @@ def test_a_superseded_attempt_stands_by_until_its_partition_is_finished_or_the_n
     assert ps.totals["workers_lost"] == 1 and ps.totals["attempts_retried"] == 3 and ps.version == 2
 
 
+def beat(ps, pid, lease, window=0):
+    return ps.handle("t", "heartbeat", {"pid": pid, "lease": lease, "window": window}, {})[0]
+
+
+def test_a_worker_heard_from_that_pushes_nothing_is_stuck_once_past_stall_factor_times_the_slowest_window():
+    """Heartbeats come from a thread of their own: they said an attempt's process lived, not that it trained,
+    so an attempt blocked in its training (a read that never returns) held its partition for ever and the run
+    never ended. Now one with no window accepted for stall_factor x the slowest window seen (at least
+    timeout_s) is reported stuck once, its heartbeats answered so, and a standing-by attempt may resume."""
+    ps = server(windows=3, heartbeat_s=0.1, timeout_s=1.0)            # stall_factor: 10 by default
+    one = np.ones(LAYOUT.size, np.float32)
+    hello(ps, 0)
+    hello(ps, 1)
+    t0 = ps.progress_at[1]
+
+    def alive(now):                                                    # heartbeats keep both listed
+        ps.last_seen[0] = ps.last_seen[1] = now
+        return ps.check_workers(now)
+    assert alive(t0 + 60.0) == []                                      # no window yet: nothing to judge by
+    push(ps, 0, 1, 0, 0, one)
+    assert 0 < ps.slowest_s < 1.0 and ps.progress_at[0] > t0
+    ps.slowest_s = 0.2                                                 # the slowest window: 10 x 0.2 s = 2 s
+    ps.progress_at[0] = ps.progress_at[1] = t0
+    assert alive(t0 + 1.9) == [] and beat(ps, 1, 1) == "ok"
+    assert alive(t0 + 2.1) == [0, 1]
+    assert alive(t0 + 2.2) == [] and ps.totals["workers_stuck"] == 2 and ps.totals.get("workers_lost", 0) == 0
+    assert beat(ps, 1, 1) == "stuck" and ps.lost[1]
+    hello(ps, 1)                                                       # a retried task: a fresh start
+    assert not ps.stuck[1] and beat(ps, 1, 2) == "ok" and ps.totals["windows_redone"] == 1
+    ps.slowest_s = 0.01                                                # never below timeout_s
+    assert alive(ps.progress_at[1] + 0.9) == [] and alive(ps.progress_at[1] + 1.1) == [1]
+    # the slowest window is the longest wait for an accepted push since hello or the one before
+    ps = server(windows=3, heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)
+    ps.progress_at[0] -= 0.5
+    push(ps, 0, 1, 0, 0, one)
+    ps.progress_at[0] -= 0.25
+    push(ps, 0, 1, 1, 1, one)
+    assert 0.5 <= ps.slowest_s < 0.6
+    push(ps, 0, 1, 1, 2, one)                                          # a duplicate: no progress
+    assert ps.totals["refused_duplicate"] == 1 and ps.done[0] == 2
+    # a superseded attempt standing by resumes once the newest is found stuck; stall_factor 0: never stuck
+    hello(ps, 0)                                                       # lease 2 supersedes lease 1
+    assert standby(ps, 0, 1) == "wait"
+    ps.last_seen[0] = ps.progress_at[0] + 30.0
+    assert ps.check_workers(ps.progress_at[0] + 30.0) == [0] and standby(ps, 0, 1) == "resume"
+    never = server(windows=3, heartbeat_s=0.1, timeout_s=1.0, stall_factor=0)
+    hello(never, 0)
+    push(never, 0, 1, 0, 0, one)
+    never.last_seen[0] = never.progress_at[0] + 1e6
+    assert never.check_workers(never.progress_at[0] + 1e6) == [] and beat(never, 0, 1) == "ok"
+
+
+def test_a_stuck_attempt_hears_so_on_its_heartbeats_thread_while_its_training_thread_is_blocked():
+    """Through the real wire: the training thread pushes a window, then blocks; the heartbeats go on, the server
+    finds it stuck, and the client's ``on_stuck`` runs on the heartbeats' thread (a Spark task ends its process
+    there) with the server's reason."""
+    ps = server(heartbeat_s=0.05, timeout_s=0.5)
+    secret = wire.new_secret()
+    frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
+    told = []
+    client = WorkerClient(frames.address, secret, 1, ps.sv, LAYOUT, on_stuck=told.append)
+    try:
+        first, _, version, params = client.hello()
+        blocks, _, _ = plan.encode(LAYOUT, np.ones(LAYOUT.size, np.float32), config.load(None).exchange,
+                                   np.array([1]), 1, 1, 1, 2)
+        assert client.push(0, version, blocks, params, tokens=1) == 1
+        client.training(1)                                             # ... and blocks: no push comes
+        wait_for(lambda: ps.check_workers() == [1] or ps.stuck[1], timeout=5.0)
+        wait_for(lambda: told, timeout=5.0)
+        assert told == ["no window pushed for longer than server.stall_factor allows, though heartbeats arrive"]
+        assert ps.totals["workers_stuck"] == 1 and ps.totals.get("workers_lost", 0) == 0
+    finally:
+        client.close()
+        frames.close()
+
+
 def test_lock_free_pushes_from_threads_all_land_once():
     """Hogwild! applies without a lock, but the bookkeeping is exact: every window lands once."""
     P, W = 4, 30

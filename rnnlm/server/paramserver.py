@@ -29,7 +29,10 @@ Each task attempt announces itself (``hello``) and gets a **lease**; a newer
 lease supersedes an older one, whose pushes are then refused (a zombie attempt
 cannot apply anything). A retried task resumes at the first window not applied.
 Heartbeats (a second connection, every ``heartbeat_s``) tell the server which
-window a worker trains; a worker silent for ``timeout_s`` is reported lost.
+window a worker trains; a worker silent for ``timeout_s`` is reported lost. They prove
+life, not progress: one heard from that has had no window accepted for ``stall_factor``
+times the slowest window of the run (and ``timeout_s``) is reported **stuck**, and its
+next heartbeat's answer ends it (a Spark task then fails and is retried).
 
 A superseded attempt does not fail (Spark would count that against ``spark.task.maxFailures``
 although nothing went wrong, as when a speculative copy takes over): it **stands by**, asking
@@ -187,6 +190,11 @@ class ParameterServer:
         self.last_seen = [None] * partitions
         self.lost = [False] * partitions                          # the newest attempt is gone (silent, or left)
         self.resuming = [None] * partitions                       # when a standing-by attempt was told to resume
+        # progress, not only life: when the newest attempt last said hello or had a window accepted, whether it
+        # was found stuck (heartbeats, yet no window for stall_factor x the slowest), and that slowest window
+        self.progress_at: list = [None] * partitions
+        self.stuck = [False] * partitions
+        self.slowest_s = 0.0
         self.totals = collections.Counter(state.get("totals", {}))
         self.window = collections.Counter()                       # since the last drain()
         self.staleness = collections.Counter()
@@ -289,6 +297,7 @@ class ParameterServer:
                 self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1)
             self.started[pid] = self.done[pid]
             self.last_seen[pid], self.lost[pid], self.resuming[pid] = time.monotonic(), False, None
+            self.progress_at[pid], self.stuck[pid] = self.last_seen[pid], False
             lease, window = self.lease[pid], self.done[pid]
         with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
             with self._book:
@@ -299,6 +308,9 @@ class ParameterServer:
             {"params": params}
 
     def _heartbeat(self, pid, fields):
+        if self.stuck[pid]:
+            return "stuck", {"reason": "no window pushed for longer than server.stall_factor allows, though "
+                                       "heartbeats arrive"}, {}
         w = fields.get("window")
         if w is None:
             return "ok", {}, {}
@@ -364,6 +376,9 @@ class ParameterServer:
             if not applied:
                 self.totals["refused_duplicate" if w < self.done[pid] else "refused_out_of_order"] += 1
             else:
+                now = time.monotonic()
+                self.slowest_s = max(self.slowest_s, now - self.progress_at[pid])
+                self.progress_at[pid] = now
                 self.done[pid] += 1          # reserved: no other push of this window can be applied
                 self.started[pid] = max(self.started[pid], min(self.done[pid], self.windows - 1))   # the next
                 self.version += 1
@@ -507,21 +522,30 @@ class ParameterServer:
         return out
 
     def check_workers(self, now: float | None = None) -> list:
-        """Partitions whose worker went silent for ``timeout_s`` (each reported once until it says hello)."""
+        """Partitions whose worker went silent for ``timeout_s``, or whose heartbeats arrive but which has had
+        no window accepted for ``stall_factor`` times the slowest window seen (at least ``timeout_s``): stuck,
+        told so by its next heartbeat's answer (it ends, and Spark retries its task). Each reported once until
+        it says hello."""
         now = time.monotonic() if now is None else now
-        newly = []
+        newly, stall = [], max(self.sv.timeout_s, self.sv.stall_factor * self.slowest_s)
         with self._book:
             for pid in range(self.P):
                 seen = self.last_seen[pid]
-                if (seen is not None and not self.lost[pid] and self.done[pid] < self.windows
-                        and now - seen > self.sv.timeout_s):
+                if seen is None or self.lost[pid] or self.done[pid] >= self.windows:
+                    continue
+                if now - seen > self.sv.timeout_s:
                     self.lost[pid] = True
                     self.totals["workers_lost"] += 1
-                    newly.append(pid)
-        for pid in newly:
-            self.log(f"partition {pid}: worker silent for {self.sv.timeout_s:g} s, reported lost; a retried "
-                     f"task resumes at window {self.done[pid]}")
-        return newly
+                    newly.append((pid, f"worker silent for {self.sv.timeout_s:g} s, reported lost"))
+                elif self.sv.stall_factor and self.slowest_s and now - self.progress_at[pid] > stall:
+                    self.lost[pid] = self.stuck[pid] = True
+                    self.totals["workers_stuck"] += 1
+                    newly.append((pid, f"worker heard from but no window pushed for {now - self.progress_at[pid]:.0f} "
+                                       f"s ({self.sv.stall_factor:g} x the slowest window, {self.slowest_s:.3g} s), "
+                                       "reported stuck and told to end"))
+        for pid, what in newly:
+            self.log(f"partition {pid}: {what}; a retried task resumes at window {self.done[pid]}")
+        return [pid for pid, _ in newly]
 
     def snapshot(self, drain: bool = False) -> dict:
         """A consistent copy of the state a checkpoint keeps (parameters, accumulator, progress);
@@ -581,11 +605,16 @@ class WorkerClient:
         The run's secret (from the task's closure).
     pid : int
     sv : ServerConfig
+    on_stuck : callable, optional
+        Called with the server's reason, from the heartbeats' thread, when the server finds this attempt
+        stuck (heartbeats, yet no window pushed: ``server.stall_factor``); the training thread may be
+        blocked anywhere, so a Spark task ends its process there (:func:`rnnlm.spark.async_task.end_stuck`).
+        None: the heartbeats stop (the server counts the attempt gone already).
     """
 
-    def __init__(self, address, secret: bytes, pid: int, sv, layout):
+    def __init__(self, address, secret: bytes, pid: int, sv, layout, on_stuck=None):
         from . import wire
-        self.pid, self.sv, self.layout = pid, sv, layout
+        self.pid, self.sv, self.layout, self.on_stuck = pid, sv, layout, on_stuck
         max_frame = int(sv.max_frame_mb * (1 << 20))
         # a window can take longer than the server keeps an idle connection (server_idle_s): a connection
         # idle for timeout_s is replaced before the next push rather than lost under it; one closed
@@ -623,10 +652,12 @@ class WorkerClient:
     def _heartbeats(self, lease: int, stop: threading.Event):
         while not stop.wait(self.sv.heartbeat_s):
             try:
-                kind, _, _ = self._beat.call("heartbeat", {"pid": self.pid, "lease": lease, "window": self.window})
+                kind, f, _ = self._beat.call("heartbeat", {"pid": self.pid, "lease": lease, "window": self.window})
             except (OSError, ValueError):
                 continue          # the next push reports a dead server; a heartbeat only keeps us listed
-            if kind == "stop":
+            if kind == "stuck" and self.on_stuck is not None:
+                self.on_stuck(one_line(f.get("reason"))[:300])
+            if kind in ("stop", "stuck"):
                 return            # superseded: the next push says so to the task
 
     def _end_heartbeats(self):

@@ -9,6 +9,9 @@ only: the configuration (resolved on the driver), the server's address and the r
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
 import time
 
 from .. import config
@@ -38,7 +41,8 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
             return
         model = memo.MEMO.get(("model", cfg.model, backend.device_key(xp)), lambda: build_model(cfg.model, xp=xp))
         for pid, tokens, starts in it:
-            client = WorkerClient(address, secret, pid, cfg.server, model.layout)
+            client = WorkerClient(address, secret, pid, cfg.server, model.layout,
+                                  on_stuck=functools.partial(end_stuck, pid))
             trained, error = 0, None
             try:
                 src = memo.MEMO.get(("source", cfg, pid, digest(tokens, starts)),
@@ -54,6 +58,21 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
                 client.close()
             yield pid, trained, error
     return run
+
+
+def end_stuck(pid: int, reason: str) -> None:
+    """The parameter server found this attempt stuck (its heartbeats arrive, its windows do not): its training
+    thread may be blocked anywhere (a read that never returns, a device that hangs), where no exception reaches
+    it, so the Python worker ends at once. Spark counts a failed attempt and retries the task, which resumes
+    at the first window not applied (``spark.task.maxFailures``; a local master's default of 1 fails the job,
+    and the run stops with its checkpoint kept)."""
+    sys.stderr.write(f"rnnlm: partition {pid}: the parameter server found this task stuck ({reason}); "
+                     "ending its Python worker so that Spark retries the task\n")
+    sys.stderr.flush()
+    os._exit(STUCK_EXIT)
+
+
+STUCK_EXIT = 75         # EX_TEMPFAIL: another attempt may succeed
 
 
 def _train_windows(cfg, model, src, client: WorkerClient, lrs: list, xp) -> int:
