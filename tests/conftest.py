@@ -37,6 +37,40 @@ def set_options(*sets) -> list:
     return [a for s in sets for a in ("--set", s)]
 
 
+EXECUTOR_HOOK = '''import importlib.abc, importlib.util, os, sys, threading, time
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "rnnlm.spark.executor":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            module.train_and_encode = wrap(module.train_and_encode)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+{wrap}
+
+sys.meta_path.insert(0, _Hook())
+'''
+
+
+def executor_hook(directory, wrap: str) -> dict:
+    """Test-only: a ``sitecustomize.py`` in ``directory`` (made) through which the Python processes that import
+    it wrap ``rnnlm.spark.executor.train_and_encode`` (``wrap``: the source of ``def wrap(train)``, returning its
+    replacement); the environment's PYTHONPATH entry that makes a run's executors import it."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "sitecustomize.py"), "w") as f:
+        f.write(EXECUTOR_HOOK.format(wrap=wrap))
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
+
+
 def tensorboard_scalars(directory) -> dict:
     """``{tag: [(step, value)]}`` of every event file in ``directory``, as TensorBoard's own reader reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

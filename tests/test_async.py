@@ -12,7 +12,7 @@ from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
-from conftest import CLUSTER_RUN, ROOT, metrics, train_cmd, wait_for
+from conftest import CLUSTER_RUN, ROOT, executor_hook, metrics, train_cmd, wait_for
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -586,38 +586,19 @@ def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkey
     assert m["wall_s"] >= m["eval_s"] >= 0.6, m
 
 
-# a partition's first attempt blocks at its third window, for ever, as a read that never returns would; its
-# heartbeats' thread goes on (executors import it through PYTHONPATH: sitecustomize)
-BLOCKED = '''import importlib.abc, importlib.util, os, sys, threading
-
-
-class _Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "rnnlm.spark.executor":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            train = module.train_and_encode
-
-            def blocked(*args, **kw):
-                if args[8] == 3 and args[9] == 1:         # round 3 (window 2) of partition 1
-                    try:
-                        os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
-                    except FileExistsError:
-                        pass                              # a retried attempt trains on
-                    else:
-                        threading.Event().wait()
-                return train(*args, **kw)
-            module.train_and_encode = blocked
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Blocked())
+# test-only: a partition's first attempt blocks at its third window, for ever, as a read that never returns would;
+# its heartbeats' thread goes on
+BLOCKED = '''def wrap(train):
+    def blocked(*args, **kw):
+        if args[8] == 3 and args[9] == 1:             # round 3 (window 2) of partition 1
+            try:
+                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass                                  # a retried attempt trains on
+            else:
+                threading.Event().wait()
+        return train(*args, **kw)
+    return blocked
 '''
 
 
@@ -626,11 +607,8 @@ def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp
     its partition and the run never ended. Now the server finds it stuck (no window for stall_factor x the
     slowest, its heartbeats arriving), its worker ends, Spark retries the task (local[2,2]: two tries), and the
     run ends with every window applied once."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(BLOCKED)
     env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+               **executor_hook(tmp_path / "hook", BLOCKED))
     out = tmp_path / "out"
     r = subprocess.run(train_cmd(out, *CLUSTER_RUN, "train.mode=async", "train.push_every=4", "train.rounds=8",
                                  "server.heartbeat_s=0.2", "server.timeout_s=3", master="local[2,2]"),

@@ -16,7 +16,7 @@ import pytest
 
 from rnnlm.core import checkpoint
 
-from conftest import CLUSTER_RUN, ROOT, metrics, set_options, train_cmd, wait_for
+from conftest import CLUSTER_RUN, ROOT, executor_hook, metrics, set_options, train_cmd, wait_for
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 
@@ -344,30 +344,11 @@ def test_async_driver_killed_then_resumed_loses_at_most_the_checkpoint_interval(
 
 
 # test-only: on the host whose executors import this, each window of training starts 0.5 s late (no number changes)
-SLOW_HOST = '''import importlib.abc, importlib.util, sys, time
-
-
-class _Late(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "rnnlm.spark.executor":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        load = spec.loader.exec_module
-
-        def exec_module(module):
-            load(module)
-            train = module.train_and_encode
-
-            def late(*args, **kw):
-                time.sleep(0.5)
-                return train(*args, **kw)
-            module.train_and_encode = late
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Late())
+SLOW_HOST = '''def wrap(train):
+    def late(*args, **kw):
+        time.sleep(0.5)
+        return train(*args, **kw)
+    return late
 '''
 
 
@@ -377,10 +358,7 @@ def test_async_speculative_copy_takes_over_a_slow_partition_and_no_task_fails(tm
     The copy takes the partition's lease; the original stands by and is killed when the copy ends, which Spark does
     not count as a failure: the run ends at spark.task.maxFailures=1 with every window applied once. (A superseded
     attempt used to fail: a review's healthy run stopped so at round 65.)"""
-    slow = tmp_path / "slow"
-    slow.mkdir()
-    (slow / "sitecustomize.py").write_text(SLOW_HOST)
-    late = {"PYTHONPATH": os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))}
+    late = executor_hook(tmp_path / "slow", SLOW_HOST)
     conf = {"spark.speculation": "true", "spark.speculation.multiplier": "1", "spark.speculation.quantile": "0.1",
             "spark.speculation.minTaskRuntime": "1ms", "spark.task.maxFailures": "1", "spark.locality.wait": "0",
             "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.driver.host": "127.0.0.1",
