@@ -1,6 +1,7 @@
 """Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -602,23 +603,31 @@ BLOCKED = '''def wrap(train):
 '''
 
 
-def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp_path):
+@pytest.mark.parametrize("master", ["local[2,2]", "local[2]"])
+def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp_path, master):
     """Heartbeats proved an attempt's process alive, not that it trained: one blocked inside its training held
     its partition and the run never ended. Now the server finds it stuck (no window for stall_factor x the
     slowest, its heartbeats arriving), its worker ends, Spark retries the task (local[2,2]: two tries), and the
-    run ends with every window applied once."""
+    run ends with every window applied once; with no retry allowed (local[2]) the run stops in one line."""
     env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
                **executor_hook(tmp_path / "hook", BLOCKED))
     out = tmp_path / "out"
     r = subprocess.run(train_cmd(out, *CLUSTER_RUN, "train.mode=async", "train.push_every=4", "train.rounds=8",
-                                 "server.heartbeat_s=0.2", "server.timeout_s=3", master="local[2,2]"),
+                                 "server.heartbeat_s=0.2", "server.timeout_s=3", master=master),
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "blocked").exists()                  # the first attempt did block
     said = r.stdout + r.stderr
-    assert "partition 1: worker heard from but no window pushed for" in said, said[-3000:]
-    assert "reported stuck and told to end; a retried task resumes at window 2" in said
+    assert re.search(r"partition 1: worker heard from but no window pushed for [\d.]+ s, past 3 s "
+                     r"\(server.stall_factor 10 x the slowest window, [\d.]+ s; at least server.timeout_s\), "
+                     "reported stuck and told to end; a retried task resumes at window 2", said), said[-3000:]
     assert "the parameter server found this task stuck" in said          # the worker's own line, before it ends
+    if master == "local[2]":
+        assert r.returncode == 2, r.stderr[-3000:]
+        error = r.stderr.strip().splitlines()[-1]
+        assert error.startswith("error: async training job failed (a worker found stuck was ended, and "
+                                "spark.task.maxFailures allows its task no retry): Task 1 in stage "), error
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
     m = metrics(out)
     last = m[-1]
     assert last["workers_stuck"] == 1 and last["attempts_retried"] == 1 and last["windows_redone"] == 1

@@ -540,9 +540,10 @@ class ParameterServer:
                 elif self.sv.stall_factor and self.slowest_s and now - self.progress_at[pid] > stall:
                     self.lost[pid] = self.stuck[pid] = True
                     self.totals["workers_stuck"] += 1
-                    newly.append((pid, f"worker heard from but no window pushed for {now - self.progress_at[pid]:.0f} "
-                                       f"s ({self.sv.stall_factor:g} x the slowest window, {self.slowest_s:.3g} s), "
-                                       "reported stuck and told to end"))
+                    newly.append((pid, f"worker heard from but no window pushed for {now - self.progress_at[pid]:.3g} "
+                                       f"s, past {stall:.3g} s (server.stall_factor {self.sv.stall_factor:g} x the "
+                                       f"slowest window, {self.slowest_s:.3g} s; at least server.timeout_s), reported "
+                                       "stuck and told to end"))
         for pid, what in newly:
             self.log(f"partition {pid}: {what}; a retried task resumes at window {self.done[pid]}")
         return [pid for pid, _ in newly]

@@ -212,7 +212,9 @@ class _Run:
             if n >= P and not done:
                 self._line(t0, checkpoint=self._checkpoint_due())
             if job.error:
-                raise TrainingError(f"async training job failed: {job.error}; {self.dir.kept()}")
+                ended = (" (a worker found stuck was ended, and spark.task.maxFailures allows its task no retry)"
+                         if self.server.totals["workers_stuck"] else "")
+                raise TrainingError(f"async training job failed{ended}: {job.error}; {self.dir.kept()}")
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
             if errors:
                 raise TrainingError(f"{errors[0]}; stopped, {self.dir.kept()}")
