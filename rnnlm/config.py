@@ -579,6 +579,9 @@ def validate(cfg: Config) -> None:
         (t.mode == "sync" or o.schedule != "plateau",
          "train.mode = 'async' has no rounds to decay on a plateau: use optim.schedule = constant or epoch_decay"),
         (sv.heartbeat_s < sv.timeout_s, "server: need heartbeat_s < timeout_s"),
+        (sv.stall_factor == 0 or sv.stall_factor >= 1,
+         "server: stall_factor is 0 (no stall watch) or at least 1 (below, a window no slower than the slowest "
+         "seen would count as a stall)"),
         (d.strategy not in SAMPLED or t.local_steps == 0,
          f"train.local_steps = {t.local_steps} contradicts data.strategy = {d.strategy!r}: a round trains on "
          "its whole sample (data.sample_fraction), so leave train.local_steps = 0"),

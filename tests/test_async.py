@@ -624,8 +624,8 @@ def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp
     if master == "local[2]":
         assert r.returncode == 2, r.stderr[-3000:]
         error = r.stderr.strip().splitlines()[-1]
-        assert error.startswith("error: async training job failed (a worker found stuck was ended, and "
-                                "spark.task.maxFailures allows its task no retry): Task 1 in stage "), error
+        assert error.startswith("error: async training job failed (partition 1's worker, found stuck, was ended, "
+                                "and spark.task.maxFailures allows its task no retry): Task 1 in stage "), error
         return
     assert r.returncode == 0, r.stderr[-3000:]
     m = metrics(out)

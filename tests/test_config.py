@@ -415,6 +415,7 @@ def test_a_value_at_each_bound_is_taken_or_refused_as_its_bracket_says():
     (["train.mode=async", "train.outer=momentum"], "train.mode = 'async' needs"),
     (["train.mode=async", "optim.schedule=plateau"], "no rounds to decay on a plateau"),
     (["server.heartbeat_s=60", "server.timeout_s=60"], "need heartbeat_s < timeout_s"),
+    (["server.stall_factor=0.999"], "stall_factor is 0 (no stall watch) or at least 1"),
     (["data.strategy=sampled_paragraphs", "train.local_steps=1"], "train.local_steps = 1 contradicts"),
 ])
 def test_the_rules_that_tie_keys_together(sets, msg):

@@ -380,6 +380,9 @@ def test_a_superseded_attempt_stands_by_until_its_partition_is_finished_or_the_n
     assert ps.totals["workers_lost"] == 1 and ps.totals["attempts_retried"] == 3 and ps.version == 2
 
 
+ONE = np.ones(LAYOUT.size, np.float32)
+
+
 def beat(ps, pid, lease, window=0):
     return ps.handle("t", "heartbeat", {"pid": pid, "lease": lease, "window": window}, {})[0]
 
@@ -388,9 +391,8 @@ def test_a_worker_heard_from_that_pushes_nothing_is_stuck_once_past_stall_factor
     """Heartbeats come from a thread of their own: they said an attempt's process lived, not that it trained,
     so an attempt blocked in its training (a read that never returns) held its partition for ever and the run
     never ended. Now one with no window accepted for stall_factor x the slowest window seen (at least
-    timeout_s) is reported stuck once, its heartbeats answered so, and a standing-by attempt may resume."""
+    timeout_s) is reported stuck once, and its heartbeats are answered so."""
     ps = server(windows=3, heartbeat_s=0.1, timeout_s=1.0)            # stall_factor: 10 by default
-    one = np.ones(LAYOUT.size, np.float32)
     hello(ps, 0)
     hello(ps, 1)
     t0 = ps.progress_at[1]
@@ -399,38 +401,87 @@ def test_a_worker_heard_from_that_pushes_nothing_is_stuck_once_past_stall_factor
         ps.last_seen[0] = ps.last_seen[1] = now
         return ps.check_workers(now)
     assert alive(t0 + 60.0) == []                                      # no window yet: nothing to judge by
-    push(ps, 0, 1, 0, 0, one)
+    push(ps, 0, 1, 0, 0, ONE)
     assert 0 < ps.slowest_s < 1.0 and ps.progress_at[0] > t0
     ps.slowest_s = 0.2                                                 # the slowest window: 10 x 0.2 s = 2 s
     ps.progress_at[0] = ps.progress_at[1] = t0
     assert alive(t0 + 1.9) == [] and beat(ps, 1, 1) == "ok"
     assert alive(t0 + 2.1) == [0, 1]
     assert alive(t0 + 2.2) == [] and ps.totals["workers_stuck"] == 2 and ps.totals.get("workers_lost", 0) == 0
-    assert beat(ps, 1, 1) == "stuck" and ps.lost[1]
+    assert beat(ps, 1, 1) == "stuck" and ps.lost[1] and ps.told_stuck == {1}
     hello(ps, 1)                                                       # a retried task: a fresh start
-    assert not ps.stuck[1] and beat(ps, 1, 2) == "ok" and ps.totals["windows_redone"] == 1
+    assert beat(ps, 1, 2) == "ok" and ps.totals["windows_redone"] == 1 and ps.told_stuck == set()
     ps.slowest_s = 0.01                                                # never below timeout_s
     assert alive(ps.progress_at[1] + 0.9) == [] and alive(ps.progress_at[1] + 1.1) == [1]
     # the slowest window is the longest wait for an accepted push since hello or the one before
     ps = server(windows=3, heartbeat_s=0.1, timeout_s=1.0)
     hello(ps, 0)
     ps.progress_at[0] -= 0.5
-    push(ps, 0, 1, 0, 0, one)
+    push(ps, 0, 1, 0, 0, ONE)
     ps.progress_at[0] -= 0.25
-    push(ps, 0, 1, 1, 1, one)
+    push(ps, 0, 1, 1, 1, ONE)
     assert 0.5 <= ps.slowest_s < 0.6
-    push(ps, 0, 1, 1, 2, one)                                          # a duplicate: no progress
+    push(ps, 0, 1, 1, 2, ONE)                                          # a duplicate: no progress
     assert ps.totals["refused_duplicate"] == 1 and ps.done[0] == 2
-    # a superseded attempt standing by resumes once the newest is found stuck; stall_factor 0: never stuck
-    hello(ps, 0)                                                       # lease 2 supersedes lease 1
-    assert standby(ps, 0, 1) == "wait"
-    ps.last_seen[0] = ps.progress_at[0] + 30.0
-    assert ps.check_workers(ps.progress_at[0] + 30.0) == [0] and standby(ps, 0, 1) == "resume"
-    never = server(windows=3, heartbeat_s=0.1, timeout_s=1.0, stall_factor=0)
+    never = server(windows=3, heartbeat_s=0.1, timeout_s=1.0, stall_factor=0)     # 0: never stuck
     hello(never, 0)
-    push(never, 0, 1, 0, 0, one)
+    push(never, 0, 1, 0, 0, ONE)
     never.last_seen[0] = never.progress_at[0] + 1e6
     assert never.check_workers(never.progress_at[0] + 1e6) == [] and beat(never, 0, 1) == "ok"
+
+
+def stuck_at(ps, pid):
+    """Make partition ``pid``'s newest attempt stuck now (heard from, no window for past the limit)."""
+    ps.slowest_s = 0.2
+    now = ps.progress_at[pid] + 5.0
+    ps.last_seen[pid] = now
+    assert pid in ps.check_workers(now)
+
+
+def test_a_stuck_attempt_is_told_so_even_once_a_standby_has_taken_over():
+    """Found stuck, the partition's newest attempt counts as gone, so one standing by resumes; its hello used
+    to make the stuck attempt's next heartbeat a superseded one's ("stop"), and a blocked task heard nothing
+    that would end it: Spark waited on it for ever."""
+    ps = server(windows=3, partitions=1, heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)                                                       # the original: lease 1
+    hello(ps, 0)                                                       # a copy: lease 2, then stuck
+    push(ps, 0, 2, 0, 0, ONE)
+    stuck_at(ps, 0)
+    assert standby(ps, 0, 1) == "resume"
+    f, _ = hello(ps, 0)                                                # the original again: lease 3
+    assert f["window"] == 1 and beat(ps, 0, 2) == "stuck" and beat(ps, 0, 3) == "ok"
+    assert ps.totals["refused_superseded"] == 0
+
+
+def test_a_stuck_attempt_whose_window_comes_after_all_is_the_partitions_again():
+    """Slow, not stuck: a push of the attempt found stuck is applied, and it is the partition's attempt again
+    (heartbeats answered ok, not counted gone), unless a standby was told to resume meanwhile."""
+    ps = server(windows=3, partitions=1, heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)
+    push(ps, 0, 1, 0, 0, ONE)
+    stuck_at(ps, 0)
+    kind, f, _ = push(ps, 0, 1, 1, 1, ONE)
+    assert kind == "pushed" and f["applied"] and beat(ps, 0, 1) == "ok" and not ps.lost[0]
+    stuck_at(ps, 0)                                                    # stuck again: counted again
+    assert ps.totals["workers_stuck"] == 2
+    hello(ps, 0)                                                       # lease 2 supersedes, then stalls too
+    stuck_at(ps, 0)
+    assert standby(ps, 0, 1) == "resume"                               # lease 1 is told to resume, then
+    assert push(ps, 0, 2, 2, 2, ONE)[0] == "pushed" and ps.lost[0]     # lease 2's window comes: still gone
+
+
+def test_an_attempt_reported_lost_for_a_silence_is_judged_stuck_once_heard_from_again():
+    """One silence longer than timeout_s (a pause of the whole executor) reported the attempt lost, after which it
+    was never judged stuck again however long it then went without a window."""
+    ps = server(windows=3, partitions=1, heartbeat_s=0.1, timeout_s=1.0)
+    hello(ps, 0)
+    push(ps, 0, 1, 0, 0, ONE)
+    ps.slowest_s = 0.2
+    t = ps.progress_at[0]
+    assert ps.check_workers(t + 1.5) == [0] and ps.lost[0]             # silent: lost
+    ps.last_seen[0] = t + 100.0                                        # its heartbeats again, no window
+    assert ps.check_workers(t + 100.0) == [0] and ps.totals["workers_stuck"] == 1
+    assert beat(ps, 0, 1) == "stuck"
 
 
 def test_a_stuck_attempt_hears_so_on_its_heartbeats_thread_while_its_training_thread_is_blocked():
@@ -441,16 +492,18 @@ def test_a_stuck_attempt_hears_so_on_its_heartbeats_thread_while_its_training_th
     secret = wire.new_secret()
     frames = wire.FrameServer(ps.handle, secret, log=lambda *_: None).start()
     told = []
-    client = WorkerClient(frames.address, secret, 1, ps.sv, LAYOUT, on_stuck=told.append)
+    client = WorkerClient(frames.address, secret, 1, ps.sv, LAYOUT,
+                          on_stuck=lambda reason: told.append((threading.current_thread().name, reason)))
     try:
         first, _, version, params = client.hello()
         blocks, _, _ = plan.encode(LAYOUT, np.ones(LAYOUT.size, np.float32), config.load(None).exchange,
                                    np.array([1]), 1, 1, 1, 2)
         assert client.push(0, version, blocks, params, tokens=1) == 1
         client.training(1)                                             # ... and blocks: no push comes
-        wait_for(lambda: ps.check_workers() == [1] or ps.stuck[1], timeout=5.0)
+        wait_for(lambda: ps.check_workers() == [1] or ps.stuck_lease[1], timeout=5.0)
         wait_for(lambda: told, timeout=5.0)
-        assert told == ["no window pushed for longer than server.stall_factor allows, though heartbeats arrive"]
+        assert told == [("heartbeat-1",
+                         "no window pushed for longer than server.stall_factor allows, though heartbeats arrive")]
         assert ps.totals["workers_stuck"] == 1 and ps.totals.get("workers_lost", 0) == 0
     finally:
         client.close()

@@ -190,11 +190,13 @@ class ParameterServer:
         self.last_seen = [None] * partitions
         self.lost = [False] * partitions                          # the newest attempt is gone (silent, or left)
         self.resuming = [None] * partitions                       # when a standing-by attempt was told to resume
-        # progress, not only life: when the newest attempt last said hello or had a window accepted, whether it
-        # was found stuck (heartbeats, yet no window for stall_factor x the slowest), and that slowest window
+        # progress, not only life: when the newest attempt last said hello or had a window accepted, the lease
+        # found stuck (heard from, yet no window for stall_factor x the slowest; 0: none), the slowest window,
+        # and the partitions whose stuck attempt was told so and has had no successor say hello since
         self.progress_at: list = [None] * partitions
-        self.stuck = [False] * partitions
+        self.stuck_lease = [0] * partitions
         self.slowest_s = 0.0
+        self.told_stuck: set = set()
         self.totals = collections.Counter(state.get("totals", {}))
         self.window = collections.Counter()                       # since the last drain()
         self.staleness = collections.Counter()
@@ -249,6 +251,10 @@ class ParameterServer:
                 raise Refused(f"partition {pid} has not said hello")
             if not 0 < lease <= self.lease[pid]:
                 raise Refused(f"lease {lease!r:.40} of partition {pid} was never issued")
+            if kind == "heartbeat" and lease == self.stuck_lease[pid]:   # even once superseded: it must end
+                self.told_stuck.add(pid)
+                return "stuck", {"reason": "no window pushed for longer than server.stall_factor allows, though "
+                                           "heartbeats arrive"}, {}
             if lease != self.lease[pid]:     # nor does a superseded attempt keep the partition's worker seen
                 return self._standby(pid) if kind == "standby" else self._superseded()
             self.last_seen[pid] = time.monotonic()
@@ -297,7 +303,8 @@ class ParameterServer:
                 self.totals["windows_redone"] += max(0, self.started[pid] - self.done[pid] + 1)
             self.started[pid] = self.done[pid]
             self.last_seen[pid], self.lost[pid], self.resuming[pid] = time.monotonic(), False, None
-            self.progress_at[pid], self.stuck[pid] = self.last_seen[pid], False
+            self.progress_at[pid] = self.last_seen[pid]
+            self.told_stuck.discard(pid)
             lease, window = self.lease[pid], self.done[pid]
         with self._params_lock or _NO_LOCK:       # Hogwild!: possibly mid-update (resent by the next pull)
             with self._book:
@@ -308,9 +315,6 @@ class ParameterServer:
             {"params": params}
 
     def _heartbeat(self, pid, fields):
-        if self.stuck[pid]:
-            return "stuck", {"reason": "no window pushed for longer than server.stall_factor allows, though "
-                                       "heartbeats arrive"}, {}
         w = fields.get("window")
         if w is None:
             return "ok", {}, {}
@@ -379,6 +383,9 @@ class ParameterServer:
                 now = time.monotonic()
                 self.slowest_s = max(self.slowest_s, now - self.progress_at[pid])
                 self.progress_at[pid] = now
+                if self.stuck_lease[pid] == lease:   # it was slow, not stuck: unless a standby was told to resume,
+                    self.stuck_lease[pid] = 0        # it is the partition's attempt again
+                    self.lost[pid] = self.resuming[pid] is not None
                 self.done[pid] += 1          # reserved: no other push of this window can be applied
                 self.started[pid] = max(self.started[pid], min(self.done[pid], self.windows - 1))   # the next
                 self.version += 1
@@ -524,21 +531,25 @@ class ParameterServer:
     def check_workers(self, now: float | None = None) -> list:
         """Partitions whose worker went silent for ``timeout_s``, or whose heartbeats arrive but which has had
         no window accepted for ``stall_factor`` times the slowest window seen (at least ``timeout_s``): stuck,
-        told so by its next heartbeat's answer (it ends, and Spark retries its task). Each reported once until
-        it says hello."""
+        told so by its heartbeats' answers (it ends, and Spark retries its task). A silent worker is reported
+        once until an attempt says hello; a stuck attempt once (again only if a window of its own came since)."""
         now = time.monotonic() if now is None else now
-        newly, stall = [], max(self.sv.timeout_s, self.sv.stall_factor * self.slowest_s)
+        newly = []
         with self._book:
+            stall = max(self.sv.timeout_s, self.sv.stall_factor * self.slowest_s)
             for pid in range(self.P):
                 seen = self.last_seen[pid]
-                if seen is None or self.lost[pid] or self.done[pid] >= self.windows:
+                if seen is None or self.done[pid] >= self.windows:
                     continue
-                if now - seen > self.sv.timeout_s:
+                silent = now - seen > self.sv.timeout_s
+                if silent and not self.lost[pid]:
                     self.lost[pid] = True
                     self.totals["workers_lost"] += 1
                     newly.append((pid, f"worker silent for {self.sv.timeout_s:g} s, reported lost"))
-                elif self.sv.stall_factor and self.slowest_s and now - self.progress_at[pid] > stall:
-                    self.lost[pid] = self.stuck[pid] = True
+                elif (not silent and self.stuck_lease[pid] != self.lease[pid] and self.sv.stall_factor
+                      and self.slowest_s and now - self.progress_at[pid] > stall):
+                    # heard from (again, perhaps, after a silence that reported it lost), yet no window
+                    self.stuck_lease[pid], self.lost[pid] = self.lease[pid], True
                     self.totals["workers_stuck"] += 1
                     newly.append((pid, f"worker heard from but no window pushed for {now - self.progress_at[pid]:.3g} "
                                        f"s, past {stall:.3g} s (server.stall_factor {self.sv.stall_factor:g} x the "

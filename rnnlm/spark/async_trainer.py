@@ -212,8 +212,9 @@ class _Run:
             if n >= P and not done:
                 self._line(t0, checkpoint=self._checkpoint_due())
             if job.error:
-                ended = (" (a worker found stuck was ended, and spark.task.maxFailures allows its task no retry)"
-                         if self.server.totals["workers_stuck"] else "")
+                told = sorted(self.server.told_stuck)      # and no attempt of their task has said hello since
+                ended = (f" (partition {told[0]}'s worker, found stuck, was ended, and spark.task.maxFailures allows "
+                         "its task no retry)" if told else "")
                 raise TrainingError(f"async training job failed{ended}: {job.error}; {self.dir.kept()}")
             errors = [f"partition {pid}: {err}" for pid, _, err in (job.result or []) if err]
             if errors:
