@@ -164,9 +164,10 @@ def check_kept(cfg: config.Config, ck: checkpoint.Checkpoint, where: str) -> Non
     # what a partition held between rounds and the executors' view are its run's, never a new run's
     unread = sorted(k for k in ck.optim if k not in need and k != StateKeys.VIEW and StateKeys.held(k) is None)
     if unread:
+        reads = (f"server.update = {cfg.server.update!r}" if cfg.train.mode == "async"
+                 else f"train.optim_state = {cfg.train.optim_state!r}")
         raise TrainingError(f"--keep-optimizer: {where} holds optimizer state {unread[0]!r:.60} that this run would "
-                            f"not read (train.optim_state = {cfg.train.optim_state!r}); without --keep-optimizer "
-                            "it starts fresh")
+                            f"not read ({reads}); without --keep-optimizer it starts fresh")
 
 
 @dataclass(frozen=True)
