@@ -387,8 +387,8 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
     (tmp_path / "home" / "conf").symlink_to(tmp_path)
     assert default_fs() == "hdfs://defaults:1"                         # $SPARK_HOME/conf
     import pyspark
-    from rnnlm.spark import hfs
-    assert hfs._pyspark_home() == os.path.dirname(pyspark.__file__)  # its conf/ where $SPARK_HOME is unset
+    from rnnlm.spark import launcher
+    assert launcher._pyspark_home() == os.path.dirname(pyspark.__file__)  # its conf/ where $SPARK_HOME is unset
     cases = {f"--properties-file {tmp_path}/p.conf pyspark-shell": "hdfs://props:2",
              f"--properties-file {tmp_path}/p2.conf pyspark-shell": "hdfs://site:8020",
              f"--properties-file {tmp_path}/p2.conf --load-spark-defaults pyspark-shell": "hdfs://defaults:1",
@@ -409,7 +409,7 @@ def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp
                            "--conf spark.master=local[5] pyspark-shell": "local[5]",
                            "--name local[7] pyspark-shell": "local[3]"}.items():
         monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", args)
-        assert hfs.launcher_property("spark.master") == expected, args
-    assert hfs.launcher_property("spark.other") is None
+        assert launcher.launcher_property("spark.master") == expected, args
+    assert launcher.launcher_property("spark.other") is None
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.hadoop.fs.defaultFS=hdfs://x:1 pyspark-shell")
     assert resolve("runs/x", default_fs()) == (False, "runs/x")

@@ -13,12 +13,11 @@ logic this module runs over Hadoop's client too).
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import xml.etree.ElementTree as ET
 
 from ..core import checkpoint, files
 from ..core.files import LocalFS, ReplaceSafely, parse_url, read_file
+from .launcher import launcher_property, spark_conf_dir
 from .session import hadoop_conf, jvm
 
 MAX_SITE_XML = 16 << 20         # bytes of core-site.xml read at most (Hadoop's are kilobytes)
@@ -79,7 +78,7 @@ def default_fs(conf_dir: str | None = None) -> str:
     if given:
         return fix_name(given)
     dirs = [conf_dir] if conf_dir is not None else [
-        _spark_conf_dir(), os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")]
+        spark_conf_dir(), os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR", "")]
     for d in dirs:
         site = os.path.join(d, "core-site.xml") if d else ""
         if not site or not os.path.exists(site):
@@ -99,77 +98,6 @@ def default_fs(conf_dir: str | None = None) -> str:
         parse_url(fix_name(value), f"fs.defaultFS in {site}")
         return fix_name(value)
     return "file:///"
-
-
-def _spark_conf_dir() -> str:
-    """Spark's conf directory, which its launcher puts on the classpath before Hadoop's."""
-    home = os.environ.get("SPARK_HOME") or _pyspark_home()
-    return os.environ.get("SPARK_CONF_DIR") or (os.path.join(home, "conf") if home else "")
-
-
-def launcher_property(key: str) -> str | None:
-    """Spark property ``key`` as the launcher that plain Python starts would read it: ``--conf
-    key=value`` in ``$PYSPARK_SUBMIT_ARGS`` (for ``spark.master`` its ``--master`` first, as the launcher
-    takes it), else the properties file (``--properties-file`` there,
-    else ``spark-defaults.conf`` in ``$SPARK_CONF_DIR``, else in ``$SPARK_HOME/conf``, PySpark's
-    package directory where ``$SPARK_HOME`` is unset); None if none names it or they cannot be read."""
-    try:
-        args = shlex.split(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
-    except ValueError:
-        args = []
-    value, props, defaults, flag_master = None, None, True, None
-    for flag, arg in zip(args, args[1:] + [""]):
-        if flag == "--master" or flag.startswith("--master="):
-            flag_master = arg if flag == "--master" else flag[9:]
-        elif flag in ("--conf", "-c") and arg.partition("=")[0].strip() == key:
-            value = arg.partition("=")[2].strip()
-        elif flag.startswith("--conf=") and flag[7:].partition("=")[0].strip() == key:
-            value = flag[7:].partition("=")[2].strip()
-        elif flag == "--properties-file":
-            props, defaults = arg, "--load-spark-defaults" in args
-    if key == "spark.master" and flag_master:
-        return flag_master
-    if value is not None:
-        return value
-    conf_dir = _spark_conf_dir()
-    paths = [props] if props else []
-    if defaults and conf_dir:
-        paths.append(os.path.join(conf_dir, "spark-defaults.conf"))
-    for f in paths:                    # the properties file's value wins over spark-defaults.conf's
-        found = _properties(f).get(key)
-        if found is not None:
-            return found
-    return None
-
-
-def _pyspark_home() -> str | None:
-    """Where PySpark's launcher looks when ``$SPARK_HOME`` is unset (a pip-installed PySpark: its
-    package directory), found without importing it."""
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("pyspark")
-    except (ImportError, ValueError):       # no PySpark here (rnnlm demo's core alone): no launcher either
-        return None
-    return list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else None
-
-
-def _properties(path: str) -> dict:
-    """A Java properties file's ``key value`` / ``key=value`` / ``key: value`` lines (comments
-    skipped, values trimmed as Spark trims them); empty if it cannot be read."""
-    try:
-        data = files.read_regular(path, 16 << 20)           # a FIFO there blocked every command's start
-    except (OSError, ValueError):                           # missing, not a regular file, too large
-        return {}
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    out = {}
-    for line in lines:
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        m = re.match(r"([^\s=:]+)\s*[=:\s]\s*(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).strip()
-    return out
 
 
 class HadoopFS(ReplaceSafely):

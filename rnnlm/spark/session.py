@@ -7,6 +7,8 @@ import pickle
 import re
 import sys
 
+from .launcher import launcher_property
+
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # the driver JVM's heap when this process starts it and nothing else names one (conf/spark/local.properties'
 # figure): Spark's own 1g fails a dense 20M-parameter round (2 x 80 MB task results through the JVM) now and then
@@ -44,7 +46,6 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    from .hfs import launcher_property          # hfs imports this module
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # spark-submit started the JVM and holds the master and properties (its gateway's port is the sign):
     # connected to it first, SparkConf() reads them, and the keys below are set only where the user set none
@@ -102,7 +103,6 @@ def plain_master(master: str | None) -> str:
     """The master of a session that plain Python starts: ``master``, else the one the launcher reads
     (``--master`` in ``$PYSPARK_SUBMIT_ARGS``, ``spark.master`` there or in ``spark-defaults.conf``), else
     ``local[2]``."""
-    from .hfs import launcher_property          # hfs imports this module
     return master or launcher_property("spark.master") or "local[2]"
 
 
