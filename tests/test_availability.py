@@ -21,7 +21,8 @@ from rnnlm.exchange.blocks import Block
 from rnnlm.exchange.frames import Expected, Malformed, contribution_from_wire, contribution_to_wire, printable
 from rnnlm.exchange.round import Carry
 from rnnlm.server import wire
-from rnnlm.server.paramserver import ParameterServer, WorkerClient, server_in_flight
+from rnnlm.server.paramserver import ParameterServer, server_in_flight
+from rnnlm.server.worker import WorkerClient
 from rnnlm.spark.channel import Channel
 from conftest import metrics, wait_for
 

@@ -10,7 +10,8 @@ from rnnlm import config
 from rnnlm.core.layout import Layout
 from rnnlm.exchange import plan
 from rnnlm.server import paramserver, wire
-from rnnlm.server.paramserver import ParameterServer, WorkerClient, blocks_to_wire, patch
+from rnnlm.server.paramserver import ParameterServer
+from rnnlm.server.worker import WorkerClient, blocks_to_wire, patch
 
 LAYOUT = Layout([("embed", (6, 3)), ("W1", (4, 3)), ("b1", (4,)), ("Wo", (6, 4)), ("bo", (6,))])
 

@@ -18,7 +18,7 @@ from .. import config
 from ..core import backend
 from ..core.models import build as build_model
 from ..core.optim import make_optimizer
-from ..server.paramserver import WorkerClient
+from ..server.worker import WorkerClient
 from .executor import make_source, task_xp, train_and_encode
 from . import memo
 from .memo import digest
@@ -29,7 +29,7 @@ def worker_task(cfg: config.Config, address: tuple, secret: bytes, lrs: list):
 
     ``lrs[w]`` is window w's learning rate (the schedule at the epoch every worker reaches there). An attempt
     superseded by a newer one (a speculative copy, a retry beside a zombie) stands by rather than failing, and
-    trains on if the newer one goes (:meth:`~rnnlm.server.paramserver.WorkerClient.standby`).
+    trains on if the newer one goes (:meth:`~rnnlm.server.worker.WorkerClient.standby`).
     """
     def run(it):
         t = cfg.train
