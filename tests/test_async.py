@@ -10,6 +10,7 @@ import pytest
 
 from rnnlm import config
 from rnnlm.cli import make_trainer
+from rnnlm.cli.checks import finished_run
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
@@ -259,9 +260,12 @@ def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_o
     assert "valid_loss" in m[-1] and m[-1]["windows_lost"] == 0
     ck = checkpoint.load(str(out / "checkpoint"))
     line = {k: v for k, v in m[-1].items() if not k.startswith(("valid_", "best_", "eval_", "windows_"))}
+    assert finished_run(cfg, str(out), True, False) == str(out)          # the command line: nothing to do
     ck.position["line"] = line
     checkpoint.save(str(out / "checkpoint"), ck)
     (out / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [*m[:-1], line]))
+    # it said done as well, and handed the run a trainer without Spark: an AttributeError traceback
+    assert finished_run(cfg, str(out), True, False) is None
     tr = make_trainer(spark, cfg, str(out), log=logs.append)
     tr.run(resume=True)
     assert not any(x.startswith("nothing to do") for x in logs), logs
@@ -270,6 +274,27 @@ def test_a_checkpoint_holding_every_window_before_the_last_line_gets_that_line_o
     assert again[-1]["windows_lost"] == 0 and again[-1]["syncs"] == m[-1]["syncs"]
     np.testing.assert_array_equal(tr.params, ck.params)
     assert checkpoint.load(str(out / "checkpoint")).position["line"] == again[-1]
+
+
+def test_a_resumed_async_run_keeps_a_best_saved_ahead_of_its_checkpoint_until_one_beats_it(spark, tmp_path):
+    """best/ is written before checkpoint/: a driver dying between the two leaves best/ holding a round the
+    checkpoint's record does not name. An async run's rounds differ when run again, so the resumed run
+    compared its evaluations with the checkpoint's older record and replaced best/ with a worse model. (One
+    worker is deterministic; best/'s record is set here to one no evaluation beats, as a lucky lost round's.)"""
+    out = tmp_path / "run"
+    sets = ("data.partitions=1", "data.valid=rnnlm/data/harbour_valid.txt", "train.mode=async",
+            "train.push_every=2", "train.eval_every=1")
+    make_trainer(spark, cfg_of(*sets, "train.rounds=2"), str(out), log=lambda *_: None).run()
+    best = checkpoint.load(str(out / "best"))
+    assert best.position["best"]["round"] == 2
+    best.position["best"] = {"round": 3, "valid_loss": 0.01}              # a round of work the death discarded
+    checkpoint.save(str(out / "best"), best)
+    make_trainer(spark, cfg_of(*sets, "train.rounds=4"), str(out), log=lambda *_: None).run(resume=True)
+    m = metrics(out)                       # (round 4 may have two lines: one that evaluates, then the last)
+    resumed = [x for x in m if x["round"] > 2]
+    assert resumed and m[-1]["round"] == 4 and all(x["valid_loss"] > 0.01 for x in m if "valid_loss" in x)
+    assert {x["best_round"] for x in resumed if "valid_loss" in x} == {3}
+    assert checkpoint.load(str(out / "best")).position["best"] == {"round": 3, "valid_loss": 0.01}
 
 
 def test_a_resume_shortened_below_a_partitions_windows_ends_with_its_last_line(spark, tmp_path):
@@ -341,6 +366,7 @@ def test_ctrl_c_stops_an_async_run_with_a_checkpoint_that_resumes_to_its_end(spa
     assert stopped.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is handler
     version = checkpoint.load(str(out / "checkpoint")).position["version"]
     assert 2 <= version < 400 and metrics(out)[-1]["syncs"] == version
+    assert stopped.value.args[0].startswith(f"interrupted at version {version};")   # not a push landing after
     tr = make_trainer(spark, cfg, str(out), log=lambda *_: None)
     tr.run(resume=True)
     m = metrics(out)
@@ -568,6 +594,9 @@ def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkey
 
         def add_line(self, m, total, line):
             self.metrics.append(m)
+
+        def best_saved(self):
+            return None
 
     def scored_slowly(model, params, streams):
         time.sleep(0.3)

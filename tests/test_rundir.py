@@ -352,6 +352,35 @@ def test_a_crash_between_a_best_rounds_two_writes_leaves_best_ahead_not_behind(t
     assert ckpt.load(str(tmp_path / "run" / "checkpoint")).position["round"] == 3
 
 
+def test_a_resumes_first_checkpoint_drops_the_lines_past_the_one_it_resumed_from_first(tmp_path, monkeypatch):
+    """The lines past the resumed checkpoint went only with the resumed run's first line, written after its
+    first checkpoint: a death between the two left them beside the new checkpoint, and the next resume kept
+    those at or below its round, lines of work the run had thrown away (an async run's review)."""
+    cfg, ck, out = saved(tmp_path / "run", (1, 2, 3, 4))
+    again = RunDir(str(tmp_path / "run"), fs=LocalFS(), log=lambda _: None)
+    again.prepare(resume=True)
+    again.keep_lines(again.saved_lines()[:2])                # resumed from round 2: rounds 3 and 4 run again
+    ck.position["round"] = 3
+
+    def dies(*_):
+        raise KeyboardInterrupt                              # killed before the line
+    again.write_checkpoint(ck, best=False)
+    monkeypatch.setattr(again.fs, "append", dies)
+    with pytest.raises(KeyboardInterrupt):
+        again.add_line({"round": 3, "again": True}, 4, "line 3 again")
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n'
+
+
+def test_best_saved_is_the_record_best_holds(tmp_path):
+    cfg, ck, out = saved(tmp_path / "run", (1, 2))
+    assert out.best_saved() is None                          # no best/
+    ck.position["best"] = {"round": 2, "valid_loss": 1.5}
+    out.write_checkpoint(ck, best=True)
+    assert out.best_saved() == {"round": 2, "valid_loss": 1.5}
+    (tmp_path / "run" / "best" / "params.npy").write_bytes(b"cut")     # unreadable: as if none
+    assert out.best_saved() is None
+
+
 def saved(path, rounds: tuple, best: bool = False) -> tuple:
     """A run directory holding a line per round of ``rounds`` and a checkpoint at the last:
     ``(configuration, checkpoint, RunDir)``."""

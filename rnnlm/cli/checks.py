@@ -21,8 +21,8 @@ from ..core.files import LocalFS
 from ..download import CORPORA
 from ..spark import scan
 from ..spark.hfs import default_fs, resolve
-from ..spark.rundir import (Init, RunDir, TrainingError, best_record, check_init, check_kept, check_longer, check_out,
-                            check_resume, resume_keys)
+from ..spark.rundir import (Init, RunDir, TrainingError, async_finished, best_record, check_init, check_kept,
+                            check_longer, check_out, check_resume, resume_keys)
 from ..spark.session import is_local_master, plain_master
 
 DATA_KEYS = ("train", "valid", "test")
@@ -158,10 +158,11 @@ def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool) ->
     if local_out is None:
         return None
     pos = checkpoint.load(local_out).position
-    done = pos.get("done") if cfg.train.mode == "async" else [pos.get("round")]
-    if isinstance(done, list) and done and all(type(d) is int and d >= cfg.train.rounds for d in done):
-        return _run_dir(out, local_out).out
-    return None
+    if cfg.train.mode == "async":
+        finished = async_finished(pos, cfg.train.rounds)
+    else:
+        finished = type(pos.get("round")) is int and pos["round"] >= cfg.train.rounds
+    return _run_dir(out, local_out).out if finished else None
 
 
 def check_device(cfg: config.Config, master: str | None, what: str = "train.device") -> None:

@@ -22,7 +22,7 @@ from ..server import wire
 from ..server.paramserver import (ParameterServer, Stalled, max_push_bytes, server_connections, server_idle_s,
                                   server_in_flight)
 from .async_task import worker_task
-from .rundir import Driver, Init, RunDir, TrainingError, best_record, improves, resume_keys
+from .rundir import Driver, Init, RunDir, TrainingError, async_finished, best_record, improves, resume_keys
 from .session import bind_host, job_failure
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, scored, total_rounds, unpersist_corpus
@@ -39,7 +39,7 @@ class AsyncTrainer(Driver):
         self._prepare(resume, overwrite, init)
         ck = self._load_checkpoint() if resume else None
         t = self.cfg_in.train
-        if ck is not None and t.rounds and _finished(ck.position, t.rounds):
+        if ck is not None and t.rounds and async_finished(ck.position, t.rounds):
             self.cfg = config.resolve(self.cfg_in, len(ck.vocab))
             self.params, self.vocab = ck.params, ck.vocab
             return self.dir.nothing_to_do(ck.position["round"], t.rounds)
@@ -53,7 +53,7 @@ class AsyncTrainer(Driver):
             self.layout, P = model.layout, cfg.data.partitions
             per = scored(probe_cfg, data)          # a window's tokens and an epoch's
             windows = total_rounds(probe_cfg, data, per)
-            if ck is not None and _finished(ck.position, windows):
+            if ck is not None and async_finished(ck.position, windows):
                 self.params, self.vocab = ck.params, data.vocab
                 return self.dir.nothing_to_do(ck.position["round"], windows)
             self.dir.write_info(self.sc, cfg, resume, data.devices, init, data.record())
@@ -195,7 +195,13 @@ class _Run:
         self.sent0, self.bcast0 = position.get("bytes_sent", 0), position.get("bytes_broadcast", 0)
         self.last_eval = position.get("round", 0) // max(1, cfg.train.eval_every) if cfg.train.eval_every else 0
         self.eval_pending = False       # an evaluation put off to the next line, which is a checkpoint's
+        # best/ may be ahead of the checkpoint (the driver died between the two writes), holding a round this
+        # run's rounds, which differ, need not match: it stays best until one beats it
         self.best = best_record(position.get("best"))
+        if position:
+            saved = rundir.best_saved()
+            if saved is not None and not (self.best and self.best["valid_loss"] <= saved["valid_loss"]):
+                self.best = saved
         self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version
 
@@ -223,8 +229,8 @@ class _Run:
                 break
             if stop.requested:
                 job.cancel()
-                self._line(t0, checkpoint=True)
-                raise Interrupted(f"interrupted at version {self.server.version}; its checkpoint is in "
+                kept = self._line(t0, checkpoint=True)["syncs"]   # cancelled tasks' pushes may land after it
+                raise Interrupted(f"interrupted at version {kept}; its checkpoint is in "
                                   f"{self.dir.ck_path} (--resume continues)", stop.signum)
             if self._checkpoint_due():             # by time, between lines
                 self._line(t0, checkpoint=True)
@@ -338,11 +344,3 @@ def window_lrs(cfg, per_window: float, per_epoch: float, windows: int) -> list:
     whole epoch is not read a bit short of it, at the previous epoch's rate)."""
     sched = Schedule(cfg.optim)
     return [sched.lr(w * per_window / per_epoch) for w in range(windows)]
-
-
-def _finished(position: dict, windows: int) -> bool:
-    """Whether a checkpoint's run is over: every partition's ``windows`` applied and its line the run's
-    last (a checkpoint by pushes can hold every window with the last line, which evaluates, still to
-    write; a checkpoint without a line predates them)."""
-    line = position.get("line")
-    return all(d >= windows for d in position["done"]) and (line is None or "windows_lost" in line)

@@ -200,6 +200,16 @@ def best_record(saved) -> dict | None:
     return None
 
 
+def async_finished(position: dict, windows: int) -> bool:
+    """Whether an async checkpoint's run is over: every partition's ``windows`` applied and its line the run's
+    last (a checkpoint by pushes can hold every window with the last line, which evaluates, still to
+    write; a checkpoint without a line predates them)."""
+    line = position.get("line")
+    done = position.get("done")
+    return (isinstance(done, list) and bool(done) and all(type(d) is int and d >= windows for d in done)
+            and (line is None or "windows_lost" in line))
+
+
 def improves(best: dict | None, valid_loss: float) -> bool:
     """Whether ``valid_loss`` beats the run's best so far (the first evaluation does)."""
     return best is None or valid_loss < best["valid_loss"]
@@ -397,8 +407,8 @@ class RunDir:
 
     def keep_lines(self, lines: list) -> None:
         """On resume: the metrics file is to hold ``lines`` only (the work after the checkpoint runs
-        again, and writes its lines again), rewritten atomically with the resumed run's first line: a
-        resume that stops before it (a corpus error, Ctrl-C) leaves the file as it was."""
+        again, and writes its lines again), rewritten atomically with the resumed run's first line or
+        checkpoint: a resume that stops before either (a corpus error, Ctrl-C) leaves the file as it was."""
         self.metrics, self._rewrite = list(lines), True
 
     # ------------------------------------------------------------ running
@@ -418,6 +428,16 @@ class RunDir:
             self.progress.update(m, total, line)
         else:
             self.log(line)
+
+    def best_saved(self) -> dict | None:
+        """The record of the round ``best/`` holds (:func:`best_record`), or None: none, or one that cannot be read
+        (the next evaluation's best then replaces it)."""
+        if not self.fs.exists(f"{self.best_path}/{checkpoint.MANIFEST}"):
+            return None
+        try:
+            return best_record(read_checkpoint(self.fs, self.best_path).position.get("best"))
+        except (checkpoint.CheckpointError, OSError, ValueError):
+            return None
 
     def _metrics_bytes(self) -> bytes:
         return "".join(json.dumps(x) + "\n" for x in self.metrics).encode()
@@ -444,10 +464,16 @@ class RunDir:
     def write_checkpoint(self, ck: checkpoint.Checkpoint, best: bool) -> None:
         """Replace ``checkpoint/`` (and, with ``best``, ``best/``) with ``ck``, each atomically.
 
-        ``best/`` first: a crash between the two leaves ``best/`` ahead of ``checkpoint/``, and the
-        resumed run, training the same rounds again, writes the same ``best/`` again.
+        ``best/`` first: a crash between the two leaves ``best/`` ahead of ``checkpoint/``; a synchronous
+        run, training the same rounds again, writes the same ``best/`` again, an async one (whose rounds
+        differ) starts its record from :meth:`best_saved`. On resume the metrics file loses the lines past
+        the checkpoint resumed from (:meth:`keep_lines`) before the first checkpoint is written: a crash
+        after it cannot leave them beside the new checkpoint, as lines of work it does not hold.
         """
         files = checkpoint.to_files(ck)
+        if self._rewrite:       # a resume's first checkpoint: the lines past the one it resumed from go first
+            self._write(self.metrics_path, lambda: self.fs.write_atomic(self.metrics_path, self._metrics_bytes()))
+            self._rewrite = False
         if best:
             self._write(self.best_path, lambda: self.fs.write_dir_atomic(self.best_path, files))
         self._write(self.ck_path, lambda: self.fs.write_dir_atomic(self.ck_path, files))
