@@ -150,6 +150,11 @@ def test_keys_this_trainer_does_not_read_are_named_at_the_start(corpus):
     assert said[0] == (f"note: this trainer of one process trains streams with the full softmax and scores data.valid; "
                        f"it ignores data.strategy = 'windows', data.test = '{corpus / 'all.txt'}', "
                        "exchange.sampled_softmax = True (Spark's trainer reads them)")
+    # the streams of all partitions together (conf/ptb_word_small.toml's max_streams = 80): one partition's share
+    _, said = run(corpus, "train.rounds=1", "train.global_batch=6", "data.partitions=3")
+    assert said[0] == ("note: this trainer of one process trains train.batch = 2 streams, one partition's share of "
+                       "train.global_batch on data.partitions = 3; for 6 streams set data.partitions = 1")
+    assert figures(said[1])["per_epoch"] == figures(run(corpus, "train.rounds=1")[1][0])["per_epoch"]   # B = 2 both
 
 
 def test_a_plateau_that_would_see_one_loss_after_the_last_round_is_refused(corpus):
@@ -210,3 +215,16 @@ def test_loss_fields_are_the_loss_its_perplexity_and_bits_per_character():
     assert loss_fields(700.0, "word", "v")["v_ppl"] == math.exp(700.0)          # large, still finite
     assert loss_fields(710.0, "word", "v")["v_ppl"] == math.inf                 # past float64's range
     assert math.isnan(loss_fields(math.nan, "word", "v")["v_ppl"])              # not an overflow: NaN said as NaN
+
+
+def test_the_held_out_tenth_is_not_counted_into_the_vocabulary(tmp_path):
+    """Without data.valid the last 10% of data.train is held out, yet its words were counted into the
+    vocabulary first: a word only there got an id of its own, and <unk> never occurred in the held-out text."""
+    (tmp_path / "all.txt").write_text("the harbour wall\n" * 90 + "the zebra wall\n" * 10, encoding="utf-8")
+    cfg = config.load(None, [f"data.train={tmp_path / 'all.txt'}", "data.valid=", "data.level=word",
+                             "model.hidden=8", "train.bptt=5", "train.batch=2", "train.rounds=1"])
+    m = train(cfg, log=lambda _: None)
+    vocab = m["vocab"]
+    assert "zebra" not in vocab.index and "harbour" in vocab.index
+    ids = vocab.index
+    assert list(vocab.encode("the zebra wall\n")) == [ids["the"], vocab.unk_id, ids["wall"], ids["<eos>"]]

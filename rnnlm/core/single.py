@@ -9,6 +9,7 @@ import io
 import os
 import time
 import zlib
+from collections import Counter
 
 from . import backend, checkpoint, files
 from .. import config
@@ -18,7 +19,7 @@ from .metrics import due, log_line, loss_fields
 from .models import build as build_model
 from .optim import make_optimizer
 from .schedule import Schedule, rounds_for
-from .vocab import Vocab
+from .vocab import Vocab, tokenize
 
 
 def read_text(path: str, errors: str = "replace") -> str:
@@ -87,14 +88,13 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     d, t = cfg.data, cfg.train
     config.check_run(cfg)
     text = read_text(d.train, d.encoding_errors)
-    vocab = Vocab.build(text, d.level, d.vocab_size, d.min_count)
+    tokens = tokenize(text, d.level)
+    # without data.valid the last 10% is held out, its tokens counted for nothing (the vocabulary included)
+    cut = len(tokens) if d.valid else int(len(tokens) * 0.9)
+    vocab = Vocab.from_counts(Counter(tokens[:cut]), d.level, d.vocab_size, d.min_count)
     cfg = config.resolve(cfg, len(vocab))
     ids = vocab.encode(text)
-    if d.valid:
-        valid = vocab.encode(read_text(d.valid, d.encoding_errors))
-    else:
-        cut = int(len(ids) * 0.9)
-        ids, valid = ids[:cut], ids[cut:]
+    ids, valid = ids[:cut], (vocab.encode(read_text(d.valid, d.encoding_errors)) if d.valid else ids[cut:])
     if len(valid) < 2:              # known now, not after a round of training
         raise ValueError(f"the validation text has {len(valid)} token{'s' * (len(valid) != 1)}: "
                          f"{'data.valid' if d.valid else 'the last 10% of data.train'} must hold at least 2")
@@ -112,6 +112,10 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     if unread:
         log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
             f"ignores {', '.join(unread)} (Spark's trainer reads them)")
+    if t.global_batch or t.max_streams:     # the streams of all partitions together: this trains one's share
+        log(f"note: this trainer of one process trains train.batch = {t.batch} streams, one partition's share of "
+            f"{'train.global_batch' if t.global_batch else 'train.max_streams'} on data.partitions = "
+            f"{d.partitions}; for {d.partitions * t.batch} streams set data.partitions = 1")
     log(f"vocab {len(vocab):,} | params {model.layout.size:,} | train tokens {len(ids):,} | "
         f"{block.steps_per_pass} steps per epoch | {rounds} rounds x {K} steps")
     for r in range(1, rounds + 1):
