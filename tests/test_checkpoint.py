@@ -357,6 +357,20 @@ def test_state_json_fields_are_typed_by_the_loader(tmp_path, ck, field, value, n
     assert str(e.value).startswith(f"{path}: {needle}"), str(e.value)
 
 
+def test_state_json_is_strict_json_before_a_plateaus_first_evaluation(tmp_path, ck):
+    """A plateau schedule's best loss is infinite until it is first measured: state.json held Infinity,
+    which Python reads and strict JSON readers (jq, a browser) refuse. It is null now, read back as infinite."""
+    ck.schedule = {"lr": 0.5, "best": float("inf")}
+    path = str(tmp_path / "c1")
+    ckpt.save(path, ck)
+
+    def strict(name):
+        raise ValueError(f"not JSON: {name}")
+    with open(os.path.join(path, "state.json")) as f:
+        assert json.loads(f.read(), parse_constant=strict)["schedule"] == {"lr": 0.5, "best": None}
+    assert ckpt.load(path).schedule == {"lr": 0.5, "best": float("inf")}
+
+
 @pytest.mark.parametrize("best", [None, {"round": 0, "valid_ppl": 120.0}])
 def test_a_position_at_its_edges_loads(tmp_path, ck, best):
     """Every count and amount at 0 (a run stopped before its first round), a best entry or none: a

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -87,7 +88,9 @@ def to_files(ck: Checkpoint) -> dict:
         "vocab.json": ck.vocab.to_json().encode(),
         "config.json": ck.config.to_json().encode(),
         "state.json": json.dumps({
-            "position": ck.position, "optim_t": int(ck.optim_t), "schedule": ck.schedule,
+            # a plateau schedule's best before its first evaluation is infinite: null (JSON has no Infinity)
+            "position": ck.position, "optim_t": int(ck.optim_t),
+            "schedule": {k: None if k == "best" and v == math.inf else v for k, v in ck.schedule.items()},
             "optim_t_local": {str(pid): int(t) for pid, t in sorted(ck.optim_t_local.items())},
             "layout": model.layout.describe(), "format": FORMAT}, indent=2).encode(),
     }
@@ -491,8 +494,11 @@ def _state(raw: str, where: str, partitions: int, layout: list) -> tuple:
     problem = _position(position, partitions)
     if problem:
         raise CheckpointError(f"{where}: state.json: position: {problem}")
-    if schedule and not (set(schedule) == {"lr", "best"} and _amount(schedule["lr"]) and _loss(schedule["best"])):
+    if schedule and not (set(schedule) == {"lr", "best"} and _amount(schedule["lr"])
+                         and (schedule["best"] is None or _loss(schedule["best"]))):
         raise CheckpointError(f"{where}: state.json: schedule must be empty or hold a finite lr >= 0 and a best loss")
+    if schedule and schedule["best"] is None:               # none yet (older checkpoints wrote Infinity)
+        schedule = dict(schedule, best=math.inf)
     return position, schedule, optim_t, {int(k): t for k, t in local.items()}
 
 
