@@ -200,7 +200,7 @@ class _Run:
         self.best = best_record(position.get("best"))
         if position:
             saved = rundir.best_saved()
-            if saved is not None and not (self.best and self.best["valid_loss"] <= saved["valid_loss"]):
+            if saved is not None and improves(self.best, saved["valid_loss"]):
                 self.best = saved
         self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version

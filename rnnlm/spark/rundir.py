@@ -416,10 +416,7 @@ class RunDir:
         """Append the metrics line ``m`` to the file, then report it: to the progress bar (with the
         run's length ``total``), or as the log line ``line``."""
         self.metrics.append(m)
-        if self._rewrite:
-            self._write(self.metrics_path, lambda: self.fs.write_atomic(self.metrics_path, self._metrics_bytes()))
-            self._rewrite = False
-        else:
+        if not self._rewrite_kept():
             line_bytes = (json.dumps(m) + "\n").encode()
             self._write(self.metrics_path, lambda: self.fs.append(self.metrics_path, line_bytes, self._metrics_bytes))
         for t in self.trackers:
@@ -428,6 +425,14 @@ class RunDir:
             self.progress.update(m, total, line)
         else:
             self.log(line)
+
+    def _rewrite_kept(self) -> bool:
+        """After :meth:`keep_lines`, the first write: the metrics file replaced by the lines held (True)."""
+        if not self._rewrite:
+            return False
+        self._write(self.metrics_path, lambda: self.fs.write_atomic(self.metrics_path, self._metrics_bytes()))
+        self._rewrite = False
+        return True
 
     def best_saved(self) -> dict | None:
         """The record of the round ``best/`` holds (:func:`best_record`), or None: none, or one that cannot be read
@@ -471,9 +476,7 @@ class RunDir:
         after it cannot leave them beside the new checkpoint, as lines of work it does not hold.
         """
         files = checkpoint.to_files(ck)
-        if self._rewrite:       # a resume's first checkpoint: the lines past the one it resumed from go first
-            self._write(self.metrics_path, lambda: self.fs.write_atomic(self.metrics_path, self._metrics_bytes()))
-            self._rewrite = False
+        self._rewrite_kept()        # a resume's first checkpoint: the lines past the one it resumed from go first
         if best:
             self._write(self.best_path, lambda: self.fs.write_dir_atomic(self.best_path, files))
         self._write(self.ck_path, lambda: self.fs.write_dir_atomic(self.ck_path, files))
