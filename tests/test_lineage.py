@@ -101,20 +101,28 @@ def test_a_lineage_is_truncated_only_with_no_round_in_flight_and_keeps_counting_
 
 def test_where_executors_cannot_reach_the_driver_a_lineage_starts_from_broadcasts(spark, monkeypatch):
     """The probe (tests/test_seeds.py) found the driver's port closed to the executors: each partition's
-    share goes to them as a broadcast, counted by the next round, the same numbers, and a warning says so."""
-    monkeypatch.setattr(lineage, "unreachable", lambda data, host, log: f"{host}:1: ConnectionRefusedError")
+    share goes to them as a broadcast, counted by the next round, the same numbers, and a warning says so.
+    Once could be a passing refusal: the next cut probes again, and a second verdict is kept for the run."""
+    probes = []
+    monkeypatch.setattr(lineage, "unreachable",
+                        lambda data, host, log: probes.append(host) or f"{host}:1: ConnectionRefusedError")
     sc, said = spark.sparkContext, []
     data = sc.parallelize([(0, np.arange(3), np.array([0])), (1, np.arange(4), np.array([0]))], 2).cache()
     lin = Lineage(sc, data, held={0: {"n": np.array([10.0])}, 1: {"n": np.array([20.0])}}, log=said.append)
     try:
         assert len(said) == 1 and "cannot reach the driver" in said[0] and "ConnectionRefusedError" in said[0]
+        assert said[0].endswith("fetches whole, this time")
         assert [b.value for b in lin.take_seeds()] == [{"n": np.array([10.0])}, {"n": np.array([20.0])}]
         out, agg = submit(lin, 1)
         lin.finished(out, True)
         assert agg.weight == 11 + 21 and lin.take_served() == (0, 0)
-        assert lin.truncate(lin.collect()) and len(lin.take_seeds()) == 2 and len(said) == 1     # probed once
+        assert lin.truncate(lin.collect()) and len(lin.take_seeds()) == 2 and len(probes) == 2    # probed again
+        assert len(said) == 2 and said[1].endswith("fetches whole, after each lineage cut")
         out, agg = submit(lin, 2)
         assert agg.weight == 13 + 23
+        lin.finished(out, True)
+        assert lin.truncate(lin.collect()) and len(lin.take_seeds()) == 2 and len(probes) == 2    # kept
+        out, agg = submit(lin, 3)
         lin.finished(out, True)
     finally:
         lin.close(blocking=True)

@@ -86,3 +86,37 @@ def test_the_probe_says_why_a_driver_port_cannot_be_reached_and_nothing_when_it_
     server.close()                                          # nothing listens there now: refused, as a firewall's REJECT
     (why,) = Probe(host, port, server.server.secret)(iter([]))
     assert why.startswith("ConnectionRefusedError") and "\n" not in why
+
+
+def test_a_tasks_seed_probe_and_sink_print_without_their_secret(served):
+    """A task's function printed (a log line, an error report, pytest -l) showed the lineage's secret."""
+    from rnnlm.spark.channel import Sink
+    server, _ = served
+    secret = server.server.secret
+    for task in (server.seed({}, {}), Probe("127.0.0.1", 1, secret), Sink("127.0.0.1", 1, secret, 3, 1 << 10)):
+        assert task.secret == secret and repr(secret) not in repr(task) and secret.hex() not in repr(task)
+
+
+def test_a_probe_is_tried_again_while_the_server_is_busy_rather_than_called_unreachable():
+    """A probe closed before the server's welcome (every slot taken by the other partitions' probes) failed at
+    once, and the run broadcast every cut's shares for good."""
+    import threading
+    server = wire.FrameServer(lambda *request: ("pong", {}, {}), wire.new_secret(), "127.0.0.1", 0, 1 << 10,
+                              timeout=5.0, log=lambda line: None, max_connections=1).start()
+    held = wire.connect(*server.address, server.secret, 1 << 10, 5.0)      # the one slot
+    try:
+        threading.Timer(0.5, held.close).start()                           # freed half a second later
+        assert list(Probe(*server.address, server.secret)(iter([]))) == []
+    finally:
+        held.close()
+        server.close()
+
+
+def test_a_driver_address_it_cannot_listen_on_is_a_probes_answer_not_a_failed_probe():
+    """spark.driver.host naming an address this machine does not hold (a NAT's): the probe raised OSError, read
+    as an executor lost during the probe, and was run again at every cut under a misleading warning."""
+    import types
+    from rnnlm.spark.seeds import unreachable
+    data = types.SimpleNamespace(getNumPartitions=lambda: 2)
+    why = unreachable(data, "192.0.2.1", log=lambda line: None)          # TEST-NET-1: no interface holds it
+    assert why.startswith("the driver cannot listen on 192.0.2.1 (") and "\n" not in why

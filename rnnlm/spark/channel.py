@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class Sink:
 
     host: str
     port: int
-    secret: bytes
+    secret: bytes = field(repr=False)         # a task's function printed (a log, an error) does not show it
     round: int
     max_frame: int
 

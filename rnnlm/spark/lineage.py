@@ -168,6 +168,7 @@ class Lineage:
         self._server, self._closed = None, (0, 0)  # the seed's server; the bytes of those closed before it
         self._taken = (0, 0)                # the bytes served that rounds have counted (take_served)
         self._fetch = None                  # whether executors fetch seeds from the driver (probed when first due)
+        self._unreached = 0                 # probes that found an executor unable to reach the driver
         self.in_flight = 0                  # jobs submitted and not finished
         self.key = uuid.uuid4().hex         # names the files of what this run's partitions hold (filestore)
         self.seq = 0                        # rounds defined, over every lineage
@@ -195,7 +196,9 @@ class Lineage:
         self._base, self._chain = self.seq, ()     # the lineage's rounds, replayable
 
     def _fetches(self) -> bool:
-        """Whether the executors reach the driver's seed server (probed once, the first time it is due)."""
+        """Whether the executors reach the driver's seed server: probed the first time it is due, until one
+        probe finds they do (kept for the run) or two find one that does not (a firewall: kept too); a
+        probe that failed, or found one unreachable once, sends that cut's shares as broadcasts."""
         if self._fetch is None:
             try:
                 why = unreachable(self.data, self._host, self.log)
@@ -203,11 +206,15 @@ class Lineage:
                 self.log(f"warning: probing whether the executors reach the driver failed ({type(e).__name__}); "
                          "what partitions hold goes back to them as broadcasts this time")
                 return False
-            self._fetch = why is None
-            if why:
+            if why is None:
+                self._fetch = True
+            else:
+                self._unreached += 1
+                self._fetch = False if self._unreached >= 2 else None
                 self.log(f"warning: the executors cannot reach the driver on a port of its own ({why}); what "
-                         "partitions hold goes back to them after each lineage cut as a broadcast per partition, "
-                         "which every executor fetches whole")
+                         "partitions hold goes back to them as a broadcast per partition, which every executor "
+                         f"fetches whole, {'after each lineage cut' if self._fetch is False else 'this time'}")
+                return False
         return self._fetch
 
     def _close_server(self):

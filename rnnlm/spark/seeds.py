@@ -48,7 +48,7 @@ class Seed:
 
     host: str | None
     port: int
-    secret: bytes
+    secret: bytes = field(repr=False)         # a task's function printed (a log, an error) does not show it
     specs: dict
     files: dict
     carries: dict
@@ -151,11 +151,11 @@ class Probe:
 
     host: str
     port: int
-    secret: bytes
+    secret: bytes = field(repr=False)
 
     def __call__(self, it):
-        try:
-            conn = wire.connect(self.host, self.port, self.secret, 1 << 10, CONNECT_S)
+        try:       # a connection the server closes before its welcome (busy with the others) is tried again
+            conn = wire.connect(self.host, self.port, self.secret, 1 << 10, CONNECT_S, retry_s=CONNECT_S)
             try:
                 conn.send("ping")
                 conn.recv()
@@ -167,9 +167,13 @@ class Probe:
 
 def unreachable(data, host: str, log) -> str | None:
     """Why the executors that hold ``data``'s partitions cannot reach a server of the driver's on
-    ``host`` (a port of its own), or None when each of them did."""
-    server = wire.FrameServer(lambda *request: ("pong", {}, {}), wire.new_secret(), host, 0, 1 << 10,
-                              timeout=CONNECT_S, log=log, idle=CONNECT_S).start()
+    ``host`` (a port of its own), or None when each of them did; or why the driver cannot listen there."""
+    try:          # a slot for every partition's probe at once (SeedServer's cap)
+        server = wire.FrameServer(lambda *request: ("pong", {}, {}), wire.new_secret(), host, 0, 1 << 10,
+                                  timeout=CONNECT_S, log=log, idle=CONNECT_S,
+                                  max_connections=max(64, 4 * data.getNumPartitions())).start()
+    except OSError as e:
+        return f"the driver cannot listen on {host} ({e.strerror or e})"
     try:
         errors = data.mapPartitions(Probe(*server.address, server.secret)).collect()
     finally:
