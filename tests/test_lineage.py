@@ -82,6 +82,25 @@ def test_what_a_partition_held_is_replayed_from_the_seed_when_its_files_are_gone
     assert agg.weight == 17 + 27
 
 
+def test_a_cut_whose_seed_cannot_be_made_still_releases_the_old_lineage(lin, monkeypatch):
+    """A new SeedServer that cannot start (no file descriptor left) raised out of truncate after the old
+    lineage's broadcasts and cached rounds had been taken from it, so nothing released them."""
+    released = []
+    monkeypatch.setattr(lineage, "release", lambda *a, **k: released.append(a))
+    kept = [lin.sc.broadcast(1)]
+    lin.keep(kept)
+    out, _ = submit(lin, 1)
+    lin.finished(out, True)
+    held = lin.collect()
+
+    def no_fd(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(lineage, "SeedServer", no_fd)
+    with pytest.raises(OSError, match="Too many open files"):
+        lin.truncate(held)
+    assert any(a and kept[0] in a[0] for a in released), released
+
+
 def test_a_lineage_is_truncated_only_with_no_round_in_flight_and_keeps_counting_rounds(lin, monkeypatch):
     released = []
     monkeypatch.setattr(lineage, "release", lambda *a, **k: released.append((a, k)))

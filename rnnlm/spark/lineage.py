@@ -320,8 +320,10 @@ class Lineage:
             return False
         old, outs = self._kept, self._outs
         self._kept, self._outs = [], []
-        self._seed(held, carries or {})
-        release(old, outs)
+        try:
+            self._seed(held, carries or {})
+        finally:                # a seed that cannot be made (no file descriptor left) stops the run: not these too
+            release(old, outs)
         return True
 
     def cut_due(self, to_checkpoint: int | None = None) -> bool:
