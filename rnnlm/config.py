@@ -576,6 +576,9 @@ def validate(cfg: Config) -> None:
         (t.mode == "sync" or (d.strategy not in SAMPLED and x.broadcast == "rows" and t.outer == "average"),
          "train.mode = 'async' needs a streams, paragraphs or windows strategy, exchange.broadcast = 'rows' "
          "and train.outer = 'average' (the server applies each push)"),
+        (t.mode == "sync" or not (t.overlap or t.eager),
+         "train.overlap and train.eager shape the rounds of train.mode = 'sync'; an async run has none (each push "
+         "is applied as it lands): leave them at 0 and false"),
         (t.mode == "sync" or o.schedule != "plateau",
          "train.mode = 'async' has no rounds to decay on a plateau: use optim.schedule = constant or epoch_decay"),
         (sv.heartbeat_s < sv.timeout_s, "server: need heartbeat_s < timeout_s"),
