@@ -616,6 +616,47 @@ def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkey
     assert m["wall_s"] >= m["eval_s"] >= 0.6, m
 
 
+def test_a_last_line_at_the_version_just_scored_repeats_that_score_rather_than_evaluating_again(monkeypatch):
+    """A run whose last push's line evaluated (an evaluation due) scored the same parameters again for its
+    final line: every held-out text twice at the end of the run (a review)."""
+    import time
+    import types
+    from rnnlm.core.models import build
+    from rnnlm.server.paramserver import ParameterServer
+    from rnnlm.spark import async_trainer
+    cfg = config.resolve(config.load(None, ["data.train=rnnlm/data/harbour.txt", "data.level=char",
+                                            "train.mode=async", "train.rounds=3", "train.eval_every=1"]), 20)
+    model = build(cfg.model)
+    srv = ParameterServer(model.layout, model.init_params(0), cfg.server, 3, 2, log=lambda s: None)
+
+    class Lines:                                    # the run directory's part _Run writes to
+        metrics, written = [], []
+
+        def say_evaluating(self, *args):
+            pass
+
+        def write_checkpoint(self, ck, best):
+            self.written.append((ck.position["line"], best))
+
+        def add_line(self, m, total, line):
+            self.metrics.append(m)
+
+        def best_saved(self):
+            return None
+    calls = []
+    monkeypatch.setattr(async_trainer, "_evaluate", lambda model, params, streams: calls.append(1) or 2.5)
+    frames = types.SimpleNamespace(bytes_received=0, bytes_sent=0, refused={})
+    data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
+    lines = Lines()
+    run = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3, {})
+    run.eval_pending = True                          # an evaluation due at this line
+    first = run._line(time.perf_counter(), checkpoint=True)
+    last = run._line(time.perf_counter(), final=True, checkpoint=True)
+    assert len(calls) == 1 and first["valid_loss"] == last["valid_loss"] == 2.5
+    assert last["best_round"] == first["best_round"] and last["eval_s"] == first["eval_s"]
+    assert [best for _, best in lines.written] == [True, False]         # best/ once
+
+
 # test-only: a partition's first attempt blocks at its third window, for ever, as a read that never returns would;
 # its heartbeats' thread goes on
 BLOCKED = '''def wrap(train):

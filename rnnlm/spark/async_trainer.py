@@ -204,6 +204,7 @@ class _Run:
                 self.best = saved
         self.held_out_tokens = {name: sum(len(x) for x in streams) for name, streams in held_out.items()}
         self.ck_time, self.ck_version = time.monotonic(), server.version
+        self.scored = (None, {})        # the version last evaluated and its fields (the last line repeats them)
 
     def loop(self, job: _Job, stop: StopRequest):
         P, sv = self.cfg.data.partitions, self.cfg.server
@@ -287,20 +288,24 @@ class _Run:
         best = False
         if eval_due(rnd) and snap is None and self.held_out:
             self.eval_pending = True
+        elif eval_due(rnd) and snap and self.scored[0] == snap["version"]:    # no push since: the same parameters
+            self.last_eval, self.eval_pending = rnd // every if every else 0, False
+            m.update(self.scored[1], eval_s=round(self.eval_s, 3))
         elif eval_due(rnd):
             self.last_eval, self.eval_pending = rnd // every if every else 0, False
-            e0 = time.perf_counter()
+            e0, scored = time.perf_counter(), {}
             for name, streams in self.held_out.items():
                 self.dir.say_evaluating(name, self.held_out_tokens[name])
                 loss = _evaluate(self.model, snap["params"], streams)
-                m.update(loss_fields(loss, self.cfg.data.level, name))
+                scored.update(loss_fields(loss, self.cfg.data.level, name))
                 if name == "valid":
                     best = improves(self.best, loss)
                     if best:
                         self.best = {"round": rnd, "valid_loss": loss}
-                    m["best_round"] = self.best["round"]
+                    scored["best_round"] = self.best["round"]
             self.eval_s += time.perf_counter() - e0
-            m["eval_s"] = round(self.eval_s, 3)
+            self.scored = (snap["version"], scored)
+            m.update(scored, eval_s=round(self.eval_s, 3))
         wall = self.wall + time.perf_counter() - t0     # with this line's evaluation, which eval_s counts
         m["wall_s"] = round(wall, 3)
         m["tokens_per_s"] = round(s.get("tokens", 0) / max(1e-9, wall - prev["wall_s"]))     # as a round's, whole
