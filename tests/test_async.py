@@ -568,50 +568,62 @@ def test_a_metrics_line_without_pushes_carries_no_loss(spark, tmp_path, capsys, 
     assert done.startswith(f"done: round 2 | train_loss {loss:.4f} | checkpoint "), done
 
 
+class RunLines:
+    """The run directory's part the async driver's loop (``_Run``) writes to, kept: its lines, and each
+    checkpoint's position with whether it was a best one."""
+
+    def __init__(self):
+        self.metrics, self.written = [], []
+
+    def say_evaluating(self, *args):
+        pass
+
+    def write_checkpoint(self, ck, best):
+        self.written.append((ck.position, best))
+
+    def add_line(self, m, total, line):
+        self.metrics.append(m)
+
+    def best_saved(self):
+        return None
+
+
+def driver_loop(cfg, lines: RunLines, position: dict):
+    """The async driver's loop over ``cfg`` (2 partitions, 3 windows, one held-out text) from ``position``,
+    without Spark: its own server, and the wire's and the corpus's figures stood in for."""
+    import types
+    from rnnlm.core.models import build
+    from rnnlm.server.paramserver import ParameterServer
+    from rnnlm.spark import async_trainer
+    model = build(cfg.model)
+    srv = ParameterServer(model.layout, model.init_params(0), cfg.server, 3, 2, log=lambda s: None)
+    frames = types.SimpleNamespace(bytes_received=0, bytes_sent=0, refused={})
+    data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
+    return async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3,
+                              position)
+
+
 def test_a_lines_wall_time_holds_its_own_evaluation_and_a_resume_keeps_it(monkeypatch):
     """wall_s was read before the line's evaluation and eval_s after it: the last line's wall_s left out the
     time eval_s counted (wall_s - eval_s < 0), and its checkpoint, which a resume starts from, lost it for good.
     The next checkpoint by time was counted from the scoring's end, not from the instant the checkpoint holds."""
     import time
-    import types
-    from rnnlm.core.models import build
-    from rnnlm.server.paramserver import ParameterServer
     from rnnlm.spark import async_trainer
     cfg = config.resolve(config.load(None, ["model.hidden=8", "train.bptt=4", "train.batch=2", "data.partitions=2",
                                             "data.level=char", "train.mode=async", "train.push_every=2",
                                             "train.rounds=3", "train.eval_every=0"]), 20)
-    model = build(cfg.model)
-    srv = ParameterServer(model.layout, model.init_params(0), cfg.server, 3, 2, log=lambda s: None)
-
-    class Lines:                                    # the run directory's part _Run writes to
-        metrics, written = [], []
-
-        def say_evaluating(self, *args):
-            pass
-
-        def write_checkpoint(self, ck, best):
-            self.written.append(ck.position)
-
-        def add_line(self, m, total, line):
-            self.metrics.append(m)
-
-        def best_saved(self):
-            return None
 
     def scored_slowly(model, params, streams):
         time.sleep(0.3)
         return 2.0
     monkeypatch.setattr(async_trainer, "_evaluate", scored_slowly)
-    frames = types.SimpleNamespace(bytes_received=0, bytes_sent=0, refused={})
-    data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
-    lines = Lines()
-    run = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3, {})
+    lines = RunLines()
+    run = driver_loop(cfg, lines, {})
     before = time.monotonic()
     m = run._line(time.perf_counter(), final=True, checkpoint=True)
-    assert m["wall_s"] >= m["eval_s"] >= 0.3 and lines.written[-1]["wall_s"] >= 0.3
+    assert m["wall_s"] >= m["eval_s"] >= 0.3 and lines.written[-1][0]["wall_s"] >= 0.3
     assert run.ck_time - before < 0.25      # the checkpoint's instant, before the scoring: the next one is due from it
-    resumed = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3,
-                                 lines.written[-1])
+    resumed = driver_loop(cfg, lines, lines.written[-1][0])
     m = resumed._line(time.perf_counter(), final=True, checkpoint=True)
     assert m["wall_s"] >= m["eval_s"] >= 0.6, m
 
@@ -620,35 +632,13 @@ def test_a_last_line_at_the_version_just_scored_repeats_that_score_rather_than_e
     """A run whose last push's line evaluated (an evaluation due) scored the same parameters again for its
     final line: every held-out text twice at the end of the run (a review)."""
     import time
-    import types
-    from rnnlm.core.models import build
-    from rnnlm.server.paramserver import ParameterServer
     from rnnlm.spark import async_trainer
     cfg = config.resolve(config.load(None, ["data.train=rnnlm/data/harbour.txt", "data.level=char",
                                             "train.mode=async", "train.rounds=3", "train.eval_every=1"]), 20)
-    model = build(cfg.model)
-    srv = ParameterServer(model.layout, model.init_params(0), cfg.server, 3, 2, log=lambda s: None)
-
-    class Lines:                                    # the run directory's part _Run writes to
-        metrics, written = [], []
-
-        def say_evaluating(self, *args):
-            pass
-
-        def write_checkpoint(self, ck, best):
-            self.written.append((ck.position["line"], best))
-
-        def add_line(self, m, total, line):
-            self.metrics.append(m)
-
-        def best_saved(self):
-            return None
     calls = []
     monkeypatch.setattr(async_trainer, "_evaluate", lambda model, params, streams: calls.append(1) or 2.5)
-    frames = types.SimpleNamespace(bytes_received=0, bytes_sent=0, refused={})
-    data = types.SimpleNamespace(vocab=None, devices={0: {"ran": "cpu"}, 1: {"ran": "cpu"}})
-    lines = Lines()
-    run = async_trainer._Run(lines, cfg, data, 1000, srv, frames, model, {"valid": [[1, 2, 3]]}, [0.1] * 3, {})
+    lines = RunLines()
+    run = driver_loop(cfg, lines, {})
     run.eval_pending = True                          # an evaluation due at this line
     first = run._line(time.perf_counter(), checkpoint=True)
     last = run._line(time.perf_counter(), final=True, checkpoint=True)
