@@ -93,7 +93,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     cut = len(tokens) if d.valid else int(len(tokens) * 0.9)
     vocab = Vocab.from_counts(Counter(tokens[:cut]), d.level, d.vocab_size, d.min_count)
     cfg = config.resolve(cfg, len(vocab))
-    ids = vocab.encode(text)
+    ids = vocab.ids(tokens)                 # the text split once
     ids, valid = ids[:cut], (vocab.encode(read_text(d.valid, d.encoding_errors)) if d.valid else ids[cut:])
     if len(valid) < 2:              # known now, not after a round of training
         raise ValueError(f"the validation text has {len(valid)} token{'s' * (len(valid) != 1)}: "

@@ -106,8 +106,12 @@ class Vocab:
     def encode(self, text: str, open_end: bool = False) -> np.ndarray:
         """Token ids (int32) of ``text``; unknown tokens map to the unknown id
         (``open_end``: see :func:`tokenize`)."""
+        return self.ids(tokenize(text, self.level, open_end))
+
+    def ids(self, tokens) -> np.ndarray:
+        """Token ids (int32) of ``tokens`` already split (:func:`tokenize`)."""
         get, unk = self.index.get, self.unk_id
-        return np.fromiter((get(t, unk) for t in tokenize(text, self.level, open_end)), dtype=np.int32)
+        return np.fromiter((get(t, unk) for t in tokens), dtype=np.int32)
 
     def join(self, prime: str, continuation: str) -> str:
         """``prime`` followed by a decoded ``continuation``, with the space words need between them."""
