@@ -38,6 +38,7 @@ class DataConfig:
     window_stride: int = 1
     sample_fraction: float = 0.1
     partitions: int = 2
+    balance: str = "tokens"        # tokens | paragraphs: what partitions (and streams) of paragraphs hold alike
     eval_streams: int = 1          # held-out text as this many contiguous streams (1 = one stream)
     encoding_errors: str = "replace"  # replace | strict
     max_record_mb: int = 16        # a longer line (data.paragraphs = line) or paragraph is refused
@@ -162,6 +163,7 @@ _CHOICES = {
     ("data", "paragraphs"): ("blank_line", "line"),
     ("data", "strategy"): ("streams", "paragraphs", "windows", "sampled_windows", "sampled_paragraphs"),
     ("data", "encoding_errors"): ("replace", "strict"),
+    ("data", "balance"): ("tokens", "paragraphs"),
     ("model", "cell"): ("lstm", "rnn", "ffnn"),
     ("model", "init"): ("uniform", "normal"),
     ("model", "biases"): ("one", "two"),
@@ -511,9 +513,14 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> Config:
     return from_dict(apply_overrides(d, overrides or []))
 
 
+# keys added since checkpoints were first written, and how a run whose saved configuration lacks one behaved
+SAVED_BEFORE = {("data", "balance"): "paragraphs"}
+
+
 def from_json(text: str) -> Config:
     """A configuration saved as JSON (a checkpoint's): ConfigError for anything but a table of sections,
-    each a table of keys (ValueError for text that is not JSON)."""
+    each a table of keys (ValueError for text that is not JSON). A key of :data:`SAVED_BEFORE` that a saved
+    section lacks takes the value the run that saved it ran under, not today's default."""
     try:
         d = json.loads(text)
     except RecursionError:
@@ -522,6 +529,9 @@ def from_json(text: str) -> Config:
         raise ConfigError(f"config.json is not a configuration's JSON ({str(e).split(':')[0]})") from None
     if not isinstance(d, dict) or not all(isinstance(v, dict) for v in d.values()):
         raise ConfigError("the configuration is not a table of sections, each a table of keys")
+    for (section, key), was in SAVED_BEFORE.items():
+        if section in d:
+            d[section].setdefault(key, was)
     return from_dict(d)
 
 

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import math
 import os
 import pathlib
@@ -22,6 +23,18 @@ def test_defaults_and_overrides(tmp_path):
     assert c.optim.nesterov is True and c.optim.lr == 0.5 and isinstance(c.optim.lr, float)
     assert c.data.train == "a b.txt"
     assert config.from_json(c.to_json()) == c
+
+
+def test_a_saved_configuration_without_a_later_key_runs_as_it_did():
+    """data.balance came after checkpoints did: a saved configuration without it split its partitions by
+    paragraph count, and a resume must read it so (today's default, tokens, would split another text)."""
+    c = config.load()
+    assert c.data.balance == "tokens" and config.from_json(c.to_json()) == c
+    old = json.loads(c.to_json())
+    del old["data"]["balance"]
+    assert config.from_json(json.dumps(old)) == config.replace(c, "data", balance="paragraphs")
+    with pytest.raises(ConfigError, match=r"data.balance = 'count': expected one of"):
+        config.load(None, ["data.balance=count"])
 
 
 @pytest.mark.parametrize("text,overrides,msg", [
@@ -106,7 +119,7 @@ def test_frozen():
             section.seed = 3
     assert config.replace(c, "model", hidden=7).model.hidden == 7 and c.model.hidden == 128
     lines = c.to_json().splitlines()                     # config.json: sorted, two spaces deep
-    assert lines[:3] == ["{", '  "data": {', '    "encoding_errors": "replace",']
+    assert lines[:3] == ["{", '  "data": {', '    "balance": "tokens",']
 
 
 def _numeric_keys(kind):

@@ -511,7 +511,7 @@ def test_init_from_starts_a_new_run_from_the_checkpoints_weights_and_vocabulary_
     dry_run(spark, cfg_of(*one, "train.seed=1234"), log=said.append, init=init)
     assert [x for x in said if x.startswith("vocab ")] == [f"vocab 50 | params {tr.params.size:,} "
                                                            f"({tr.params.size * 4 / 1e6:.2f} MB as float32) | "
-                                                           f"train tokens {data.tokens:,}"]
+                                                           f"train tokens {data.tokens:,} ({data.spread()})"]
     assert [m["round"] for m in metrics(tmp_path / "sync")] == [1, 2]
     assert "initialised from init (round 0 of its run; its vocabulary of 50 tokens; optimizer state fresh)" in logs
     info = json.loads((tmp_path / "sync" / "run.json").read_text())
@@ -596,4 +596,5 @@ def test_a_resume_onto_a_corpus_that_changed_is_refused_and_onto_the_same_text_g
     shutil.copy(HARBOUR_VALID, held)
     assert train(out, *sets, "train.rounds=4", resume=True) == 0
     assert json.loads((out / "run.json").read_text())["corpus"] == corpus == {
-        "tokens": 6092, "digest": digest, "test": {"tokens": n, "digest": corpus["test"]["digest"]}}
+        "tokens": 6092, "digest": digest, "balance": "tokens",
+        "test": {"tokens": n, "digest": corpus["test"]["digest"]}}

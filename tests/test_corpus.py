@@ -58,15 +58,55 @@ def test_a_byte_order_mark_is_no_token_to_either_trainer(spark, tmp_path):
 def test_contiguous_partitions_keep_order(spark):
     sc = spark.sparkContext
     paras = sc.parallelize([f"p{i}" for i in range(23)], 5)
-    parts = corpus.contiguous_partitions(paras, 3).glom().collect()
-    assert len(parts) == 3 and sum(parts, []) == [f"p{i}" for i in range(23)]
+    rdd, balance = corpus.contiguous_partitions(paras, 3)
+    parts = rdd.glom().collect()
+    assert balance == "paragraphs" and len(parts) == 3 and sum(parts, []) == [f"p{i}" for i in range(23)]
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def _lengths(n_paras: int, seed: int) -> list:
+    """Paragraphs of 1 to 400 characters, long and short ones in runs (as a play's speeches come)."""
+    rng = np.random.default_rng(seed)
+    return [int(rng.integers(1, 40)) if (i // 7) % 2 else int(rng.integers(100, 400)) for i in range(n_paras)]
+
+
+def test_contiguous_partitions_balance_tokens(spark):
+    """Each partition within one paragraph of its share of the tokens, order kept, where a split by
+    paragraph count leaves the largest partition several times the smallest's tokens."""
+    sc = spark.sparkContext
+    texts = [chr(97 + i % 26) * w for i, w in enumerate(_lengths(120, 0))]
+    n, total, longest = 6, sum(map(len, texts)), max(map(len, texts))
+    rdd, balance = corpus.contiguous_partitions(sc.parallelize(texts, 4), n, level="char")
+    parts = rdd.glom().collect()
+    sizes = [sum(map(len, p)) for p in parts]
+    assert balance == "tokens" and len(parts) == n and sum(parts, []) == texts
+    assert all(abs(s - total / n) <= longest for s in sizes), sizes    # half a paragraph at either end
+    by_count = [sum(map(len, p)) for p in corpus.contiguous_partitions(sc.parallelize(texts, 4), n)[0].glom().collect()]
+    assert max(by_count) > 1.5 * min(by_count), by_count       # what the token split mends
+    words = [" ".join(["w"] * w) + "\n" for w in _lengths(60, 1)] + [" \n"]    # the last holds no word
+    parts = corpus.contiguous_partitions(sc.parallelize(words, 3), 4, level="word")[0].glom().collect()
+    assert sum(parts, []) == words and parts[-1][-1] == " \n"
+    sizes = [sum(len(p.split()) + 1 for p in part) for part in parts]
+    assert max(sizes) - min(sizes) <= 2 * max(_lengths(60, 1)) + 2, sizes
+
+
+def test_contiguous_partitions_by_count_where_a_paragraph_outweighs_a_share(spark):
+    """A paragraph longer than a partition's share of the tokens could leave a partition empty: the
+    split is then by paragraph count, and every partition holds text."""
+    sc = spark.sparkContext
+    texts = ["a", "b", "c" * 50, "d", "e", "f", "g", "h"]       # 57 characters, 3 partitions: 19 each
+    rdd, balance = corpus.contiguous_partitions(sc.parallelize(texts, 2), 3, level="char")
+    parts = rdd.glom().collect()
+    assert balance == "paragraphs" and parts == [texts[:3], texts[3:6], texts[6:]]
+    rdd, balance = corpus.contiguous_partitions(sc.parallelize(texts, 2), 2, level="char", shrink=True)
+    assert balance == "paragraphs" and len(rdd.glom().collect()) == 2      # 50 > 57 / 2 too
+    assert corpus.contiguous_partitions(sc.parallelize(texts, 2), 1, level="char")[1] == "tokens"
 
 
 def test_encoded_partitions(spark):
     sc = spark.sparkContext
     vocab = Vocab.build("abc\n", "char")
-    paras = corpus.contiguous_partitions(sc.parallelize(["ab\n", "cab\n", "zz\n"], 2), 2)
+    paras, _ = corpus.contiguous_partitions(sc.parallelize(["ab\n", "cab\n", "zz\n"], 2), 2)
     recs = corpus.encode_partitions(paras, sc.broadcast(vocab)).collect()
     tokens = np.concatenate([r[1] for r in recs])
     assert vocab.decode(tokens) == "ab\ncab\n" + vocab.tokens[vocab.unk_id] * 2 + "\n"

@@ -46,14 +46,26 @@ def build_vocab(paras, level: str, max_size: int = 0, min_count: int = 1, name: 
     return Vocab.from_counts(dict(top), level, max_size, min_count, total=total)
 
 
-def contiguous_partitions(paras, n: int, shrink: bool = False, name: str = "the corpus"):
-    """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept.
+def contiguous_partitions(paras, n: int, shrink: bool = False, name: str = "the corpus",
+                          level: str | None = None) -> tuple:
+    """Re-partition ``paras`` into ``n`` partitions of consecutive paragraphs, order kept: balanced by their
+    tokens of ``level`` (each paragraph goes to the partition its middle token falls in), or with no ``level``
+    by paragraph count. Rounds move every partition the same number of steps, so a partition of fewer tokens
+    would train its positions more often than the others in an epoch. Where a paragraph is longer than a
+    partition's share of the tokens, which could leave a partition with none, the split is by paragraph count.
 
     With ``shrink`` a corpus of fewer than ``n`` paragraphs gets one partition each; ``name`` names
-    the text in the error that it is empty.
+    the text in the error that it is empty. Returns the RDD and what it is balanced by: ``"tokens"`` or
+    ``"paragraphs"``.
     """
-    counts = paras.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
-    total = sum(counts)
+    def summary(it):                    # paragraphs, tokens, the longest paragraph's tokens
+        count = tokens = longest = 0
+        for p in it:
+            w = len(tokenize(p, level)) if level else 1
+            count, tokens, longest = count + 1, tokens + w, max(longest, w)
+        yield count, tokens, longest
+    rows = paras.mapPartitions(summary).collect()
+    total = sum(r[0] for r in rows)
     if total == 0:
         raise CorpusError(f"{name} is empty")
     if total < n and shrink:
@@ -61,11 +73,26 @@ def contiguous_partitions(paras, n: int, shrink: bool = False, name: str = "the 
     elif total < n:
         raise CorpusError(f"{name}: {total:,} paragraph{'s' if total > 1 else ''}, fewer than data.partitions = "
                           f"{n} (data.paragraphs = \"line\" splits at every line)")
-    return (paras.zipWithIndex()
-            .map(lambda pi: (pi[1] * n // total, (pi[1], pi[0])))
-            .partitionBy(n, lambda k: k)
-            .mapPartitions(lambda it: [p for _, (_, p) in sorted(it, key=lambda kv: kv[1][0])],
-                           preservesPartitioning=True))
+    weight = sum(r[1] for r in rows)
+    by_tokens = level is not None and 0 < max(r[2] for r in rows) * n <= weight
+    firsts = np.cumsum([0] + [r[0] for r in rows]).tolist()    # each input partition's first paragraph
+    starts = np.cumsum([0] + [r[1] for r in rows]).tolist()    # and its first token
+
+    def keyed(j, it):
+        i, s = firsts[j], starts[j]
+        for p in it:
+            if by_tokens:
+                w = len(tokenize(p, level))
+                yield min(n - 1, (2 * s + w) * n // (2 * weight)), (i, p)
+                s += w
+            else:
+                yield i * n // total, (i, p)
+            i += 1
+    rdd = (paras.mapPartitionsWithIndex(keyed)
+           .partitionBy(n, lambda k: k)
+           .mapPartitions(lambda it: [p for _, (_, p) in sorted(it, key=lambda kv: kv[1][0])],
+                          preservesPartitioning=True))
+    return rdd, "tokens" if by_tokens else "paragraphs"
 
 
 def encode_partitions(paras, bc_vocab):
@@ -126,12 +153,20 @@ class Corpus:
     broadcasts: tuple = ()   # the vocabulary's, which the RDDs read again if a cached partition is lost
     digest: str | None = None   # of the partitions' tokens and paragraph starts, in order: what a resume trains on
     held_out_digests: dict = field(default_factory=dict)    # "valid", "test" -> its streams' digest, likewise
+    balance: str = ""        # what the partitions are balanced by (contiguous_partitions): "tokens", "paragraphs"
+    partition_tokens: tuple = ()    # each partition's training tokens, in order
+
+    def spread(self) -> str:
+        """The partitions' training tokens, least to most, and what they are balanced by."""
+        least, most = min(self.partition_tokens), max(self.partition_tokens)
+        return f"{least:,} to {most:,} a partition, balanced by {self.balance}"
 
     def record(self) -> dict:
         """What ``run.json`` says this run reads, for a resume to check (:meth:`rnnlm.spark.rundir.RunDir.write_info`):
-        the training text's tokens and digest, and under ``valid`` and ``test`` the held-out texts' (their
-        scores pick the best checkpoint and step a plateau schedule)."""
-        out = {"tokens": self.tokens, "digest": self.digest}
+        the training text's tokens, digest and what its partitions are balanced by, and under ``valid`` and
+        ``test`` the held-out texts' tokens and digest (their scores pick the best checkpoint and step a plateau
+        schedule)."""
+        out = {"tokens": self.tokens, "digest": self.digest, "balance": self.balance}
         for name, tokens in self.held_out_tokens.items():
             out[name] = {"tokens": tokens, "digest": self.held_out_digests[name]}
         return out
@@ -159,7 +194,13 @@ def load_held_out(sc, cfg: config.Config, path: str, bc_vocab, what: str | None 
     d = cfg.data
     hp = paragraphs(sc, path, d.paragraphs, d.level, d.eval_streams, d.max_record_mb, what)
     _check_decodable(hp, path, d, what or path)
-    return encode_partitions(contiguous_partitions(hp, d.eval_streams, shrink=True, name=path), bc_vocab).persist()
+    streams, _ = contiguous_partitions(hp, d.eval_streams, shrink=True, name=path, level=_balanced_by(d))
+    return encode_partitions(streams, bc_vocab).persist()
+
+
+def _balanced_by(d: config.DataConfig) -> str | None:
+    """:func:`contiguous_partitions`' ``level`` under ``data.balance``."""
+    return d.level if d.balance == "tokens" else None
 
 
 def _check_decodable(paras, path: str, d: config.DataConfig, what: str) -> None:
@@ -194,7 +235,8 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
         vocab = build_vocab(paras, d.level, d.vocab_size, d.min_count, name=d.train)
     bc_vocab = sc.broadcast(vocab)
     phase(f"encoding and caching {d.partitions} partitions")
-    enc = encode_partitions(contiguous_partitions(paras, d.partitions, name=d.train), bc_vocab)
+    parts, balance = contiguous_partitions(paras, d.partitions, name=d.train, level=_balanced_by(d))
+    enc = encode_partitions(parts, bc_vocab)
     enc = enc.persist()
     held_out, counts, digests = {}, {}, {}
     try:
@@ -215,7 +257,8 @@ def load_corpus(sc, cfg: config.Config, vocab=None, status=None) -> Corpus:
     sc.setJobDescription(None)
     return Corpus(vocab, enc, held_out.get("valid"), held_out.get("test"), sum(p[1] for p in probe),
                   _scored(probe), counts, {p[0]: p[5] for p in probe}, round_keys(cfg), (bc_vocab,),
-                  _joined([(p[0], p[6]) for p in probe]), digests)
+                  _joined([(p[0], p[6]) for p in probe]), digests, balance,
+                  tuple(p[1] for p in sorted(probe, key=lambda p: p[0])))
 
 
 def _joined(rows: list) -> str:

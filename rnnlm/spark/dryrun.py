@@ -126,7 +126,7 @@ def dry_run(spark, cfg: config.Config, log=print, bandwidth: str | None = None, 
     P = cfg.data.partitions
     log(cfg.to_json())
     log(f"vocab {len(data.vocab):,} | params {layout.size:,} ({est['model'] / 1e6:.2f} MB as float32) | "
-        f"train tokens {data.tokens:,}")
+        f"train tokens {data.tokens:,} ({data.spread()})")
     t = cfg.train
     if t.global_batch or t.max_streams:
         key = "global_batch" if t.global_batch else "max_streams"
