@@ -104,6 +104,10 @@ class TrainConfig:
     eager: bool = False            # with overlap: a partition starts from its own share of the late mean (Kale et al.)
     mode: str = "sync"             # sync: all-reduce rounds | async: a parameter server on the driver
     push_every: int = 20           # async: local steps between a worker's pushes (a push window)
+    # sync: a task that has run this many times as long as the slowest task its stage finished (and at least
+    # stall_s) is killed, and Spark runs it again (0 = never; async: server.stall_factor)
+    stall_factor: float = 10.0
+    stall_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,8 @@ RANGES = {
     ("train", "rebase_fraction"): (0, 16, "(]"),
     ("train", "overlap"): (0, 1, "[]"),
     ("train", "push_every"): (1, 1_000_000, "[]"),
+    ("train", "stall_factor"): (0, 1_000_000, "[]"),
+    ("train", "stall_s"): (0, 1_000_000, "(]"),
     ("server", "lr"): (0, _INF, "()"),
     ("server", "eps"): (0, 1, "(]"),
     ("server", "port"): (0, 65_535, "[]"),
@@ -592,6 +598,9 @@ def validate(cfg: Config) -> None:
         (t.mode == "sync" or o.schedule != "plateau",
          "train.mode = 'async' has no rounds to decay on a plateau: use optim.schedule = constant or epoch_decay"),
         (sv.heartbeat_s < sv.timeout_s, "server: need heartbeat_s < timeout_s"),
+        (t.stall_factor == 0 or t.stall_factor >= 1,
+         "train: stall_factor is 0 (no stall watch) or at least 1 (below, a task no slower than its stage's "
+         "slowest would count as stuck)"),
         (sv.stall_factor == 0 or sv.stall_factor >= 1,
          "server: stall_factor is 0 (no stall watch) or at least 1 (below, a window no slower than the slowest "
          "seen would count as a stall)"),

@@ -28,6 +28,7 @@ from .broadcasts import DeltaBroadcast, ParamsBroadcast
 from .lineage import Lineage, held_bytes, recomputed
 from .rundir import TrainingError
 from .session import bind_host, broadcast_bytes, release, run_in_jvm
+from .stall import StallWatch
 
 
 @dataclass
@@ -135,7 +136,7 @@ class AllReduce:
     group : str, optional
         Spark's job group of the run's jobs (cancelled by :meth:`close`).
     log : callable
-        Where the direct channel's warnings go.
+        Where the direct channel's warnings and the stall watch's kills go.
     next_checkpoint : callable, optional
         Round r -> the first round after r that checkpoints by count (an evaluation, ``checkpoint_every``,
         the last): a lineage cut due soon before it waits for it.
@@ -151,7 +152,7 @@ class AllReduce:
         self.next_checkpoint = next_checkpoint
         self.overlap = overlapped(t)
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
-        self.lineage = self.broadcasts = self.channel = self.pool = None
+        self.lineage = self.broadcasts = self.channel = self.pool = self.watch = None
         self.next = None                    # the next round's job, defined a round ahead (overlap)
         self.flight = []                    # submitted, not waited for
         try:
@@ -168,6 +169,7 @@ class AllReduce:
             if t.results == "direct":
                 self.channel = _channel(sc, cfg, model, log)
             self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
+            self.watch = StallWatch(sc, group, t.stall_factor, t.stall_s, log) if t.stall_factor else None
         except BaseException:
             self.close()
             raise
@@ -202,11 +204,13 @@ class AllReduce:
     def wait(self, job: Job) -> Aggregate:
         """``job``'s merged aggregate (its own broadcasts released, unless the lineage reads them), the
         bytes its tasks' seed fetches moved counted: to the driver in its ``wire_bytes``, from it in
-        ``job.fetched``. A wait interrupted (a second Ctrl-C) leaves the job running and in flight, for
-        :meth:`close` to cancel before its broadcasts go."""
+        ``job.fetched``; a task stuck meanwhile is killed and run again (:class:`StallWatch`). A wait
+        interrupted (a second Ctrl-C) leaves the job running and in flight, for :meth:`close` to cancel
+        before its broadcasts go."""
         ok = False
         try:
-            agg, ok = job.future.result(), True
+            agg = self.watch.wait(job.future, f"round {job.round}") if self.watch else job.future.result()
+            ok = True
             if self.lineage is not None:
                 job.fetched, received = self.lineage.take_served()
                 agg.wire_bytes += received

@@ -200,6 +200,12 @@ def jvm(sc):
     return sc._jvm
 
 
+def scala_context(sc):
+    """The JVM's ``SparkContext`` (a py4j object): private, and PySpark has no face for its status store's
+    tasks or ``killTaskAttempt``."""
+    return sc._jsc.sc()
+
+
 def hadoop_conf(sc):
     """The context's Hadoop ``Configuration`` (a py4j object): private, PySpark exposes none."""
     return sc._jsc.hadoopConfiguration()

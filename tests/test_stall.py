@@ -1,0 +1,127 @@
+"""The synchronous trainer's stall watch (rnnlm.spark.stall): a task blocked inside its training held its
+round, and so the run, for ever; now it is killed and Spark runs it again, and the run's numbers stay
+as they were."""
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from rnnlm import config
+from rnnlm.cli import make_trainer
+from rnnlm.core import checkpoint
+from rnnlm.spark.rundir import TrainingError
+from rnnlm.spark.stall import MOST_KILLS, StallWatch
+from conftest import CLUSTER_RUN, ROOT, executor_hook, train_cmd
+
+
+def _job(sc, group: str, sleeps):
+    """A job of two partitions in ``group``, run from a thread of its own: partition 1 sleeps
+    ``sleeps(attempt)`` seconds first. Its future-like thread and result list."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def task(it):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 1:
+            time.sleep(sleeps(ctx.attemptNumber()))
+        return [(ctx.partitionId(), ctx.attemptNumber(), sum(it))]
+
+    def run():
+        sc.setJobGroup(group, group)
+        return sc.parallelize(range(10), 2).mapPartitions(task).collect()
+    pool = ThreadPoolExecutor(1)
+    return pool, pool.submit(run)
+
+
+def test_a_stuck_task_is_killed_and_run_again(spark):
+    sc, said = spark.sparkContext, []
+    pool, future = _job(sc, "stall-once", lambda attempt: 600 if attempt == 0 else 0)
+    watch = StallWatch(sc, "stall-once", factor=10, least_s=2, log=said.append)
+    start = time.monotonic()
+    assert watch.wait(future, "round 3") == [(0, 0, 10), (1, 1, 35)]    # its second attempt's
+    assert time.monotonic() - start < 60
+    pool.shutdown()
+    assert len(said) == 1 and re.fullmatch(
+        r"round 3: task 1 of stage \d+ \(.*\) has run [\d.]+ s, over train.stall_factor = 10 times its stage's "
+        r"slowest finished task \([\d.]+ s\) and train.stall_s = 2: stuck, killed, and Spark runs it again "
+        rf"\(kill 1 of at most {MOST_KILLS}\)", said[0]), said
+
+
+def test_a_task_stuck_every_time_stops_the_run_in_one_line(spark):
+    sc, said = spark.sparkContext, []
+    pool, future = _job(sc, "stall-always", lambda attempt: 600)
+    watch = StallWatch(sc, "stall-always", factor=10, least_s=1, log=said.append)
+    try:
+        with pytest.raises(TrainingError, match=rf"^round 5: task 1 of stage \d+ .* after {MOST_KILLS} attempts "
+                                                r"killed so: stuck every time \(a run slower"):
+            watch.wait(future, "round 5")
+    finally:
+        sc.cancelJobGroup("stall-always")
+        pool.shutdown()
+    assert len(said) == MOST_KILLS
+
+
+def test_a_slow_task_within_the_limit_and_a_stage_with_none_finished_are_left_alone(spark):
+    """Nothing to measure against (no task of the stage finished) is no stall; nor is a task slower than
+    the others but within stall_factor times the slowest finished one."""
+    sc, said = spark.sparkContext, []
+    pool, future = _job(sc, "stall-slow", lambda attempt: 3)
+    assert StallWatch(sc, "stall-slow", factor=1000, least_s=1, log=said.append).wait(future, "r") == [
+        (0, 0, 10), (1, 0, 35)]
+    pool.shutdown()
+
+    def one(it):
+        time.sleep(3)
+        return [sum(it)]
+    got = []
+    thread = threading.Thread(target=lambda: (sc.setJobGroup("stall-one", "one"),
+                                              got.append(sc.parallelize(range(4), 1).mapPartitions(one).collect())))
+    thread.start()
+    watch = StallWatch(sc, "stall-one", factor=1, least_s=0.5, log=said.append)
+    while thread.is_alive():
+        watch.check("r")
+        time.sleep(0.2)
+    assert got == [[6]] and said == []
+
+
+# test-only: partition 1's first attempt of round 3 blocks for ever, as a read that never returns would
+BLOCKED = '''def wrap(train):
+    def blocked(*args, **kw):
+        if args[8] == 3 and args[9] == 1:             # round 3 of partition 1
+            try:
+                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass                                  # a retried attempt trains on
+            else:
+                threading.Event().wait()
+        return train(*args, **kw)
+    return blocked
+'''
+
+
+@pytest.mark.parametrize("path", [[], ["train.results=direct"], ["train.overlap=1", "train.optim_state=local"]],
+                         ids=["treeAggregate", "direct", "lineage"])
+def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spark, tmp_path, path):
+    """On local[2], where Spark allows a task no retry and never speculates, the run hung at round 3; now
+    the blocked task is killed and run again, and the run ends with the weights of a run never blocked,
+    bit for bit, on each of the three paths a round's results take."""
+    sets = [*CLUSTER_RUN, "train.rounds=5", "train.stall_s=1", *path]
+    env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
+               **executor_hook(tmp_path / "hook", BLOCKED))
+    out = tmp_path / "out"
+    r = subprocess.run(train_cmd(out, *sets, master="local[2]"), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert (tmp_path / "blocked").exists()                  # the first attempt did block
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = r.stdout + r.stderr
+    assert len(re.findall(r"round 3: task 1 of stage \d+ .* stuck, killed, and Spark runs it again", said)) == 1, \
+        said[-3000:]
+    cfg = config.load(os.path.join(ROOT, "conf", "demo.toml"), sets)
+    ref = make_trainer(spark, cfg, str(tmp_path / "ref"), log=lambda *_: None)
+    ref.run()
+    np.testing.assert_array_equal(checkpoint.load(str(out / "checkpoint")).params, ref.params)
