@@ -110,19 +110,23 @@ def test_evaluate_needs_only_the_checkpoint_and_agrees_with_the_training_log(tmp
     assert samples[0].returncode == 0 and samples[0].stdout == samples[1].stdout and len(samples[0].stdout) > 30
 
 
-def signalled_after_three_rounds(out, sig, *items, args=()):
-    """Train into ``out``, send ``sig`` once three rounds are written; (exit code, stdout, stderr)."""
+def signalled_after_three_rounds(out, sig, *items, args=(), group: bool = False):
+    """Train into ``out``, send ``sig`` once three rounds are written (``group``: to the command's process
+    group, as ``timeout`` and schedulers do); (exit code, stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
                              "--samples", "0", *args, *sets(*items)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"), start_new_session=group)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
             if (out / "metrics.jsonl").exists() and len(open(out / "metrics.jsonl").readlines()) >= 3:
                 break
             time.sleep(0.05)
-        proc.send_signal(sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         log, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -195,6 +199,48 @@ def test_sigterm_checkpoints_and_resume_equals_an_uninterrupted_run(tmp_path, mo
     assert logged.info.status == "FINISHED" and steps == set(range(1, 41)), (logged, steps)
     info = json.loads((out / "run.json").read_text())       # one record: the first start, then the resume
     assert len(info["resumed"]) == 1 and info["started"] <= info["resumed"][0]
+
+
+def test_sigterm_to_the_process_group_still_stops_after_the_round_with_a_checkpoint(tmp_path):
+    """``timeout`` and schedulers signal the command's whole process group: Spark's JVM and its Python workers
+    died with it, the round failed, and the run ended with no checkpoint of its last rounds (and PySpark's
+    accumulator server printed an EOFError's traceback). The JVM now has a session of its own, so the stop is
+    the same as for a SIGTERM to the command alone."""
+    out = tmp_path / "run"
+    rc, log, err = signalled_after_three_rounds(out, signal.SIGTERM, "train.rounds=400", "data.valid=", group=True)
+    assert rc == 143, err[-2000:]
+    assert "SIGTERM: stopping after this round with a checkpoint (SIGTERM again to stop now)" in log
+    assert "Traceback" not in err and "ERROR" not in err and "Exception" not in err, err[-3000:]
+    done = [m["round"] for m in metrics(out)]
+    assert [x for x in err.strip().splitlines() if x.startswith("error: ")] == [
+        f"error: interrupted after round {done[-1]}; its checkpoint is in {out}/checkpoint (--resume continues)"], err
+    assert 3 <= checkpoint.load(str(out)).position["round"] == done[-1] < 400
+
+
+def test_spark_jvm_killed_under_a_run_ends_it_in_one_line(tmp_path):
+    """Spark's JVM killed (the OOM killer, a crash): every call into it failed, the clean-up's too, and the
+    run ended in six chained tracebacks after PySpark's own EOFError; now one line says what ended it."""
+    from rnnlm.cli.signals import children
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", "conf/demo.toml", "--out", str(out),
+                             "--samples", "0", *sets("train.rounds=400", "data.valid=")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and
+                                              len(open(out / "metrics.jsonl").readlines()) >= 3):
+            time.sleep(0.05)
+        (jvm,) = children(proc.pid)
+        os.kill(jvm, signal.SIGKILL)
+        log, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err[-3000:]
+    assert "Traceback" not in err and "Exception" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("error: Spark's JVM ended under this command (killed, or out of memory: "
+                                            "the system's log says which); a run's --resume continues from its "
+                                            "last checkpoint"), err[-3000:]
 
 
 def _mb(pattern, text):

@@ -62,16 +62,33 @@ def raw(server):
     return s
 
 
+def _recv(sock, n: int) -> bytes:
+    chunk = sock.recv(n)
+    if not chunk:                                            # (a closed socket's recv returns b"" at once: spun)
+        raise EOFError("the server closed the connection before a whole frame")
+    return chunk
+
+
 def read_frame(sock):
     """One frame's bytes, read without checking anything, and its header."""
     prefix = b""
     while len(prefix) < 16:
-        prefix += sock.recv(16 - len(prefix))
+        prefix += _recv(sock, 16 - len(prefix))
     hlen, blen = struct.unpack(">IQ", prefix[4:])
     rest = b""
     while len(rest) < hlen + blen + 32:
-        rest += sock.recv(hlen + blen + 32 - len(rest))
+        rest += _recv(sock, hlen + blen + 32 - len(rest))
     return prefix + rest, json.loads(rest[:hlen])
+
+
+def closed_after_at_most_a_hello(sock) -> None:
+    """``sock`` closed by the server: after the server's hello, or at once where it was evicted before its
+    thread sent one (under load; this waited for the hello, and spun on the closed socket)."""
+    try:
+        assert read_frame(sock)[1]["kind"] == "hello"
+    except EOFError:
+        return
+    assert sock.recv(1) == b""
 
 
 def frame(key, direction, header, body=b""):
@@ -430,9 +447,8 @@ def test_idle_peers_hold_at_most_the_pending_slots_and_the_oldest_make_room(secr
         wait_for(lambda: server.connections == 70 and server.refused.get("pending") == 6 and len(logs) == 5)
         wait_for(lambda: threading.active_count() <= base + 64)
         assert server.refused == {"pending": 6} and all("pending" in x for x in logs), logs
-        for s in peers[:6]:                                  # the oldest six were closed after the server's hello
-            read_frame(s)
-            assert s.recv(1) == b""
+        for s in peers[:6]:                                  # the oldest six were closed
+            closed_after_at_most_a_hello(s)
         assert serves(server, secret)
         wait_for(lambda: server.refused == {"pending": 7})                    # its connection made room too
     finally:
@@ -450,8 +466,7 @@ def test_a_client_with_the_secret_gets_in_while_idle_peers_fill_the_pending_slot
         conn = wire.connect(*server.address, secret, MAX_FRAME, timeout=2.0)
         conn.send("echo", {"n": 1})
         assert conn.recv()[1] == {"n": 1}
-        read_frame(a)
-        assert a.recv(1) == b""                              # the oldest made room
+        closed_after_at_most_a_hello(a)                      # the oldest made room
         wait_for(lambda: server.refused == {"pending": 1})
         conn.close()
     finally:

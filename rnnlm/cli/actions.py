@@ -11,7 +11,7 @@ from ..spark import corpus
 from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
 from ..spark.rundir import TrainingError
-from ..spark.session import job_errors, job_failure, release
+from ..spark.session import job_errors, job_failure, jvm_ended, release
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
@@ -26,8 +26,8 @@ EXPECTED = (config.ConfigError, corpus.CorpusError, checkpoint.CheckpointError, 
 
 
 def guarded(fn) -> int:
-    """Run ``fn``; expected failures become one line on stderr and exit code 2, Ctrl-C
-    one line and exit code 130, SIGTERM one line and 143 (:mod:`.signals`)."""
+    """Run ``fn``; expected failures become one line on stderr and exit code 2, as does Spark's JVM ending
+    under it; Ctrl-C one line and exit code 130, SIGTERM one line and 143 (:mod:`.signals`)."""
     try:
         return fn() or 0
     except Interrupted as e:
@@ -37,6 +37,9 @@ def guarded(fn) -> int:
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
+        if jvm_ended():             # every call into it failed, the clean-up's too: this is what ended the command
+            return error("Spark's JVM ended under this command (killed, or out of memory: the system's log says "
+                         "which); a run's --resume continues from its last checkpoint")
         if isinstance(e, job_errors()):     # a job Spark aborted outside a round (which says its own line)
             return error(f"a Spark job failed: {job_failure(str(e))}")
         if not isinstance(e, EXPECTED):

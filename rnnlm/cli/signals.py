@@ -15,6 +15,12 @@ signal is said, held, and raised once the session exists, whose stop then says n
 where Python cannot raise (an at-fork hook, as logging's ``_releaseLock`` after Popen forks the JVM; a
 finaliser) would be printed as "Exception ignored" and lost: :func:`_unraisable` raises it again at the next
 line of Python instead.
+
+Spark's JVM starts in a session (and process group) of its own (:func:`_own_session`): a SIGTERM sent to
+this command's process group (``timeout``, ``kill -- -PGID``, a scheduler's) reached the JVM and its
+Python workers too, which died at once, so the round failed and the run ended without the checkpoint its
+stop promises. This process owns the JVM's life: the JVM ends when this process stops the session, or,
+killed outright, when its stdin closes.
 """
 from __future__ import annotations
 
@@ -51,6 +57,17 @@ def starting_jvm(up=lambda: False):
         yield
     finally:
         _starting.pop()
+
+
+def _own_session() -> None:
+    """At a fork, in the child: a JVM being launched (inside :func:`starting_jvm`) leaves this process's
+    session and process group. Python runs at-fork hooks in a ``subprocess`` child only where it is given a
+    ``preexec_fn``, as PySpark's launcher gives one (ignoring SIGINT)."""
+    if _starting:
+        os.setsid()
+
+
+os.register_at_fork(after_in_child=_own_session)
 
 
 def raise_held() -> None:

@@ -2,9 +2,11 @@
 (:func:`release`); the helpers that must use PySpark's private names (each says why)."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
+import subprocess
 import sys
 
 from .launcher import launcher_property
@@ -81,7 +83,63 @@ def get_spark(app: str = "rnnlm", master: str | None = None, conf: dict | None =
     for var in BLAS_VARS:
         if given(f"spark.executorEnv.{var}") is None:
             c.set(f"spark.executorEnv.{var}", cpus)
-    return SparkSession.builder.config(conf=c).getOrCreate()
+    spark = SparkSession.builder.config(conf=c).getOrCreate()
+    _quiet_when_the_jvm_ends(spark.sparkContext)
+    return spark
+
+
+def jvm_ended() -> bool:
+    """Whether the JVM this process launched has exited under it (killed, crashed), waiting 2 s for it
+    to: every call into it fails from then on. False where ``spark-submit`` launched it (this process is
+    its child); a command that never imported PySpark (one of the core alone, where it may not be
+    installed) started none."""
+    context = getattr(sys.modules.get("pyspark"), "SparkContext", None)
+    return _exited(getattr(getattr(context, "_gateway", None), "proc", None))
+
+
+def _exited(proc) -> bool:
+    """Whether ``proc`` (PySpark's JVM: ``SparkContext._gateway.proc``, private) has exited, waiting 2 s for
+    it to: a JVM killed closes its sockets before it can be reaped, so a call refused comes first."""
+    if proc is None:
+        return False
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+class _QuietWhenTheJvmEnded(logging.Filter):
+    """py4j logs each call the JVM's end cut short (``Exception while sending command.``, with its traceback,
+    on the root logger, which it sets up to print): once the JVM has ended, the end is said in one line where
+    the command ends (:func:`jvm_ended`), so these go."""
+
+    def __init__(self, proc):
+        super().__init__()
+        self.proc = proc
+
+    def filter(self, record) -> bool:
+        return not (record.getMessage() == "Exception while sending command." and _exited(self.proc))
+
+
+def _quiet_when_the_jvm_ends(sc) -> None:
+    """No traceback when the JVM ends under this process: not py4j's (:class:`_QuietWhenTheJvmEnded`), nor
+    PySpark's accumulator server's (a thread, ``sc._accumulatorServer``: private), which prints one (an
+    EOFError) when the JVM's connection to it ends mid-message, unless the JVM lives on."""
+    from pyspark import SparkContext
+    server, proc = getattr(sc, "_accumulatorServer", None), getattr(SparkContext._gateway, "proc", None)
+    if server is None or proc is None or getattr(server, "rnnlm_quiet", False):
+        return
+    said = server.handle_error
+
+    def handle_error(request, address):
+        if not _exited(proc):
+            said(request, address)
+    server.handle_error, server.rnnlm_quiet = handle_error, True
+    root = logging.getLogger()
+    for f in [f for f in root.filters if isinstance(f, _QuietWhenTheJvmEnded)]:
+        root.removeFilter(f)            # a session's JVM before this one
+    root.addFilter(_QuietWhenTheJvmEnded(proc))
 
 
 def _spark_default_logging() -> bool:
