@@ -37,14 +37,14 @@ def guarded(fn) -> int:
     except Exception as e:
         if (stop := signals.stopped()) is not None:      # a failure of the clean-up a signal began
             return signals.report(stop)
+        if isinstance(e, job_errors()):     # a job Spark aborted outside a round (which says its own line)
+            return error(f"a Spark job failed: {job_failure(str(e))}")
+        if isinstance(e, EXPECTED):
+            return error(e)
         if jvm_ended():             # every call into it failed, the clean-up's too: this is what ended the command
             return error("Spark's JVM ended under this command (killed, or out of memory: the system's log says "
                          "which); a run's --resume continues from its last checkpoint")
-        if isinstance(e, job_errors()):     # a job Spark aborted outside a round (which says its own line)
-            return error(f"a Spark job failed: {job_failure(str(e))}")
-        if not isinstance(e, EXPECTED):
-            raise
-        return error(e)
+        raise
 
 
 def make_trainer(spark, cfg, out: str, log=print, progress=None, fs=None, sinks=()):

@@ -23,7 +23,7 @@ from .rundir import TrainingError
 from .session import scala_context
 
 MOST_KILLS = 3      # attempts of one task killed as stuck before the run stops
-POLL_S = 1.0        # how often a round's running tasks are looked at while the driver waits
+POLL_S = 1.0        # how often, at least, a round's running tasks are looked at while the driver waits
 
 
 class StallWatch:
@@ -37,9 +37,9 @@ class StallWatch:
         self.job_id, self.since_ms = None, 0.0  # the job watched, and since when (ms since the epoch)
 
     def wait(self, future, what: str):
-        """``future``'s result, the running tasks looked at every :data:`POLL_S` until it has one
-        (``what``: the round, for the messages)."""
-        while not wait_all([future], timeout=POLL_S).done:
+        """``future``'s result, the running tasks looked at every :data:`POLL_S` (or a twentieth of
+        ``least_s``, if longer) until it has one (``what``: the round, for the messages)."""
+        while not wait_all([future], timeout=max(POLL_S, self.least_s / 20)).done:
             self.check(what)
         return future.result()
 
@@ -56,6 +56,8 @@ class StallWatch:
         job = min(jobs, key=lambda j: j.jobId)
         if job.jobId != self.job_id:
             self.job_id, self.since_ms = job.jobId, time.time() * 1000
+        if time.time() * 1000 - self.since_ms <= 1000 * self.least_s:
+            return                  # no task of it can have run longer yet: a round's tasks are not listed
         for stage_id in job.stageIds:
             stage = tracker.getStageInfo(stage_id)
             if stage is not None and stage.numActiveTasks and stage.numCompletedTasks:
