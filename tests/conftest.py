@@ -71,6 +71,29 @@ def executor_hook(directory, wrap: str) -> dict:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
 
 
+# test-only: partition 1's first attempt of round 3 (an async run's window 2) blocks for ever, as a read that never
+# returns would (an async worker's heartbeats' thread goes on); a retried attempt trains on
+BLOCKED = '''def wrap(train):
+    def blocked(*args, **kw):
+        if args[8] == 3 and args[9] == 1:             # round 3 of partition 1
+            try:
+                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass                                  # a retried attempt trains on
+            else:
+                threading.Event().wait()
+        return train(*args, **kw)
+    return blocked
+'''
+
+
+def blocked_at_round_3(tmp_path) -> dict:
+    """The environment of a run whose executors block as :data:`BLOCKED` says (``tmp_path/blocked`` marks the
+    first attempt blocked)."""
+    return dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
+                **executor_hook(tmp_path / "hook", BLOCKED))
+
+
 def tensorboard_scalars(directory) -> dict:
     """``{tag: [(step, value)]}`` of every event file in ``directory``, as TensorBoard's own reader reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -1,9 +1,7 @@
 """Asynchronous training through Spark: the parameter server on the driver, one long task per partition."""
 import json
-import os
 import re
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ from rnnlm.cli.checks import finished_run
 from rnnlm.core import checkpoint
 from rnnlm.spark.async_trainer import AsyncTrainer, window_lrs
 from rnnlm.spark.rundir import TrainingError
-from conftest import CLUSTER_RUN, ROOT, executor_hook, metrics, train_cmd, wait_for
+from conftest import CLUSTER_RUN, ROOT, blocked_at_round_3, metrics, train_cmd, wait_for
 
 BASE = ["data.train=rnnlm/data/harbour.txt", "data.level=char", "model.cell=lstm", "model.hidden=16",
         "optim.name=adam", "optim.lr=0.01", "train.bptt=8", "train.batch=4", "train.grad_norm=token",
@@ -647,30 +645,13 @@ def test_a_last_line_at_the_version_just_scored_repeats_that_score_rather_than_e
     assert [best for _, best in lines.written] == [True, False]         # best/ once
 
 
-# test-only: a partition's first attempt blocks at its third window, for ever, as a read that never returns would;
-# its heartbeats' thread goes on
-BLOCKED = '''def wrap(train):
-    def blocked(*args, **kw):
-        if args[8] == 3 and args[9] == 1:             # round 3 (window 2) of partition 1
-            try:
-                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass                                  # a retried attempt trains on
-            else:
-                threading.Event().wait()
-        return train(*args, **kw)
-    return blocked
-'''
-
-
 @pytest.mark.parametrize("master", ["local[2,2]", "local[2]"])
 def test_an_attempt_blocked_in_its_training_is_found_stuck_ended_and_retried(tmp_path, master):
     """Heartbeats proved an attempt's process alive, not that it trained: one blocked inside its training held
     its partition and the run never ended. Now the server finds it stuck (no window for stall_factor x the
     slowest, its heartbeats arriving), its worker ends, Spark retries the task (local[2,2]: two tries), and the
     run ends with every window applied once; with no retry allowed (local[2]) the run stops in one line."""
-    env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
-               **executor_hook(tmp_path / "hook", BLOCKED))
+    env = blocked_at_round_3(tmp_path)
     out = tmp_path / "out"
     r = subprocess.run(train_cmd(out, *CLUSTER_RUN, "train.mode=async", "train.push_every=4", "train.rounds=8",
                                  "server.heartbeat_s=0.2", "server.timeout_s=3", master=master),

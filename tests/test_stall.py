@@ -4,7 +4,6 @@ as they were."""
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +15,7 @@ from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.rundir import TrainingError
 from rnnlm.spark.stall import MOST_KILLS, StallWatch
-from conftest import CLUSTER_RUN, ROOT, executor_hook, train_cmd
+from conftest import CLUSTER_RUN, ROOT, blocked_at_round_3, train_cmd
 
 
 def _job(sc, group: str, sleeps):
@@ -89,21 +88,6 @@ def test_a_slow_task_within_the_limit_and_a_stage_with_none_finished_are_left_al
     assert got == [[6]] and said == []
 
 
-# test-only: partition 1's first attempt of round 3 blocks for ever, as a read that never returns would
-BLOCKED = '''def wrap(train):
-    def blocked(*args, **kw):
-        if args[8] == 3 and args[9] == 1:             # round 3 of partition 1
-            try:
-                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass                                  # a retried attempt trains on
-            else:
-                threading.Event().wait()
-        return train(*args, **kw)
-    return blocked
-'''
-
-
 @pytest.mark.parametrize("path", [[], ["train.results=direct"], ["train.overlap=1", "train.optim_state=local"]],
                          ids=["treeAggregate", "direct", "lineage"])
 def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spark, tmp_path, path):
@@ -111,8 +95,7 @@ def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spa
     the blocked task is killed and run again, and the run ends with the weights of a run never blocked,
     bit for bit, on each of the three paths a round's results take."""
     sets = [*CLUSTER_RUN, "train.rounds=5", "train.stall_s=1", *path]
-    env = dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
-               **executor_hook(tmp_path / "hook", BLOCKED))
+    env = blocked_at_round_3(tmp_path)
     out = tmp_path / "out"
     r = subprocess.run(train_cmd(out, *sets, master="local[2]"), cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=240)
