@@ -382,6 +382,18 @@ def test_a_reader_that_goes_away_or_a_full_disk_ends_generate_without_a_tracebac
     assert (r.returncode, r.stderr) == (2, "error: cannot write to standard output: No space left on device\n")
 
 
+def test_a_stream_without_a_descriptor_is_left_as_it_is(monkeypatch):
+    """A test's capture (no file descriptor to point at /dev/null) is not guarded: it stays the stream."""
+    import io
+    import sys
+    from rnnlm.cli import stdout
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", captured)
+    with stdout.guarded() as (out, _):
+        assert sys.stdout is captured and not out.active
+    assert sys.stdout is captured
+
+
 def test_text_the_terminal_cannot_encode_is_escaped_and_weights_that_overflow_are_one_line(checkpoint_dir):
     """A prime holding bytes that were not UTF-8 (surrogates) ended in UnicodeEncodeError's traceback where
     standard output encodes strictly; a model whose weights overflow on the text printed three NumPy
@@ -396,6 +408,10 @@ def test_text_the_terminal_cannot_encode_is_escaped_and_weights_that_overflow_ar
     r = subprocess.run(cmd + ["--checkpoint", checkpoint_dir, "--prime", "ab\udcff"], env=env, timeout=120,
                        capture_output=True, text=True, errors="surrogateescape")
     assert r.returncode == 0 and r.stdout.startswith("ab\\udcff"), (r.stdout, r.stderr)
+    ascii_only = dict(os.environ, PYTHONIOENCODING="ascii")          # escaped in the stream's own encoding
+    r = subprocess.run(cmd + ["--checkpoint", checkpoint_dir, "--prime", "caf\u00e9"], env=ascii_only, timeout=120,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("caf\\xe9"), (r.stdout, r.stderr)
     ck = checkpoint.load(checkpoint_dir)
     huge = os.path.join(os.path.dirname(checkpoint_dir), "huge")
     checkpoint.save(huge, dataclasses.replace(ck, params=np.full_like(ck.params, 3e38)))

@@ -213,7 +213,9 @@ def test_loss_fields_are_the_loss_its_perplexity_and_bits_per_character():
     assert loss_fields(2.0, "char", "v") == {"v_loss": 2.0, "v_ppl": math.exp(2.0), "v_bpc": 2.0 / math.log(2)}
     assert loss_fields(4.5, "word", "test") == {"test_loss": 4.5, "test_ppl": math.exp(4.5)}
     assert loss_fields(700.0, "word", "v")["v_ppl"] == math.exp(700.0)          # large, still finite
+    assert loss_fields(709.7, "word", "v")["v_ppl"] == math.exp(709.7)          # float64's largest, nearly
     assert loss_fields(710.0, "word", "v")["v_ppl"] == math.inf                 # past float64's range
+    assert loss_fields(math.inf, "word", "v")["v_ppl"] == math.inf
     assert math.isnan(loss_fields(math.nan, "word", "v")["v_ppl"])              # not an overflow: NaN said as NaN
 
 

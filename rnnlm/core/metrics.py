@@ -25,7 +25,11 @@ def number(v) -> float | None:
 def loss_fields(loss: float, level: str, prefix: str) -> dict:
     """``<prefix>_loss`` (nats/token), ``_ppl`` (infinite past float64's range, NaN for a NaN loss), and
     ``_bpc`` for characters."""
-    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": math.exp(loss) if not loss >= 709.0 else math.inf}
+    try:
+        ppl = math.exp(loss)
+    except OverflowError:               # past exp(709.78)
+        ppl = math.inf
+    out = {f"{prefix}_loss": loss, f"{prefix}_ppl": ppl}
     if level == "char":
         out[f"{prefix}_bpc"] = loss / math.log(2)
     return out
