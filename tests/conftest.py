@@ -51,6 +51,8 @@ class _Hook(importlib.abc.MetaPathFinder):
         def exec_module(module):
             load(module)
             module.train_and_encode = wrap(module.train_and_encode)
+            if "wrap_scores" in globals():
+                module.held_out_nll = wrap_scores(module.held_out_nll)
         spec.loader.exec_module = exec_module
         return spec
 
@@ -64,7 +66,8 @@ sys.meta_path.insert(0, _Hook())
 def executor_hook(directory, wrap: str) -> dict:
     """Test-only: a ``sitecustomize.py`` in ``directory`` (made) through which the Python processes that import
     it wrap ``rnnlm.spark.executor.train_and_encode`` (``wrap``: the source of ``def wrap(train)``, returning its
-    replacement); the environment's PYTHONPATH entry that makes a run's executors import it."""
+    replacement, and optionally of ``def wrap_scores(held_out_nll)``, the held-out scorer's); the environment's
+    PYTHONPATH entry that makes a run's executors import it."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "sitecustomize.py"), "w") as f:
         f.write(EXECUTOR_HOOK.format(wrap=wrap))
@@ -72,26 +75,42 @@ def executor_hook(directory, wrap: str) -> dict:
 
 
 # test-only: partition 1's first attempt of round 3 (an async run's window 2) blocks for ever, as a read that never
-# returns would (an async worker's heartbeats' thread goes on); a retried attempt trains on
-BLOCKED = '''def wrap(train):
+# returns would (an async worker's heartbeats' thread goes on); a retried attempt trains on. With
+# RNNLM_TEST_BLOCKED_SCORES set, so does the first attempt of partition 1's first held-out scores.
+BLOCKED = '''def _block_once(marker):
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass                                          # a retried attempt goes on
+    else:
+        threading.Event().wait()
+
+
+def wrap(train):
     def blocked(*args, **kw):
         if args[8] == 3 and args[9] == 1:             # round 3 of partition 1
-            try:
-                os.close(os.open(os.environ["RNNLM_TEST_BLOCKED"], os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                pass                                  # a retried attempt trains on
-            else:
-                threading.Event().wait()
+            _block_once(os.environ["RNNLM_TEST_BLOCKED"])
         return train(*args, **kw)
+    return blocked
+
+
+def wrap_scores(score):
+    def blocked(*args, **kw):
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        if "RNNLM_TEST_BLOCKED_SCORES" in os.environ and ctx is not None and ctx.partitionId() == 1:
+            _block_once(os.environ["RNNLM_TEST_BLOCKED_SCORES"])
+        return score(*args, **kw)
     return blocked
 '''
 
 
-def blocked_at_round_3(tmp_path) -> dict:
+def blocked_at_round_3(tmp_path, scores: bool = False) -> dict:
     """The environment of a run whose executors block as :data:`BLOCKED` says (``tmp_path/blocked`` marks the
-    first attempt blocked)."""
+    first attempt blocked; with ``scores``, ``tmp_path/blocked_scores`` the first held-out scores' attempt)."""
+    marker = {"RNNLM_TEST_BLOCKED_SCORES": str(tmp_path / "blocked_scores")} if scores else {}
     return dict(os.environ, RNNLM_TEST_BLOCKED=str(tmp_path / "blocked"), PYSPARK_PYTHON=sys.executable,
-                **executor_hook(tmp_path / "hook", BLOCKED))
+                **marker, **executor_hook(tmp_path / "hook", BLOCKED))
 
 
 def tensorboard_scalars(directory) -> dict:

@@ -14,32 +14,37 @@ from rnnlm import config
 from rnnlm.cli import make_trainer
 from rnnlm.core import checkpoint
 from rnnlm.spark.rundir import TrainingError
-from rnnlm.spark.stall import MOST_KILLS, StallWatch
-from conftest import CLUSTER_RUN, ROOT, blocked_at_round_3, train_cmd
+from rnnlm.spark.stall import StallWatch
+from conftest import CLUSTER_RUN, HARBOUR_VALID, ROOT, blocked_at_round_3, metrics, train_cmd
 
 
-def _job(sc, group: str, sleeps):
-    """A job of two partitions in ``group``, run from a thread of its own: partition 1 sleeps
-    ``sleeps(attempt)`` seconds first. Its future-like thread and result list."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def _action(sc, sleeps):
+    """A job of two partitions, run when called: partition 1 sleeps ``sleeps(attempt)`` seconds first; each
+    partition's (id, attempt, sum)."""
     def task(it):
         from pyspark import TaskContext
         ctx = TaskContext.get()
         if ctx.partitionId() == 1:
             time.sleep(sleeps(ctx.attemptNumber()))
         return [(ctx.partitionId(), ctx.attemptNumber(), sum(it))]
+    return lambda: sc.parallelize(range(10), 2).mapPartitions(task).collect()
+
+
+def _job(sc, group: str, sleeps):
+    """:func:`_action`'s job in ``group``, run from a thread of its own: the thread pool and its future."""
+    from concurrent.futures import ThreadPoolExecutor
+    action = _action(sc, sleeps)
 
     def run():
         sc.setJobGroup(group, group)
-        return sc.parallelize(range(10), 2).mapPartitions(task).collect()
+        return action()
     pool = ThreadPoolExecutor(1)
     return pool, pool.submit(run)
 
 
 def test_a_stuck_task_is_killed_and_run_again(spark):
     sc, said = spark.sparkContext, []
-    pool, future = _job(sc, "stall-once", lambda attempt: 600 if attempt == 0 else 0)
+    pool, future = _job(sc, "stall-once", lambda attempt: 60 if attempt == 0 else 0)
     watch = StallWatch(sc, "stall-once", factor=10, least_s=2, log=said.append)
     start = time.monotonic()
     assert watch.wait(future, "round 3") == [(0, 0, 10), (1, 1, 35)]    # its second attempt's
@@ -48,7 +53,23 @@ def test_a_stuck_task_is_killed_and_run_again(spark):
     assert len(said) == 1 and re.fullmatch(
         r"round 3: task 1 of stage \d+ \(.*\) has run [\d.]+ s, over train.stall_factor = 10 times its stage's "
         r"slowest finished task \([\d.]+ s\) and train.stall_s = 2: stuck, killed, and Spark runs it again "
-        rf"\(kill 1 of at most {MOST_KILLS}\)", said[0]), said
+        r"\(kill 1 of at most 3\)", said[0]), said
+
+
+def test_an_action_run_under_the_watch_is_in_its_group_and_its_stuck_task_run_again(spark):
+    """What the driver scores held-out text with (``rnnlm evaluate``: in no job group, whatever group this
+    thread's earlier jobs had)."""
+    sc, said = spark.sparkContext, []
+    sc.setJobGroup("some other run", "an earlier job's")
+    watch = StallWatch(sc, None, factor=10, least_s=1, log=said.append)
+    try:
+        assert watch.run(_action(sc, lambda attempt: 60 if attempt == 0 else 0), "scoring t") == [
+            (0, 0, 10), (1, 1, 35)]
+    finally:
+        sc.setJobGroup(None, None)
+    assert len(said) == 1 and said[0].startswith("scoring t: task 1 of stage "), said
+    off = StallWatch(sc, "g", factor=0, least_s=1, log=said.append)
+    assert off.run(_action(sc, lambda attempt: 0), "t") == [(0, 0, 10), (1, 0, 35)] and len(said) == 1
 
 
 def test_a_task_stuck_every_time_stops_the_run_in_one_line(spark):
@@ -56,13 +77,13 @@ def test_a_task_stuck_every_time_stops_the_run_in_one_line(spark):
     pool, future = _job(sc, "stall-always", lambda attempt: 600)
     watch = StallWatch(sc, "stall-always", factor=10, least_s=1, log=said.append)
     try:
-        with pytest.raises(TrainingError, match=rf"^round 5: task 1 of stage \d+ .* after {MOST_KILLS} attempts "
+        with pytest.raises(TrainingError, match=r"^round 5: task 1 of stage \d+ .* after 3 attempts "
                                                 r"killed so: stuck every time \(a run slower"):
             watch.wait(future, "round 5")
     finally:
         sc.cancelJobGroup("stall-always")
         pool.shutdown()
-    assert len(said) == MOST_KILLS
+    assert len(said) == 3                   # kills before the run stops
 
 
 def test_a_slow_task_within_the_limit_and_a_stage_with_none_finished_are_left_alone(spark):
@@ -88,23 +109,32 @@ def test_a_slow_task_within_the_limit_and_a_stage_with_none_finished_are_left_al
     assert got == [[6]] and said == []
 
 
-@pytest.mark.parametrize("path", [[], ["train.results=direct"], ["train.overlap=1", "train.optim_state=local"]],
+@pytest.mark.parametrize("path, scores", [([], True), (["train.results=direct"], False),
+                                          (["train.overlap=1", "train.optim_state=local"], False)],
                          ids=["treeAggregate", "direct", "lineage"])
-def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spark, tmp_path, path):
+def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spark, tmp_path, path, scores):
     """On local[2], where Spark allows a task no retry and never speculates, the run hung at round 3; now
     the blocked task is killed and run again, and the run ends with the weights of a run never blocked,
-    bit for bit, on each of the three paths a round's results take."""
-    sets = [*CLUSTER_RUN, "train.rounds=5", "train.stall_s=1", *path]
-    env = blocked_at_round_3(tmp_path)
+    bit for bit, on each of the three paths a round's results take. In the first run the held-out text's
+    first scores block in partition 1 as well (they hung the run the same way) and are scored again: the
+    same figures."""
+    held_out = [f"data.valid={HARBOUR_VALID}", "data.paragraphs=line", "data.eval_streams=2", "train.eval_every=2"]
+    sets = [*CLUSTER_RUN, "train.rounds=5", "train.stall_s=1", *(held_out if scores else []), *path]
+    env = blocked_at_round_3(tmp_path, scores)
     out = tmp_path / "out"
     r = subprocess.run(train_cmd(out, *sets, master="local[2]"), cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=240)
     assert (tmp_path / "blocked").exists()                  # the first attempt did block
+    assert (tmp_path / "blocked_scores").exists() == scores
     assert r.returncode == 0, r.stderr[-3000:]
     said = r.stdout + r.stderr
     assert len(re.findall(r"round 3: task 1 of stage \d+ .* stuck, killed, and Spark runs it again", said)) == 1, \
         said[-3000:]
+    assert len(re.findall(r"evaluating valid after round 2: task 1 of stage \d+ .* stuck, killed", said)) == scores
     cfg = config.load(os.path.join(ROOT, "conf", "demo.toml"), sets)
     ref = make_trainer(spark, cfg, str(tmp_path / "ref"), log=lambda *_: None)
     ref.run()
     np.testing.assert_array_equal(checkpoint.load(str(out / "checkpoint")).params, ref.params)
+    valid = [(m["round"], m["valid_loss"]) for m in metrics(out) if "valid_loss" in m]
+    assert valid == [(m["round"], m["valid_loss"]) for m in ref.metrics if "valid_loss" in m]
+    assert [r for r, _ in valid] == ([2, 4, 5] if scores else [])

@@ -12,6 +12,7 @@ from ..spark.linkcost import LinkError, parse_latency, parse_rate
 from ..core.metrics import loss_fields, number
 from ..spark.rundir import TrainingError
 from ..spark.session import job_errors, job_failure, jvm_ended, release
+from ..spark.stall import StallWatch
 from ..spark.stop import Interrupted
 from ..spark.trainer import Trainer
 from ..core.vocab import VocabError
@@ -173,7 +174,9 @@ def evaluate(a) -> int:
             unk = ck.vocab.unk_id
             unknown, tokens = rdd.map(lambda p: (int((p[1] == unk).sum()), len(p[1]))) \
                 .fold((0, 0), lambda x, y: (x[0] + y[0], x[1] + y[1]))
-            loss = corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True)
+            # a stuck task killed and run again as in training, by the checkpoint's train.stall_* keys
+            watch = StallWatch(sc, None, cfg.train.stall_factor, cfg.train.stall_s)
+            loss = watch.run(lambda: corpus.evaluate_rdd(sc, cfg, ck.params, rdd, last=True), f"scoring {a.data}")
         finally:        # the session stops next: a release that ended well waits for the executors' answers
             release(rdds=[rdd], blocking=loss is not None)
     if unknown:         # outside the checkpoint's vocabulary (or the text's own <unk>): a perplexity of fewer words

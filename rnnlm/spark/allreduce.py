@@ -136,7 +136,9 @@ class AllReduce:
     group : str, optional
         Spark's job group of the run's jobs (cancelled by :meth:`close`).
     log : callable
-        Where the direct channel's warnings and the stall watch's kills go.
+        Where the direct channel's warnings go.
+    watch : StallWatch, optional
+        Kills a round's stuck tasks while the driver waits (None: waits as long as the round takes).
     next_checkpoint : callable, optional
         Round r -> the first round after r that checkpoints by count (an evaluation, ``checkpoint_every``,
         the last): a lineage cut due soon before it waits for it.
@@ -146,13 +148,13 @@ class AllReduce:
     """
 
     def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print,
-                 next_checkpoint=None):
+                 next_checkpoint=None, watch: StallWatch | None = None):
         t = cfg.train
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
-        self.next_checkpoint = next_checkpoint
+        self.next_checkpoint, self.watch = next_checkpoint, watch
         self.overlap = overlapped(t)
         self.protocol = SyncRound(model.layout, t, cfg.data.partitions)
-        self.lineage = self.broadcasts = self.channel = self.pool = self.watch = None
+        self.lineage = self.broadcasts = self.channel = self.pool = None
         self.next = None                    # the next round's job, defined a round ahead (overlap)
         self.flight = []                    # submitted, not waited for
         try:
@@ -169,7 +171,6 @@ class AllReduce:
             if t.results == "direct":
                 self.channel = _channel(sc, cfg, model, log)
             self.pool = ThreadPoolExecutor(2, thread_name_prefix="rnnlm-round")
-            self.watch = StallWatch(sc, group, t.stall_factor, t.stall_s, log) if t.stall_factor else None
         except BaseException:
             self.close()
             raise

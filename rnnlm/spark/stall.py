@@ -1,14 +1,15 @@
-"""A synchronous round's stuck task, found and run again.
+"""A synchronous run's stuck task, found and run again.
 
-A task blocked inside its training (a read that never returns, a device that hangs) held its round for
-ever: the driver waits for every partition, Spark starts no other attempt while one runs, and a local
-master never speculates. While the driver waits on a round, :class:`StallWatch` looks at the run's
-oldest running job: a task that has run ``train.stall_factor`` times as long as the slowest task its stage
-has finished, and at least ``train.stall_s``, is killed through Spark's ``killTaskAttempt``, which runs
-it again and does not count it as a failure. A round's tasks are pure (a retry computes the same
-numbers), so the run's numbers stay as they were. A stage with no task finished has nothing to measure
-against and is not watched (one partition, or every task stuck alike). A task killed
-:data:`MOST_KILLS` times in one stage stops the run in one line.
+A task blocked inside its training or its scoring (a read that never returns, a device that hangs) held
+its round or evaluation for ever: the driver waits for every partition, Spark starts no other attempt
+while one runs, and a local master never speculates. While the driver waits on a round
+(:meth:`StallWatch.wait`) or on held-out text's scores (:meth:`StallWatch.run`), :class:`StallWatch`
+looks at the run's oldest running job: a task that has run ``train.stall_factor`` times as long as the
+slowest task its stage has finished, and at least ``train.stall_s``, is killed through Spark's
+``killTaskAttempt``, which runs it again and does not count it as a failure. These tasks are pure (a
+retry computes the same numbers), so the run's numbers stay as they were. A stage with no task finished
+has nothing to measure against and is not watched (one partition, or every task stuck alike). A task
+killed :data:`MOST_KILLS` times in one stage stops the run in one line.
 
 Spark's status tracker tells how many tasks a stage has running and finished, not which: the tasks
 come from its status store (``SparkContext.statusStore``, private to Spark, through py4j).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import time
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
 from .rundir import TrainingError
@@ -24,11 +26,13 @@ from .session import scala_context
 
 MOST_KILLS = 3      # attempts of one task killed as stuck before the run stops
 POLL_S = 1.0        # how often, at least, a round's running tasks are looked at while the driver waits
+# a thread's own properties of its jobs (SparkContext's keys): their group, their name in Spark's UI
+GROUP, JOB_PROPERTIES = "spark.jobGroup.id", ("spark.job.description", "spark.job.interruptOnCancel")
 
 
 class StallWatch:
     """The stuck tasks of the job group ``group`` (None: the jobs in no group) on ``sc``, killed; ``log``
-    hears each kill."""
+    hears each kill. A ``factor`` of 0 watches nothing (``train.stall_factor = 0``)."""
 
     def __init__(self, sc, group: str | None, factor: float, least_s: float, log=print):
         self.sc, self.group, self.factor, self.least_s, self.log = sc, group, factor, least_s, log
@@ -39,9 +43,28 @@ class StallWatch:
     def wait(self, future, what: str):
         """``future``'s result, the running tasks looked at every :data:`POLL_S` (or a twentieth of
         ``least_s``, if longer) until it has one (``what``: the round, for the messages)."""
-        while not wait_all([future], timeout=max(POLL_S, self.least_s / 20)).done:
+        while self.factor and not wait_all([future], timeout=max(POLL_S, self.least_s / 20)).done:
             self.check(what)
         return future.result()
+
+    def run(self, action, what: str):
+        """``action()``, a blocking Spark action, run from a thread of its own in the watched group, with this
+        thread's job description (PySpark keeps a thread's job properties apart), while :meth:`wait` looks at
+        its tasks; in this thread where nothing is watched. A wait interrupted (a second Ctrl-C) leaves the
+        job running, for the group's cancellation to end."""
+        if not self.factor:
+            return action()
+        properties = {GROUP: self.group, **{k: self.sc.getLocalProperty(k) for k in JOB_PROPERTIES}}
+
+        def go():
+            for k, v in properties.items():
+                self.sc.setLocalProperty(k, v)
+            return action()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="rnnlm-watched")
+        try:
+            return self.wait(pool.submit(go), what)
+        finally:
+            pool.shutdown(wait=False)
 
     def check(self, what: str) -> None:
         """Kill every task of the group's oldest running job found stuck; TrainingError for one found stuck

@@ -26,6 +26,7 @@ from ..exchange.aggregate import Aggregate
 from .rundir import (Driver, Init, TrainingError, arithmetic_notes, best_record, check_longer, improves,
                      resume_keys)
 from .session import job_errors, job_failure
+from .stall import StallWatch
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
@@ -121,8 +122,9 @@ class Trainer(Driver):
                                arithmetic_notes(data.devices, before))
             stop = StopRequest(self.log)
             try:
+                watch = StallWatch(self.sc, group, cfg.train.stall_factor, cfg.train.stall_s, self.log)
                 sync = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log,
-                                 functools.partial(next_checkpoint, cfg.train, data, rounds))
+                                 functools.partial(next_checkpoint, cfg.train, data, rounds), watch)
                 ended = False
                 self.ck_time = time.monotonic()     # train.checkpoint_s counts training, not the corpus's read
                 # the loop: a round, its evaluation when due, a checkpoint when due
@@ -217,16 +219,17 @@ class Trainer(Driver):
         # held-out text, between rounds (its time is not the round's)
         best = False
         if evaluated:
-            best = self._evaluate_round(cfg, data, params, at, sched, m)
+            best = self._evaluate_round(cfg, data, params, at, sched, m, sync.watch)
         self.sc.setJobDescription(None)
         self.dir.add_line(m, rounds, log_line(m, skip=_quiet(cfg)))
         return snapshot, best
 
-    def _evaluate_round(self, cfg, data, params, at: RunState, sched, m: dict) -> bool:
-        """Score held-out text into ``m``; step a plateau schedule; return whether this round is the best."""
+    def _evaluate_round(self, cfg, data, params, at: RunState, sched, m: dict, watch: StallWatch) -> bool:
+        """Score held-out text into ``m`` (a stuck task killed and run again by ``watch``); step a plateau
+        schedule; return whether this round is the best."""
         e0, best = time.perf_counter(), False
         if data.valid is not None:
-            vl = self._evaluate_held_out(cfg, params, data, "valid")
+            vl = self._evaluate_held_out(cfg, params, data, "valid", at.round, watch)
             m.update(loss_fields(vl, cfg.data.level, "valid"))
             sched.observe(vl)
             at.schedule = sched.state
@@ -235,21 +238,21 @@ class Trainer(Driver):
                 at.best = {"round": at.round, "valid_loss": vl}
             m["best_round"] = at.best["round"]
         if data.test is not None:
-            m.update(loss_fields(self._evaluate_held_out(cfg, params, data, "test"), cfg.data.level, "test"))
+            m.update(loss_fields(self._evaluate_held_out(cfg, params, data, "test", at.round, watch), cfg.data.level,
+                                 "test"))
         at.eval_s += time.perf_counter() - e0
         m["eval_s"] = round(at.eval_s, 3)
         return best
 
-    def _evaluate_held_out(self, cfg, params, data: Corpus, name: str) -> float:
+    def _evaluate_held_out(self, cfg, params, data: Corpus, name: str, r: int, watch: StallWatch) -> float:
         self.dir.say_evaluating(name, data.held_out_tokens.get(name))
         self.sc.setJobDescription(f"rnnlm: evaluating {name}")
-        return self.evaluate(cfg, params, data.valid if name == "valid" else data.test)
+        rdd = data.valid if name == "valid" else data.test
+        scores = functools.partial(evaluate_rdd, self.sc, cfg, params, rdd)
+        return watch.run(scores, f"evaluating {name} after round {r}")
 
     def _stop(self, r: int, why: str):
         raise TrainingError(f"round {r}: {why}; stopped, {self.dir.kept()}")
-
-    def evaluate(self, cfg, params, rdd) -> float:
-        return evaluate_rdd(self.sc, cfg, params, rdd)
 
     def _checkpoint(self, cfg, vocab, sync: AllReduce, at: RunState, best: bool = False, snapshot=None):
         """Write the checkpoint of round ``at.round`` from ``snapshot`` (taken now if None: a stop asked
