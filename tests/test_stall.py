@@ -61,13 +61,18 @@ def test_an_action_run_under_the_watch_is_in_its_group_and_its_stuck_task_run_ag
     thread's earlier jobs had)."""
     sc, said = spark.sparkContext, []
     sc.setJobGroup("some other run", "an earlier job's")
-    watch = StallWatch(sc, None, factor=10, least_s=1, log=said.append)
+    watch = StallWatch(sc, None, factor=1, least_s=1, log=said.append)
+    sc.parallelize(range(2), 2).count()             # Python workers at hand: partition 0 ends in milliseconds
     try:
         assert watch.run(_action(sc, lambda attempt: 60 if attempt == 0 else 0), "scoring t") == [
             (0, 0, 10), (1, 1, 35)]
     finally:
         sc.setJobGroup(None, None)
     assert len(said) == 1 and said[0].startswith("scoring t: task 1 of stage "), said
+    # found at the first look past the limit (a poll a second), not when Spark's status store next wrote the
+    # stage's task counts (at an executor's heartbeat, up to 10 s later, while nothing else happens)
+    ran, slowest = map(float, re.search(r"has run ([\d.]+) s, .* finished task \(([\d.]+) s\)", said[0]).groups())
+    assert ran < max(1, slowest) + 3, said
     off = StallWatch(sc, "g", factor=0, least_s=1, log=said.append)
     assert off.run(_action(sc, lambda attempt: 0), "t") == [(0, 0, 10), (1, 0, 35)] and len(said) == 1
 

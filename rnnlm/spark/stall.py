@@ -11,8 +11,9 @@ retry computes the same numbers), so the run's numbers stay as they were. A stag
 has nothing to measure against and is not watched (one partition, or every task stuck alike). A task
 killed :data:`MOST_KILLS` times in one stage stops the run in one line.
 
-Spark's status tracker tells how many tasks a stage has running and finished, not which: the tasks
-come from its status store (``SparkContext.statusStore``, private to Spark, through py4j).
+Spark's status tracker names a job's stages and tells how many tasks a stage has running and finished,
+not which, and those counts lag (they are written at the status store's next flush): the tasks come from
+its status store (``SparkContext.statusStore``, private to Spark, through py4j).
 """
 from __future__ import annotations
 
@@ -82,8 +83,10 @@ class StallWatch:
         if time.time() * 1000 - self.since_ms <= 1000 * self.least_s:
             return                  # no task of it can have run longer yet: a round's tasks are not listed
         for stage_id in job.stageIds:
+            # not by the stage's task counts, which wait for the status store's next flush (an event: up to an
+            # executor heartbeat, 10 s, while nothing else happens); its tasks' own records are written at once
             stage = tracker.getStageInfo(stage_id)
-            if stage is not None and stage.numActiveTasks and stage.numCompletedTasks:
+            if stage is not None:
                 self._stage(stage, what)
 
     def _stage(self, stage, what: str) -> None:
