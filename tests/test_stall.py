@@ -43,8 +43,13 @@ def _job(sc, group: str, sleeps):
 
 
 def test_a_stuck_task_is_killed_and_run_again(spark):
+    """And the group's jobs that ended are not looked at; the retried attempt, slower than 10 times the
+    finished task but within stall_s, is left alone."""
     sc, said = spark.sparkContext, []
-    pool, future = _job(sc, "stall-once", lambda attempt: 60 if attempt == 0 else 0)
+    pool, future = _job(sc, "stall-once", lambda attempt: 0)
+    future.result()
+    pool.shutdown()
+    pool, future = _job(sc, "stall-once", lambda attempt: 60 if attempt == 0 else 1.5)
     watch = StallWatch(sc, "stall-once", factor=10, least_s=2, log=said.append)
     start = time.monotonic()
     assert watch.wait(future, "round 3") == [(0, 0, 10), (1, 1, 35)]    # its second attempt's
@@ -75,6 +80,21 @@ def test_an_action_run_under_the_watch_is_in_its_group_and_its_stuck_task_run_ag
     assert ran < max(1, slowest) + 3, said
     off = StallWatch(sc, "g", factor=0, least_s=1, log=said.append)
     assert off.run(_action(sc, lambda attempt: 0), "t") == [(0, 0, 10), (1, 0, 35)] and len(said) == 1
+
+
+def test_a_jobs_tasks_are_timed_from_when_it_became_the_oldest(spark):
+    """Under train.overlap the next round's job runs beside this one's, its tasks waiting for this round's
+    blocks: only the oldest job is watched, and a job's tasks count from when it became the oldest."""
+    sc, said = spark.sparkContext, []
+    pool_a, older = _job(sc, "stall-queue", lambda attempt: 2)
+    time.sleep(0.2)
+    pool_b, newer = _job(sc, "stall-queue", lambda attempt: 4)     # its partition 1 starts as older's 0 ends
+    watch = StallWatch(sc, "stall-queue", factor=1, least_s=3, log=said.append)
+    assert watch.wait(older, "r") == [(0, 0, 10), (1, 0, 35)]
+    assert watch.wait(newer, "r") == [(0, 0, 10), (1, 0, 35)]      # run 4 s, 2 of them as the oldest
+    pool_a.shutdown()
+    pool_b.shutdown()
+    assert said == []
 
 
 def test_a_task_stuck_every_time_stops_the_run_in_one_line(spark):
