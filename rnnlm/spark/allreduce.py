@@ -137,8 +137,8 @@ class AllReduce:
         Spark's job group of the run's jobs (cancelled by :meth:`close`).
     log : callable
         Where the direct channel's warnings go.
-    watch : StallWatch, optional
-        Kills a round's stuck tasks while the driver waits (None: waits as long as the round takes).
+    watch : StallWatch
+        Kills a round's stuck tasks while the driver waits (one of factor 0 waits as long as the round takes).
     next_checkpoint : callable, optional
         Round r -> the first round after r that checkpoints by count (an evaluation, ``checkpoint_every``,
         the last): a lineage cut due soon before it waits for it.
@@ -148,7 +148,7 @@ class AllReduce:
     """
 
     def __init__(self, sc, cfg, model, data, state: SyncState, rounds: int, group: str | None = None, log=print,
-                 next_checkpoint=None, watch: StallWatch | None = None):
+                 next_checkpoint=None, *, watch: StallWatch):
         t = cfg.train
         self.sc, self.cfg, self.data, self.state, self.rounds, self.group = sc, cfg, data, state, rounds, group
         self.next_checkpoint, self.watch = next_checkpoint, watch
@@ -210,7 +210,7 @@ class AllReduce:
         before its broadcasts go."""
         ok = False
         try:
-            agg = self.watch.wait(job.future, f"round {job.round}") if self.watch else job.future.result()
+            agg = self.watch.wait(job.future, f"round {job.round}")
             ok = True
             if self.lineage is not None:
                 job.fetched, received = self.lineage.take_served()

@@ -124,7 +124,7 @@ class Trainer(Driver):
             try:
                 watch = StallWatch(self.sc, group, cfg.train.stall_factor, cfg.train.stall_s, self.log)
                 sync = AllReduce(self.sc, cfg, model, data.train, state, rounds, group, self.log,
-                                 functools.partial(next_checkpoint, cfg.train, data, rounds), watch)
+                                 functools.partial(next_checkpoint, cfg.train, data, rounds), watch=watch)
                 ended = False
                 self.ck_time = time.monotonic()     # train.checkpoint_s counts training, not the corpus's read
                 # the loop: a round, its evaluation when due, a checkpoint when due
