@@ -427,6 +427,8 @@ def test_text_the_terminal_cannot_encode_is_escaped_and_weights_that_overflow_ar
     ("generate", "--seed", "-1" + "0" * 400, "-a number of 401 digits is out of range"),
     ("generate", "--length", "9" * 5000, "expected an integer, got '" + "9" * 39),
     ("generate", "--seed", "-1", "-1 is out of range [0, inf]"),                  # NumPy's words, no option named
+    ("generate", "--length", "1" + "0" * 11, "100000000000 is out of range [0, 1000000]"),   # 12 digits: shown
+    ("generate", "--length", "1" + "0" * 12, "a number of 13 digits is out of range [0, 1000000]"),
     ("train", "--samples", "-1", "-1 is out of range [0, 1000]"),                 # taken as none
     ("minicluster", "--nm-memory-mb", "99999999999", "99999999999 is out of range [1024, 1048576]"),   # Java int
 ])
@@ -438,13 +440,44 @@ def test_a_count_out_of_its_range_is_refused_naming_the_option(capsys, command, 
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"{command}: error: argument {option}: {said}")
 
 
-def test_a_count_at_its_ranges_edges_is_taken_and_generates_default_is_300_tokens():
+def test_a_count_at_its_ranges_edges_is_taken_and_the_defaults_are_the_documented_ones():
     for command, option, value in (("generate", "--length", 1_000_000), ("generate", "--length", 0),
-                                   ("train", "--samples", 1000), ("train", "--samples", 0)):
-        args = ["--checkpoint", "ck"] if command == "generate" else ["--config", "c.toml"]
+                                   ("train", "--samples", 1000), ("train", "--samples", 0),
+                                   ("minicluster", "--datanodes", 1), ("minicluster", "--datanodes", 4),
+                                   ("minicluster", "--nodemanagers", 1), ("minicluster", "--nodemanagers", 4)):
+        args = {"generate": ["--checkpoint", "ck"], "train": ["--config", "c.toml"]}.get(command, [])
         got = parser(command, prog=command).parse_args([*args, option, str(value)])
-        assert getattr(got, option[2:]) == value, (option, value)
+        assert getattr(got, option[2:].replace("-", "_")) == value, (option, value)
     assert parser("generate", prog="generate").parse_args(["--checkpoint", "ck"]).length == 300
+    assert parser("train", prog="train").parse_args(["--config", "c.toml"]).samples == 1     # "a sample" (README)
+    cluster = parser("minicluster", prog="minicluster").parse_args([])     # two of each, 3 GiB a NodeManager
+    assert (cluster.datanodes, cluster.nodemanagers, cluster.nm_memory_mb) == (2, 2, 3072)
+
+
+@pytest.mark.parametrize("option", ["--datanodes", "--nodemanagers"])
+@pytest.mark.parametrize("value", ["0", "5"])
+def test_a_minicluster_of_no_node_or_more_than_four_is_refused(capsys, option, value):
+    with pytest.raises(SystemExit) as e:
+        parser("minicluster", prog="minicluster").parse_args([option, value])
+    assert e.value.code == 2
+    assert (capsys.readouterr().err.splitlines()[-1]
+            == f"minicluster: error: argument {option}: invalid choice: {value} (choose from 1, 2, 3, 4)")
+
+
+@pytest.mark.parametrize("command, given, missing", [
+    ("train", [], "--config"),                      # else a run of the built-in defaults
+    ("evaluate", ["--data", "t.txt"], "--checkpoint"),
+    ("evaluate", ["--checkpoint", "ck"], "--data"),
+    ("generate", [], "--checkpoint"),
+    ("plot", ["--out", "f.png"], "--runs"),
+    ("plot", ["--runs", "r"], "--out"),
+])
+def test_a_command_without_what_it_needs_is_refused_naming_it(capsys, command, given, missing):
+    with pytest.raises(SystemExit) as e:
+        main([command, *given])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"rnnlm {command}: error: the following arguments are required: {missing}", err
 
 
 def test_a_standalone_master_that_does_not_answer_is_one_line_before_the_jvm(tmp_path, capsys, monkeypatch):
