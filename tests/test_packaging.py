@@ -6,6 +6,7 @@ import stat
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 
 import pytest
@@ -108,3 +109,41 @@ def test_a_directory_is_refused_before_the_environment_is_built(tmp_path, monkey
         with pytest.raises(packaging.PackagingError, match=rf"^cannot write .*/{dest}: an environment is packed as "):
             packaging.build_env(str(tmp_path / dest), ["numpy"])
     assert ran == [] and sorted(p.name for p in tmp_path.iterdir()) == ["dir.tar.gz"]
+
+
+def test_the_zip_holds_every_subpackage_and_imports_from_itself_without_bytecode(tmp_path, monkeypatch):
+    """What ``--py-files`` ships: the package's modules and data files from every subpackage, nothing from
+    ``__pycache__`` (bytecode of another Python, or a stray file left there), importable from the zip alone."""
+    import zipfile
+    copy = tmp_path / "src" / "rnnlm"
+    shutil.copytree(os.path.dirname(packaging.__file__), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "core" / "__pycache__").mkdir()
+    (copy / "core" / "__pycache__" / "stale.py").write_text("raise ImportError('stale')\n")
+    monkeypatch.setattr(packaging, "__file__", str(copy / "packaging.py"))
+    dest = tmp_path / "rnnlm.zip"
+    packaging.build_pyfiles(str(dest))
+    with zipfile.ZipFile(dest) as z:
+        names = z.namelist()
+    assert {"rnnlm/__init__.py", "rnnlm/core/model.py", "rnnlm/spark/trainer.py", "rnnlm/exchange/plan.py",
+            "rnnlm/data/harbour.txt"} <= set(names)
+    assert [n for n in names if "__pycache__" in n or not n.endswith((".py", ".txt"))] == []
+    code = f"import sys; sys.path.insert(0, {str(dest)!r}); import rnnlm.spark.trainer, rnnlm; print(rnnlm.__file__)"
+    r = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(dest / "rnnlm" / "__init__.py"), r.stderr
+
+
+@pytest.mark.parametrize("stderr, said", [
+    ("ERROR: one\nERROR: No matching distribution found for numpy==0.0\n",
+     "installing numpy==0.0 failed: ERROR: No matching distribution found for numpy==0.0"),    # pip's last line
+    ("", "installing numpy==0.0 failed: exit 3"),                  # nothing said: the exit status
+])
+def test_a_failed_install_is_its_last_line_and_leaves_nothing(tmp_path, monkeypatch, stderr, said):
+    def run(cmd, **k):
+        return types.SimpleNamespace(returncode=3 if "pip" in cmd else 0, stderr=stderr if "pip" in cmd else "")
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setitem(sys.modules, "venv_pack", types.SimpleNamespace(pack=lambda **k: pytest.fail("packed")))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))          # where the work directory goes
+    with pytest.raises(packaging.PackagingError) as e:
+        packaging.build_env(str(tmp_path / "out" / "env.tar.gz"), ["numpy==0.0"])
+    assert str(e.value) == said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and not any((tmp_path / "out").iterdir())
