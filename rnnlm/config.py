@@ -95,6 +95,7 @@ class TrainConfig:
     outer_momentum: float = 0.9
     optim_state: str = "average"   # average | reset | local: optimizer state across rounds
     eval_every: int = 10           # rounds; 0 = only at the end
+    patience: int = 0              # > 0: evaluations in a row without a lower validation loss end the run early
     checkpoint_every: int = 0      # rounds; 0 = only at the end (and at each evaluation)
     checkpoint_s: float = 600.0    # ... and this long (s) after the last one (0 = off; async: server.checkpoint_s)
     device: str = "cpu"            # cpu | gpu | auto
@@ -234,6 +235,7 @@ RANGES = {
     ("train", "outer_lr"): (0, _INF, "()"),
     ("train", "outer_momentum"): (0, 1, "[)"),
     ("train", "eval_every"): (0, 10_000_000, "[]"),
+    ("train", "patience"): (0, 10_000_000, "[]"),
     ("train", "checkpoint_every"): (0, 10_000_000, "[]"),
     ("train", "checkpoint_s"): (0, 1_000_000, "[]"),
     ("train", "rebase_every"): (0, 10_000_000, "[]"),
@@ -597,6 +599,9 @@ def validate(cfg: Config) -> None:
          "is applied as it lands): leave them at 0 and false"),
         (t.mode == "sync" or o.schedule != "plateau",
          "train.mode = 'async' has no rounds to decay on a plateau: use optim.schedule = constant or epoch_decay"),
+        (t.mode == "sync" or not t.patience,
+         "train.patience ends a run of synchronous rounds early; an async run's evaluations follow its pushes as they "
+         "land: leave it at 0 (best/ holds the lowest validation loss either way)"),
         (sv.heartbeat_s < sv.timeout_s, "server: need heartbeat_s < timeout_s"),
         (t.stall_factor == 0 or t.stall_factor >= 1,
          "train: stall_factor is 0 (no stall watch) or at least 1 (below, a task no slower than its stage's "
@@ -664,13 +669,16 @@ def check_memory(cfg: Config, vocab_size: int = 0, memory: int | None = None) ->
 
 def check_run(cfg: Config) -> None:
     """What every trainer needs, the single-process one too: data to train on, and for a plateau
-    schedule evaluations while the run trains."""
+    schedule or ``train.patience`` evaluations while the run trains."""
     if not cfg.data.train:
         raise ConfigError("data.train is not set")
     if cfg.optim.schedule == "plateau" and not cfg.train.eval_every:    # one loss seen, after the last round
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops improving, which "
                           "train.eval_every = 0 measures only once the run has ended: set train.eval_every (a run "
                           "saved so goes on from its weights with --init-from)")
+    if cfg.train.patience and not cfg.train.eval_every:
+        raise ConfigError(f"train.patience = {cfg.train.patience} counts evaluations, and train.eval_every = 0 makes "
+                          "one, once the run has ended: set train.eval_every")
 
 
 def check_trainable(cfg: Config) -> None:
@@ -685,5 +693,8 @@ def check_trainable(cfg: Config) -> None:
                           "(train.max_streams caps the streams instead, one each at least)")
     if cfg.optim.schedule == "plateau" and not cfg.data.valid:
         raise ConfigError("optim.schedule = 'plateau' decays when the validation loss stops "
+                          "improving: set data.valid")
+    if cfg.train.patience and not cfg.data.valid:
+        raise ConfigError(f"train.patience = {cfg.train.patience} ends the run when the validation loss stops "
                           "improving: set data.valid")
     check_run(cfg)

@@ -427,6 +427,7 @@ def test_a_value_at_each_bound_is_taken_or_refused_as_its_bracket_says():
     (["train.mode=async", "exchange.broadcast=delta"], "train.mode = 'async' needs"),
     (["train.mode=async", "train.outer=momentum"], "train.mode = 'async' needs"),
     (["train.mode=async", "optim.schedule=plateau"], "no rounds to decay on a plateau"),
+    (["train.mode=async", "train.patience=2"], "train.patience ends a run of synchronous rounds early"),
     (["train.mode=async", "train.overlap=1", "train.optim_state=local"], "train.overlap and train.eager shape"),
     (["train.mode=async", "train.overlap=1", "train.eager=true", "train.optim_state=local"],
      "train.overlap and train.eager shape"),
@@ -523,6 +524,14 @@ def test_this_machines_memory_and_what_training_needs_beyond_the_ranges():
     with pytest.raises(ConfigError, match="set data.valid$"):
         config.check_trainable(config.replace(plateau, "data", valid=""))
     config.check_trainable(config.replace(plateau, "data", valid="v.txt"))
+    patient = config.replace(run, "train", patience=3, eval_every=1)
+    with pytest.raises(ConfigError, match=r"^train.patience = 3 ends the run when the validation loss stops "
+                                          r"improving: set data.valid$"):
+        config.check_trainable(patient)
+    config.check_trainable(config.replace(patient, "data", valid="v.txt"))
+    with pytest.raises(ConfigError, match=r"^train.patience = 3 counts evaluations, and train.eval_every = 0 makes "
+                                          r"one, once the run has ended: set train.eval_every$"):
+        config.check_trainable(config.replace(config.replace(patient, "data", valid="v.txt"), "train", eval_every=0))
     config.check_trainable(config.replace(run, "data", valid=""))         # constant: no validation needed
 
 

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from rnnlm.config import OptimConfig
+from rnnlm.config import OptimConfig, TrainConfig
 from rnnlm.core.optim import clip_factor, clip_grads, make_optimizer
-from rnnlm.core.schedule import Schedule, rounds_for
+from rnnlm.core.schedule import Schedule, early_stop, rounds_for
 
 
 def run(name, grads_seq, lr=0.1, **kw):
@@ -170,3 +170,18 @@ def test_a_device_factor_updates_bit_for_bit_as_a_python_float(name):
     assert not np.array_equal(ps[0], start)
     for p in ps[1:]:
         assert p.dtype == np.float32 and np.array_equal(p, ps[0])
+
+
+def test_early_stop_counts_the_evaluations_on_the_cadence_since_the_best():
+    t, best = TrainConfig(eval_every=10, patience=2), {"round": 10, "valid_loss": 1.5}
+    assert early_stop(t, 20, best) is None                  # one evaluation since round 10
+    assert early_stop(t, 30, best) == ("2 evaluations since round 10 without a lower validation loss than its "
+                                       "1.5000 (train.patience = 2)")
+    assert early_stop(t, 35, best) is None                  # no evaluation's round (a longer run's last)
+    # an earlier, shorter run's last round, 15, evaluated there: since then the evaluations at 20 and 30
+    assert early_stop(t, 20, {"round": 15, "valid_loss": 1.5}) is None
+    assert early_stop(t, 30, {"round": 15, "valid_loss": 1.5}).startswith("2 evaluations since round 15 ")
+    assert early_stop(TrainConfig(eval_every=1, patience=1), 2, {"round": 1, "valid_loss": 1.0}).startswith(
+        "1 evaluation since round 1 ")
+    assert early_stop(TrainConfig(eval_every=10, patience=0), 1000, best) is None      # off
+    assert early_stop(t, 30, None) is None                  # no validation loss yet

@@ -166,6 +166,30 @@ def test_a_plateau_that_would_see_one_loss_after_the_last_round_is_refused(corpu
     assert m["round"] == 2
 
 
+def test_patience_ends_the_run_at_the_evaluation_it_counts_to(corpus):
+    """SGD at a rate of 3 goes up and down: with train.patience = 3 the run ends at the third evaluation after
+    its best (a later best starts the count again), on the lines the longer run logged, and its checkpoint says
+    which round; a run whose last round is that evaluation just ends."""
+    sets = ("train.rounds=8", "train.local_steps=3", "train.eval_every=1", "optim.name=sgd", "optim.lr=3")
+    whole, said = run(corpus, *sets)
+    losses = [float(dict(f.rsplit(" ", 1) for f in s.split(" | "))["valid_loss"]) for s in said[1:9]]
+    stop = next(r for r in range(1, 9) if r - (1 + int(np.argmin(losses[:r]))) >= 3)
+    best = 1 + int(np.argmin(losses[:stop]))
+    assert 1 < best and stop < 8 and min(losses[:best - 1]) > losses[best - 1], losses    # the best moved once
+    m, cut = run(corpus, *sets, "train.patience=3")
+
+    def untimed(lines):
+        return [[f for f in s.split(" | ") if not f.split(" ")[0].endswith("_s")] for s in lines]
+    assert untimed(cut[1:-2]) == untimed(said[1:stop + 1]) and m["round"] == stop
+    said_best = cut[-2].rsplit(" its ", 1)[1].split(" ")[0]       # the logged loss shows 4 figures
+    assert cut[-2] == (f"stopped early after round {stop} of 8: 3 evaluations since round {best} without a lower "
+                       f"validation loss than its {said_best} (train.patience = 3)")
+    assert abs(float(said_best) - losses[best - 1]) < 0.01
+    assert checkpoint.load(str(corpus / "ck")).position["round"] == stop
+    m, cut = run(corpus, *sets[1:], f"train.rounds={stop}", "train.patience=3")
+    assert m["round"] == stop and not any(s.startswith("stopped early") for s in cut)
+
+
 def test_the_rounds_are_the_core_steps_written_out(corpus):
     """Rounds of 50 steps in epochs of 145: each round's rate is its starting epoch's (not its number's),
     its dropout masks its own stream (seed, round, 0), its train_loss the mean NLL per token, and the

@@ -572,6 +572,34 @@ def test_best_holds_the_lowest_validation_loss_and_survives_a_resume(spark, tiny
     assert [checkpoint.load(str(out / d)).position["round"] for d in ("checkpoint", "best")] == [1, 1]
 
 
+def test_patience_ends_a_run_at_an_evaluation_and_a_resume_with_more_goes_on_as_if_it_had_not(
+        spark, tiny_cfg, tmp_path):
+    """Adam at a rate of 3: round 2's validation loss is above round 1's, the later ones below. With
+    train.patience = 1 the run ends after round 2 (its lines the longer run's, checkpointed there, best/ holding
+    round 1); resumed as it is, it has nothing to do; resumed with train.patience = 2, it trains on to round 5 as
+    the run that never stopped did."""
+    cfg = config.from_dict(config.apply_overrides(tiny_cfg.to_dict(), [
+        "optim.lr=3.0", "train.eval_every=1", VALID, "train.rounds=5"]))
+    run(spark, cfg, tmp_path / "whole")
+    whole = metrics(tmp_path / "whole")
+    losses = [x["valid_loss"] for x in whole]
+    assert losses[1] > losses[0] > losses[2] > losses[3] > losses[4], losses
+    out, logs = tmp_path / "patient", []
+    Trainer(spark, config.replace(cfg, "train", patience=1), str(out), log=logs.append).run()
+    assert untimed(metrics(out)) == untimed(whole[:2])
+    why = f"1 evaluation since round 1 without a lower validation loss than its {losses[0]:.4f} (train.patience = 1)"
+    assert logs[-1] == f"stopped early after round 2 of 5: {why}; best/ holds round 1"
+    assert [checkpoint.load(str(out / d)).position["round"] for d in ("checkpoint", "best")] == [2, 1]
+    before = {p: (out / p).read_bytes() for p in ("metrics.jsonl", "run.json", "checkpoint/params.npy")}
+    logs = []
+    Trainer(spark, config.replace(cfg, "train", patience=1), str(out), log=logs.append).run(resume=True)
+    assert logs == [f"nothing to do: {out} stopped early at round 2: {why}; raise train.patience to train on"]
+    assert {p: (out / p).read_bytes() for p in before} == before
+    run(spark, config.replace(cfg, "train", patience=2), out, resume=True)
+    assert untimed(metrics(out)) == untimed(whole)
+    assert np.array_equal(checkpoint.load(str(out)).params, checkpoint.load(str(tmp_path / "whole")).params)
+
+
 def test_a_stop_request_said_while_the_main_thread_writes_is_still_said(capfd):
     """The handler logs through print: a signal arriving while the main thread is inside a write raised
     "RuntimeError: reentrant call" out of the handler, in the middle of the run."""

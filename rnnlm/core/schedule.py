@@ -1,4 +1,4 @@
-"""Learning-rate schedules.
+"""Learning-rate schedules, and a run's length: its rounds, and where ``train.patience`` ends it early.
 
 A schedule maps the epoch (epochs trained, from 0: passes over the data) to a rate; the
 plateau schedule also observes validation losses. Its state is a small dict of
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import OptimConfig
+from ..config import OptimConfig, TrainConfig
 
 
 def rounds_for(epochs: float, per_epoch: float, per_round: float) -> int:
@@ -16,6 +16,21 @@ def rounds_for(epochs: float, per_epoch: float, per_round: float) -> int:
     trains ``per_round``: a whole number of rounds' worth (13 passes of one-pass rounds, 2.2 epochs
     of 25 steps in rounds of one) is not rounded up by the quotient's last bit."""
     return max(1, math.ceil(epochs * per_epoch / per_round * (1 - 1e-12)))
+
+
+def early_stop(t: TrainConfig, at: int, best: dict | None) -> str | None:
+    """Why a run of rounds ends at round ``at``, an evaluation's, before its length: ``t.patience`` evaluations
+    after the round ``best`` holds (``{"round", "valid_loss"}``) without a lower validation loss; else None.
+    Evaluations are every ``t.eval_every`` rounds: an earlier, shorter run's last round, evaluated off that
+    cadence, is not one of them, as a run that had not ended there made none. Read from the round and the
+    best alone (a checkpoint's position holds both), so a resumed run ends where the uninterrupted one did."""
+    if not (t.patience and t.eval_every and best is not None and at % t.eval_every == 0):
+        return None
+    since = at // t.eval_every - best["round"] // t.eval_every
+    if since < t.patience:
+        return None
+    return (f"{since} evaluation{'s' * (since != 1)} since round {best['round']} without a lower validation loss "
+            f"than its {best['valid_loss']:.4f} (train.patience = {t.patience})")
 
 
 class Schedule:

@@ -18,7 +18,7 @@ from .strategies import StreamBlock
 from .metrics import due, log_line, loss_fields
 from .models import build as build_model
 from .optim import make_optimizer
-from .schedule import Schedule, rounds_for
+from .schedule import Schedule, early_stop, rounds_for
 from .vocab import Vocab, tokenize
 
 
@@ -108,6 +108,7 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
     rounds = t.rounds or rounds_for(t.epochs, block.steps_per_pass, K)      # config: epochs > 0 here
     state = model.zero_state(t.batch)
     step, wall, eval_s, metrics = 0, 0.0, 0.0, {}       # wall_s: training alone, as Spark's trainer counts it
+    best = None                                         # {"round", "valid_loss"}: the lowest validation loss
     unread = ignored(cfg)
     if unread:
         log(f"note: this trainer of one process trains streams with the full softmax and scores data.valid; it "
@@ -136,12 +137,18 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
             eval_s += time.perf_counter() - t0
             metrics.update(loss_fields(vl / vn, d.level, "valid"), eval_s=round(eval_s, 3))
             sched.observe(vl / vn)
+            if best is None or vl / vn < best["valid_loss"]:
+                best = {"round": r, "valid_loss": vl / vn}
             log(log_line(metrics))
+            stopped = early_stop(t, r, best) if r < rounds else None
+            if stopped is not None:
+                log(f"stopped early after round {r} of {rounds}: {stopped}")
+                break
     if out:
         checkpoint.save(out, checkpoint.Checkpoint(
             params=backend.to_numpy(params), config=cfg, vocab=vocab,
             optim={k: backend.to_numpy(v) for k, v in opt_state.items() if k != "t"},
-            optim_t=opt_state["t"], position={"round": rounds, "step": step},
+            optim_t=opt_state["t"], position={"round": metrics.get("round", rounds), "step": step},
             hidden=backend.to_numpy(state), schedule=sched.state))
         log(f"checkpoint written to {out}")
     metrics["model"], metrics["params"], metrics["vocab"] = model, params, vocab

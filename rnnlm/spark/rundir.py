@@ -495,10 +495,15 @@ class RunDir:
             return f"the last good checkpoint is kept in {self.ck_path}"
         return "no checkpoint was written yet"
 
-    def nothing_to_do(self, at: int, rounds: int) -> dict:
-        """A resumed run already at its length (round ``at`` of ``rounds``): say so; the last line."""
-        self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
-                 "train.epochs to train on)")
+    def nothing_to_do(self, at: int, rounds: int | None, stopped: str | None = None) -> dict:
+        """A resumed run already at its length (round ``at`` of ``rounds``), or ``stopped`` early there
+        (:func:`rnnlm.core.schedule.early_stop`): say so; the last line."""
+        if stopped is not None:
+            self.log(f"nothing to do: {self.out} stopped early at round {at}: {stopped}; raise train.patience to "
+                     "train on")
+        else:
+            self.log(f"nothing to do: {self.out} is at round {at} of {rounds} (raise train.rounds or "
+                     "train.epochs to train on)")
         # the metrics' last line, when it is the checkpoint's round (a file cut short ends earlier)
         return self.metrics[-1] if self.metrics and self.metrics[-1]["round"] == at else {"round": at}
 

@@ -30,7 +30,7 @@ from .stall import StallWatch
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
-from ..core.schedule import Schedule
+from ..core.schedule import Schedule, early_stop
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Trainer(Driver):
     # ------------------------------------------------------------ running
     def run(self, resume: bool = False, data: Corpus | None = None, overwrite: bool = False,
             init: Init | None = None) -> dict:
-        """Train to the configured length; return the last metrics line.
+        """Train to the configured length, or until ``train.patience`` ends the run; return the last metrics line.
 
         ``data`` reuses a corpus from :func:`load_corpus` (benchmarks sweep settings on one);
         ``overwrite`` starts again in an ``--out`` that holds a run (:meth:`rnnlm.spark.rundir.RunDir.prepare`);
@@ -96,6 +96,9 @@ class Trainer(Driver):
         if at is not None and self.cfg_in.train.rounds and at.round >= self.cfg_in.train.rounds:
             # known before any data is read
             return self.nothing_to_do(at.round, self.cfg_in.train.rounds, state.params, vocab)
+        stopped = early_stop(self.cfg_in.train, at.round, at.best) if at is not None else None
+        if stopped is not None:             # train.patience ended it there
+            return self.nothing_to_do(at.round, None, state.params, vocab, stopped)
         owned = data is None
         group = f"rnnlm train {self.dir.out}"          # every job of the run, in Spark's UI
         self.sc.setJobGroup(group, group)
@@ -136,6 +139,11 @@ class Trainer(Driver):
                         ended = True         # between rounds, checkpointed: the executors are there to answer
                         raise Interrupted(f"interrupted after round {at.round}; its checkpoint is in "
                                           f"{self.dir.ck_path} (--resume continues)", stop.signum)
+                    stopped = early_stop(cfg.train, at.round, at.best) if at.round < rounds else None
+                    if stopped is not None:         # an evaluation's round: checkpointed, best/ written before
+                        self.log(f"stopped early after round {at.round} of {rounds}: {stopped}; best/ holds round "
+                                 f"{at.best['round']}")
+                        break
                 ended = True
             except KeyboardInterrupt:
                 # a second signal: the jobs are cancelled; checkpoint writes are atomic, so the last is whole
@@ -154,11 +162,12 @@ class Trainer(Driver):
         self.params, self.vocab = state.params, data.vocab
         return self.metrics[-1]
 
-    def nothing_to_do(self, at: int, rounds: int, params, vocab) -> dict:
-        """A resumed run already at its length: no training, the checkpoint's model; the last line."""
+    def nothing_to_do(self, at: int, rounds: int | None, params, vocab, stopped: str | None = None) -> dict:
+        """A resumed run already at its length, or stopped early there: no training, the checkpoint's
+        model; the last line."""
         self.cfg = config.resolve(self.cfg_in, len(vocab))
         self.params, self.vocab = params, vocab
-        return self.dir.nothing_to_do(at, rounds)
+        return self.dir.nothing_to_do(at, rounds, stopped)
 
     def _checkpoint_due(self, cfg, r: int, rounds: int, evaluated: bool, stop) -> bool:
         """Whether round ``r`` ends with a checkpoint: every ``train.checkpoint_every`` rounds, at the
