@@ -4,6 +4,7 @@ as they were."""
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -163,3 +164,12 @@ def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spa
     valid = [(m["round"], m["valid_loss"]) for m in metrics(out) if "valid_loss" in m]
     assert valid == [(m["round"], m["valid_loss"]) for m in ref.metrics if "valid_loss" in m]
     assert [r for r, _ in valid] == ([2, 4, 5] if scores else [])
+    if scores:      # rnnlm evaluate watches its scoring by the checkpoint's train.stall_* keys: the same figure
+        env["RNNLM_TEST_BLOCKED_SCORES"] = str(tmp_path / "blocked_evaluate")
+        e = subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "evaluate.py"), "--checkpoint", str(out),
+                            "--data", HARBOUR_VALID, "--master", "local[2]"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert (tmp_path / "blocked_evaluate").exists() and e.returncode == 0, e.stderr[-3000:]
+        assert len(re.findall(rf"scoring {re.escape(HARBOUR_VALID)}: task 1 of stage \d+ .* stuck, killed",
+                              e.stdout + e.stderr)) == 1, (e.stdout + e.stderr)[-3000:]
+        assert e.stdout.splitlines()[-2].startswith(f"{HARBOUR_VALID}: loss {valid[-1][1]:.4f} | ")
