@@ -125,6 +125,39 @@ def test_every_option_has_help_and_every_default_is_shown(capsys):
                 assert f"(default: {action.default})" in text, (name, action.dest, text)
 
 
+def test_each_command_says_what_it_does_and_rnnlm_alone_names_the_commands(capsys):
+    assert help_text(capsys, "train").split("\n\n")[1] == "Train a language model on Spark."
+    assert help_text(capsys, "plot").split("\n\n")[1] == "Draw runs' metrics (no Spark)."
+    assert main.parser("evaluate").description == "Perplexity of a checkpoint on a text (Spark)."
+    with pytest.raises(SystemExit) as e:           # no command: a usage error, not a traceback
+        main.main([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "rnnlm: error: the following arguments are required: COMMAND"
+
+
+def test_a_command_after_one_a_signal_stopped_starts_afresh(tmp_path, monkeypatch, capsys):
+    """A notebook (or a test) runs commands in one process: the signal that stopped one, and the Python logging
+    it turned off, must not be the next one's (whose first Ctrl-C would then end the process at once, as a
+    second)."""
+    import logging
+    import signal
+    from rnnlm.cli import signals
+
+    def signalled(a):
+        os.kill(os.getpid(), signal.SIGTERM)
+        pytest.fail("the signal did not stop the command")
+    monkeypatch.setattr(tools, "plot", signalled)
+    plot = ["--runs", str(tmp_path), "--out", str(tmp_path / "f.png")]
+    generate = ["--checkpoint", str(tmp_path / "none")]                  # a command that fails alone
+    for stopped, then in ((lambda: main.main(["plot", *plot]), lambda: main.job("generate", generate)),   # jobs/*.py
+                          (lambda: main.job("plot", plot), lambda: main.main(["generate", *generate]))):
+        assert stopped() == 143
+        assert signals.stopped() is not None and logging.root.manager.disable == logging.CRITICAL
+        assert then() == 2
+        assert signals.stopped() is None and logging.root.manager.disable == logging.NOTSET
+    capsys.readouterr()
+
+
 def test_jobs_use_the_same_parsers(capsys):
     """jobs/train.py (spark-submit's entry point) and ``rnnlm train`` accept the same options."""
     r = subprocess.run([sys.executable, "jobs/train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
