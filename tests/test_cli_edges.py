@@ -59,6 +59,18 @@ def test_a_mistyped_metric_gets_a_did_you_mean(tmp_path, capsys):
     (run / "run.json").write_text(json.dumps({"config": config.load(None, []).to_dict()}))
     assert main(["plot", "--runs", str(run), "--y", "valid_pp", "--out", str(tmp_path / "f.png")]) == 2
     assert capsys.readouterr().err == "error: no run has 'valid_pp' in its metrics (did you mean valid_ppl?)\n"
+    # each kind of figure with nothing to draw: one line saying why, no empty figure
+    for kind, said in (("frontier", "no run has 'valid_ppl' against bytes per token as finite numbers in its metrics"),
+                       ("sync", "no synchronous run with round timings")):
+        assert main(["plot", "--runs", str(run), "--kind", kind, "--y", "valid_ppl", "--out",
+                     str(tmp_path / "f.png")]) == 2
+        assert capsys.readouterr().err == f"error: {said}\n"
+    # train_ppl is drawn from train_loss: held, but not as a finite number
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "tokens": 10, "syncs": 1, "wall_s": 1.0,
+                                                   "train_loss": None}) + "\n")
+    assert main(["plot", "--runs", str(run), "--y", "train_ppl", "--out", str(tmp_path / "f.png")]) == 2
+    assert capsys.readouterr().err == "error: no run has 'train_ppl' against tokens as finite numbers in its metrics\n"
+    assert not (tmp_path / "f.png").exists()
 
 
 def test_downloaded_corpora_are_readable_by_others_as_the_umask_allows(tmp_path, monkeypatch):
@@ -66,14 +78,16 @@ def test_downloaded_corpora_are_readable_by_others_as_the_umask_allows(tmp_path,
     data = b"hello corpus\n"
     monkeypatch.setitem(download.CORPORA, "toy", {"toy.txt": ("https://example.invalid/toy.txt",
                                                               hashlib.sha256(data).hexdigest(), len(data))})
+    monkeypatch.setattr(download, "CORPORA", {"toy": download.CORPORA["toy"]})     # `rnnlm download`: every one
     (tmp_path / "mirror").mkdir()
     (tmp_path / "mirror" / "toy.txt").write_bytes(data)
     old = os.umask(0o022)
     try:
-        [path] = download.fetch("toy", str(tmp_path / "data"), str(tmp_path / "mirror"), log=lambda s: None)
+        assert main(["download", "--dest", str(tmp_path / "data"), "--mirror", str(tmp_path / "mirror")]) == 0
     finally:
         os.umask(old)
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    path = tmp_path / "data" / "toy.txt"
+    assert path.read_bytes() == data and stat.S_IMODE(os.stat(path).st_mode) == 0o644
 
 
 def test_unknown_tokens_keeps_order_and_counts_each_once():
@@ -462,6 +476,11 @@ def test_a_minicluster_of_no_node_or_more_than_four_is_refused(capsys, option, v
     assert e.value.code == 2
     assert (capsys.readouterr().err.splitlines()[-1]
             == f"minicluster: error: argument {option}: invalid choice: {value} (choose from 1, 2, 3, 4)")
+
+
+def test_a_minicluster_without_a_directory_is_refused_before_anything_starts(capsys):
+    assert main(["minicluster", "--datanodes", "1"]) == 2
+    assert capsys.readouterr().err == "error: --dir is required (or --build)\n"
 
 
 @pytest.mark.parametrize("command, given, missing", [
