@@ -361,6 +361,20 @@ def test_a_spark_defaults_file_that_is_a_fifo_is_skipped_not_waited_on(tmp_path,
     assert got == ["file:///"]
 
 
+def test_a_properties_files_comments_and_where_no_pyspark_is_found(tmp_path, monkeypatch):
+    """Java's properties syntax: ``#`` and ``!`` open a comment, a line of the mark alone included (one
+    character long); with no PySpark importable (rnnlm demo's core alone) there is no launcher to read."""
+    import importlib.util
+    from rnnlm.spark import launcher
+    (tmp_path / "spark-defaults.conf").write_text("#\n!\n#spark.master local[8]\n! spark.master local[9]\n"
+                                                  "spark.master   local[3]\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    assert launcher.launcher_property("spark.master") == "local[3]"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert launcher._pyspark_home() is None
+
+
 def test_spark_hadoop_fs_default_fs_given_to_the_launcher_wins_as_in_the_jvm(tmp_path, monkeypatch):
     """Spark copies ``spark.hadoop.*`` over Hadoop's configuration: a default filesystem named in
     spark-defaults.conf, a --properties-file or a --conf in $PYSPARK_SUBMIT_ARGS is where a scheme-less
