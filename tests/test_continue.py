@@ -267,6 +267,28 @@ def test_a_finished_runs_damaged_last_line_is_said_for_what_it_holds(tmp_path, c
     assert said[1] == f"done: round 2 | checkpoint {tmp_path}/run/checkpoint", said
 
 
+def test_a_run_patience_ended_resumes_to_nothing_without_spark_whatever_its_length(tmp_path, capsys, no_jvm):
+    """Ended at round 6 by train.patience = 2 (evaluations at 4 and 6 since round 2's best): --resume says so
+    without starting Spark, its length in rounds or in epochs (which alone needs the corpus counted); with
+    more patience, or off the evaluations' cadence, it is left to the trainer."""
+    lines = [{"round": r, "syncs": r, "train_loss": 3.9} for r in range(1, 7)]
+    sets = (f"data.valid={HARBOUR_VALID}", "train.eval_every=2", "train.patience=2")
+    saved_run(tmp_path / "run", *sets, "train.rounds=20", lines=lines, position={
+        "round": 6, "tokens": 384, "bytes_sent": 0, "bytes_broadcast": 0, "wall_s": 1.0,
+        "best": {"round": 2, "valid_loss": 1.25}})
+    for length in ("train.rounds=20", "train.epochs=40"):
+        assert train(tmp_path / "run", *sets, length, *(["train.rounds=0"] if "epochs" in length else []),
+                     resume=True) == 0
+        said = capsys.readouterr().out.splitlines()
+        assert said[0] == (f"nothing to do: {tmp_path}/run stopped early at round 6: 2 evaluations since round 2 "
+                           "without a lower validation loss than its 1.2500 (train.patience = 2); raise "
+                           "train.patience to train on"), said
+    cfg = config.load(os.path.join(ROOT, "conf", "demo.toml"), [*sets, "train.rounds=20"])
+    assert checks.finished_run(cfg, str(tmp_path / "run"), True, False) == str(tmp_path / "run")
+    for more in (config.replace(cfg, "train", patience=3), config.replace(cfg, "train", eval_every=4)):
+        assert checks.finished_run(more, str(tmp_path / "run"), True, False) is None
+
+
 def test_a_run_resumes_from_a_directory_that_names_its_files_otherwise(tmp_path, capsys, no_jvm, monkeypatch):
     """Started in the checkout (``rnnlm/data/harbour.txt``) and resumed elsewhere, where the path is found in
     the config's checkout, it was refused: "data.train is '/.../rnnlm/data/harbour.txt' here but

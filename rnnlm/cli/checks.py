@@ -17,6 +17,7 @@ import urllib.parse
 
 from .. import config
 from ..core import checkpoint
+from ..core.schedule import early_stop
 from ..core.files import LocalFS
 from ..download import CORPORA
 from ..spark import scan
@@ -151,17 +152,19 @@ def _run_dir(out: str, local_out: str) -> RunDir:
 
 
 def finished_run(cfg: config.Config, out: str, resume: bool, overwrite: bool) -> str | None:
-    """The run directory of a local ``--out`` being resumed whose run is already at ``train.rounds``
-    (so ``nothing to do`` is known without Spark), else None; a length in ``train.epochs`` needs
-    the corpus' size, counted by Spark."""
-    local_out = _local(out) if resume and not overwrite and cfg.train.rounds else None
+    """The run directory of a local ``--out`` being resumed whose run is already at ``train.rounds``, or
+    that ``train.patience`` ended early (so ``nothing to do`` is known without Spark), else None; a length
+    in ``train.epochs`` needs the corpus' size, counted by Spark."""
+    t = cfg.train
+    local_out = _local(out) if resume and not overwrite and (t.rounds or t.patience) else None
     if local_out is None:
         return None
     pos = checkpoint.load(local_out).position
-    if cfg.train.mode == "async":
-        finished = async_finished(pos, cfg.train.rounds)
-    else:
-        finished = type(pos.get("round")) is int and pos["round"] >= cfg.train.rounds
+    if t.mode == "async":
+        return _run_dir(out, local_out).out if t.rounds and async_finished(pos, t.rounds) else None
+    at = pos.get("round")
+    finished = type(at) is int and ((t.rounds and at >= t.rounds)
+                                    or early_stop(t, at, best_record(pos.get("best"))) is not None)
     return _run_dir(out, local_out).out if finished else None
 
 
