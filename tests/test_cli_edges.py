@@ -308,7 +308,8 @@ def test_plot_refuses_a_metrics_file_that_is_not_a_regular_file(tmp_path, capsys
     assert capsys.readouterr().err == f"error: {tmp_path / 'run' / 'metrics.jsonl'}: not a regular file\n"
 
 
-@pytest.mark.parametrize("out", ["", " ", "/", "file:///", "hdfs://nn:8020/", "/.", "/tmp/..", "hdfs://nn:8020/."])
+@pytest.mark.parametrize("out", ["", " ", "/", "file:///", "hdfs://nn:8020/", "/.", "/tmp/..", "hdfs://nn:8020/.",
+                                 "hdfs://nn:8020", "file:"])
 def test_an_out_of_nothing_or_a_root_is_refused_before_spark(out):
     """An unset variable (``--out "$OUT"``) put run.json, metrics.jsonl and checkpoint/ in the root, and
     ``--overwrite`` deleted from there."""
