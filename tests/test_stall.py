@@ -143,7 +143,7 @@ def test_a_round_blocked_in_one_partition_is_run_again_with_the_same_numbers(spa
     the blocked task is killed and run again, and the run ends with the weights of a run never blocked,
     bit for bit, on each of the three paths a round's results take. In the first run the held-out text's
     first scores block in partition 1 as well (they hung the run the same way) and are scored again: the
-    same figures."""
+    same figures; so does ``rnnlm evaluate`` of its checkpoint, which prints the training log's figure."""
     held_out = [f"data.valid={HARBOUR_VALID}", "data.paragraphs=line", "data.eval_streams=2", "train.eval_every=2"]
     sets = [*CLUSTER_RUN, "train.rounds=5", "train.stall_s=1", *(held_out if scores else []), *path]
     env = blocked_at_round_3(tmp_path, scores)
