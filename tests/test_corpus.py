@@ -184,6 +184,28 @@ def test_a_corpus_directory_holding_a_subdirectory_is_refused_in_one_line(spark,
                                 f"its subdirectories (name them with a glob, such as {d}/*/*)")
 
 
+def test_a_path_that_matches_nothing_is_one_line_and_local_files_are_named_for_their_scan(spark, tmp_path):
+    """check_path: a missing file, or a glob that matches none, is ``input path does not exist``; a corpus on the
+    local disk is listed by its paths (the records' scan reads those files before Hadoop does), without the
+    files Hadoop hides."""
+    sc = spark.sparkContext
+    for missing in (tmp_path / "none.txt", tmp_path / "none" / "*.txt", tmp_path / "n*ne.txt"):
+        with pytest.raises(scan.CorpusError) as e:
+            reader.check_path(sc, str(missing))
+        assert str(e.value) == f"input path does not exist: {missing}"
+    (tmp_path / "b.txt").write_text("b\n")
+    (tmp_path / "a.txt").write_text("a a\n")
+    listed = reader.check_path(sc, f"file://{tmp_path}/*.txt")
+    assert listed.local == [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")] and listed.size == 6
+    assert listed.files == (f"file:{tmp_path}/a.txt", f"file:{tmp_path}/b.txt")
+    # a directory written by Spark or Hadoop: its _SUCCESS marker and .crc files are none of the corpus
+    (tmp_path / "out").mkdir()
+    for name, text in (("part-00000", "a a\n"), ("_SUCCESS", ""), (".part-00000.crc", "crc")):
+        (tmp_path / "out" / name).write_text(text)
+    listed = reader.check_path(sc, str(tmp_path / "out"))
+    assert listed.local == [str(tmp_path / "out" / "part-00000")] and listed.size == 4
+
+
 def test_a_directorys_files_are_read_in_the_order_of_their_names(spark, tmp_path):
     """A local directory is listed in the order of its entries on that disk, and that order was the
     corpus' (its paragraphs, its partitions): the same corpus copied elsewhere trained on other data.
