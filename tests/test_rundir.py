@@ -12,8 +12,8 @@ from rnnlm.core.files import LocalFS
 from rnnlm.core.model import RNNLM
 from rnnlm.core.vocab import Vocab
 from rnnlm.spark.rundir import (ASYNC_RESUME_KEYS, RESUME_KEYS, Init, RunDir, TrainingError, arithmetic_notes,
-                                best_record, check_init, check_longer, check_resume, devices_line, improves,
-                                resume_keys)
+                                best_record, check_init, check_longer, check_resume, devices_line, resume_keys)
+from rnnlm.core.schedule import improves
 
 
 def test_an_async_resume_also_refuses_another_push_size_or_server_rule():

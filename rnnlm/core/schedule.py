@@ -18,6 +18,11 @@ def rounds_for(epochs: float, per_epoch: float, per_round: float) -> int:
     return max(1, math.ceil(epochs * per_epoch / per_round * (1 - 1e-12)))
 
 
+def improves(best: dict | None, valid_loss: float) -> bool:
+    """Whether ``valid_loss`` beats the run's best so far (``{"round", "valid_loss"}``; the first evaluation does)."""
+    return best is None or valid_loss < best["valid_loss"]
+
+
 def early_stop(t: TrainConfig, at: int, best: dict | None) -> str | None:
     """Why a run of rounds ends at round ``at``, an evaluation's, before its length: ``t.patience`` evaluations
     after the round ``best`` holds (``{"round", "valid_loss"}``) without a lower validation loss; else None.

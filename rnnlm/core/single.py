@@ -18,7 +18,7 @@ from .strategies import StreamBlock
 from .metrics import due, log_line, loss_fields
 from .models import build as build_model
 from .optim import make_optimizer
-from .schedule import Schedule, early_stop, rounds_for
+from .schedule import Schedule, early_stop, improves, rounds_for
 from .vocab import Vocab, tokenize
 
 
@@ -135,10 +135,11 @@ def train(cfg: config.Config, out: str | None = None, log=print) -> dict:
             t0 = time.perf_counter()
             vl, vn = held_out_nll(model, params, [valid])        # one stream, however short
             eval_s += time.perf_counter() - t0
-            metrics.update(loss_fields(vl / vn, d.level, "valid"), eval_s=round(eval_s, 3))
-            sched.observe(vl / vn)
-            if best is None or vl / vn < best["valid_loss"]:
-                best = {"round": r, "valid_loss": vl / vn}
+            loss = vl / vn
+            metrics.update(loss_fields(loss, d.level, "valid"), eval_s=round(eval_s, 3))
+            sched.observe(loss)
+            if improves(best, loss):
+                best = {"round": r, "valid_loss": loss}
             log(log_line(metrics))
             stopped = early_stop(t, r, best) if r < rounds else None
             if stopped is not None:

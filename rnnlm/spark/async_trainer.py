@@ -17,12 +17,12 @@ from ..core import checkpoint
 from ..core.local import held_out_nll
 from ..core.metrics import log_line, loss_fields, number
 from ..core.models import build as build_model
-from ..core.schedule import Schedule
+from ..core.schedule import Schedule, improves
 from ..server import wire
 from ..server.paramserver import (ParameterServer, Stalled, max_push_bytes, server_connections, server_idle_s,
                                   server_in_flight)
 from .async_task import worker_task
-from .rundir import Driver, Init, RunDir, TrainingError, async_finished, best_record, improves, resume_keys
+from .rundir import Driver, Init, RunDir, TrainingError, async_finished, best_record, resume_keys
 from .session import bind_host, job_failure
 from .stop import Interrupted, StopRequest
 from .corpus import load_corpus, scored, total_rounds, unpersist_corpus

@@ -210,11 +210,6 @@ def async_finished(position: dict, windows: int) -> bool:
             and (line is None or "windows_lost" in line))
 
 
-def improves(best: dict | None, valid_loss: float) -> bool:
-    """Whether ``valid_loss`` beats the run's best so far (the first evaluation does)."""
-    return best is None or valid_loss < best["valid_loss"]
-
-
 def devices_line(devices: dict, wanted: str) -> str:
     """Where the partitions compute, as the probe found (``train.device`` is ``wanted``), e.g.
     ``devices: cpu x 2 (Spark assigned gpu 0, 1; no CUDA device: auto runs on the CPU)``; empty for

@@ -23,14 +23,13 @@ from .channel import ChannelError
 from .corpus import Corpus, evaluate_rdd, load_corpus, scored, total_rounds, unpersist_corpus
 from ..exchange import plan
 from ..exchange.aggregate import Aggregate
-from .rundir import (Driver, Init, TrainingError, arithmetic_notes, best_record, check_longer, improves,
-                     resume_keys)
+from .rundir import Driver, Init, TrainingError, arithmetic_notes, best_record, check_longer, resume_keys
 from .session import job_errors, job_failure
 from .stall import StallWatch
 from .stop import Interrupted, StopRequest
 from ..core.metrics import due, log_line, loss_fields
 from ..core.models import build as build_model
-from ..core.schedule import Schedule, early_stop
+from ..core.schedule import Schedule, early_stop, improves
 
 
 @dataclass
